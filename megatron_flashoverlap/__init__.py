@@ -1,0 +1,11 @@
+"""megatron-flashoverlap: tail-free communication overlap for Megatron-Core.
+
+Layers: schedules (data) <- runtime (one executor) <- ops (operators) <- layers/spec (Megatron).
+Only the Megatron-facing modules import megatron; this package root imports torch only.
+"""
+from .ops import ALGOS, all_gather_matmul, force_reference, matmul_reduce_scatter
+from .runtime import OverlapContext, PeerTimeoutError, default_context
+
+__version__ = "0.1.0"
+__all__ = ["ALGOS", "OverlapContext", "PeerTimeoutError", "all_gather_matmul", "default_context",
+           "force_reference", "matmul_reduce_scatter"]

@@ -1,0 +1,50 @@
+"""Preconditions of the overlap operators: checked before any transfer, each error names the fix."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def check_operands(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """x [rows, b, in], weight [out, in], bias [out]: same dtype and device, floating point."""
+    if x.dim() != 3:
+        raise ValueError(f"{op}: input must be [s, b, h] (sequence first, Megatron layout); got shape "
+                         f"{tuple(x.shape)}. Reshape to 3 dims, e.g. x.view(s, b, -1)")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"{op}: weight must be [out, {x.shape[-1]}] for an input with hidden size "
+                         f"{x.shape[-1]}; got {tuple(weight.shape)}. Pass the weight as stored by "
+                         f"Megatron's linear layers ([out, in]), not transposed")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise ValueError(f"{op}: {name} dtype {t.dtype} differs from input dtype {x.dtype}; cast one "
+                             f"of them (e.g. under torch.autocast, or weight.to(x.dtype))")
+        if t.device != x.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but the input is on {x.device}; move both to "
+                             f"the same device")
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"{op}: dtype {x.dtype} is not supported; use float32, bfloat16 or float16")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"{op}: bias must be [{weight.shape[0]}]; got {tuple(bias.shape)}")
+
+
+def check_divisible(op: str, rows: int, world: int) -> None:
+    if rows % world:
+        raise ValueError(f"{op}: sequence length {rows} is not divisible by the group size {world}; pad "
+                         f"the sequence to a multiple of {world} (Megatron's sequence parallel needs the same)")
+
+
+def check_peers_agree(op: str, group, world: int, device: torch.device, *facts: int) -> None:
+    """All ranks of `group` must call `op` with the same shape facts; one small all-gather."""
+    if world == 1:
+        return
+    mine = torch.tensor(facts, dtype=torch.int64, device=device)
+    allf = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(allf, mine, group=group)
+    rows = [tuple(t.tolist()) for t in allf]
+    if any(r != rows[0] for r in rows):
+        raise ValueError(f"{op}: ranks of the group disagree on the operand shapes {rows}; every rank of a "
+                         f"tensor-parallel group must pass the same sequence length, batch and hidden size")

@@ -1,0 +1,11 @@
+"""Schedules as data (no torch.distributed): builders, a dry-run validator and a grid printer."""
+from .alltoall import all_to_all_consume, all_to_all_produce
+from .grid import grid
+from .ring import all_gather_ring, reduce_scatter_ring
+from .step import Schedule, Slice, Step, Transfer, merge
+from .validate import ScheduleError, validate
+
+__all__ = [
+    "Schedule", "ScheduleError", "Slice", "Step", "Transfer", "all_gather_ring", "all_to_all_consume",
+    "all_to_all_produce", "grid", "merge", "reduce_scatter_ring", "validate",
+]

@@ -1,0 +1,30 @@
+"""Printed form of a schedule: one row per rank, one column per step.
+
+Cell legend: `[a,b]` slices computed in that step, `x>p` slice x sent to rank p, `x<p` slice x received
+from rank p. A slice label is `block[.part][#tag]`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .step import Schedule, Step
+
+
+def _cell(step: Step, ap: bool) -> str:
+    parts = ["[" + ",".join(x.label(ap) for x in step.compute) + "]"]
+    parts += [f"{t.slice.label(ap)}>{t.peer}" for t in step.sends]
+    parts += [f"{t.slice.label(ap)}<{t.peer}" for t in step.recvs]
+    return " ".join(parts)
+
+
+def grid(schedules: Sequence[Schedule]) -> str:
+    """Rank x step grid of one schedule per rank."""
+    n = max(len(s.steps) for s in schedules)
+    ap = any(x.part for s in schedules for st in s.steps for x in st.compute)  # show .0 where parts exist
+    rows = [["rank"] + [f"step {i}" for i in range(n)]]
+    for s in schedules:
+        rows.append([f"r{s.rank}"] + [_cell(st, ap) for st in s.steps] + [""] * (n - len(s.steps)))
+    widths = [max(len(row[c]) for row in rows) for c in range(n + 1)]
+    title = f"{schedules[0].name or schedules[0].kind}  P={len(schedules)}"
+    lines = [title] + ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""Dry run of a schedule on all ranks at once: matching, deadlock, data dependencies, sums.
+
+`validate(schedules)` raises `ScheduleError` naming the rank, step and slice that break:
+- every send is matched by a receive of the same slice, in posting order per (src, dst) pair;
+- no deadlock: ranks post a step, wait for its transfers (a send completes when received), advance;
+- "consume": a slice is computed or forwarded only once it is local or has arrived, and it holds its
+  owner's data (`slice.block`);
+- "produce": a slice is sent only after this rank computed it and added what arrived for it;
+- every rank computes each of its `expected` slices exactly once;
+- every `final` slice ends holding each rank's contribution exactly once (a multiset, so a
+  contribution added twice is caught, which a set would hide).
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Sequence
+
+from .step import Schedule, Slice
+
+
+class ScheduleError(ValueError):
+    """A schedule that would deadlock, lose data or compute wrongly."""
+
+
+def _freeze(c: Counter) -> tuple:
+    return tuple(sorted(c.items()))
+
+
+class _Rank:
+    def __init__(self, sched: Schedule):
+        self.s = sched
+        self.i = 0
+        self.posted = False
+        self.pending = 0
+        self.have: dict[Slice, Counter] = {x: Counter({sched.rank: 1}) for x in sched.local}
+        self.arrived_at: dict[Slice, int] = {}
+        self.computed_at: dict[Slice, int] = {}
+        self.inbox: list[tuple] = []  # (transfer, content) applied when the step's wait ends
+
+    def err(self, msg: str) -> ScheduleError:
+        return ScheduleError(f"{self.s.name or self.s.kind}: rank {self.s.rank} step {self.i}: {msg}")
+
+
+def _post(rk: _Rank, chans: dict) -> None:
+    s, step = rk.s, rk.s.steps[rk.i]
+    for t in step.sends:
+        x = t.slice
+        if s.kind == "consume" and x not in rk.have:
+            raise rk.err(f"sends {x.label()} before it is local or has arrived")
+        if s.kind == "produce" and rk.computed_at.get(x, rk.i) >= rk.i:
+            raise rk.err(f"sends {x.label()} before computing it")
+        if s.kind == "produce" and s.accumulate and x in rk.arrived_at and rk.arrived_at[x] >= rk.i:
+            raise rk.err(f"sends {x.label()} before adding the partial that arrives for it")
+        if x not in rk.have:
+            raise rk.err(f"sends {x.label()}, which it does not hold")
+        chans.setdefault((s.rank, t.peer), (deque(), deque()))[0].append((rk, x, Counter(rk.have[x])))
+    for t in step.recvs:
+        chans.setdefault((t.peer, s.rank), (deque(), deque()))[1].append((rk, t))
+    rk.pending = len(step.sends) + len(step.recvs)
+    for x in step.compute:
+        _compute(rk, x)
+    rk.posted = True
+
+
+def _compute(rk: _Rank, x: Slice) -> None:
+    s = rk.s
+    if x in rk.computed_at:
+        raise rk.err(f"computes {x.label()} a second time (first at step {rk.computed_at[x]})")
+    rk.computed_at[x] = rk.i
+    if s.kind == "consume":
+        if x not in rk.have:
+            raise rk.err(f"computes {x.label()} before it is local or has arrived")
+        if set(rk.have[x]) != {x.block} or rk.have[x][x.block] != 1:
+            raise rk.err(f"computes {x.label()} holding {_freeze(rk.have[x])}, not rank {x.block}'s data")
+    elif s.kind == "produce":
+        rk.have.setdefault(x, Counter())[s.rank] += 1
+
+
+def _match(chans: dict) -> bool:
+    progressed = False
+    for (src, dst), (sends, recvs) in chans.items():
+        while sends and recvs:
+            (srk, x, content), (rrk, t) = sends.popleft(), recvs.popleft()
+            if t.slice != x:
+                raise ScheduleError(f"rank {src} sends {x.label()} to rank {dst}, which expects "
+                                    f"{t.slice.label()} from it at that point")
+            srk.pending -= 1
+            rrk.pending -= 1
+            rrk.inbox.append((t, content))
+            progressed = True
+    return progressed
+
+
+def _finish_step(rk: _Rank) -> None:
+    s = rk.s
+    for t, content in rk.inbox:
+        x = t.slice
+        if x in rk.arrived_at and s.kind != "exchange":
+            raise rk.err(f"receives {x.label()} a second time")
+        rk.arrived_at[x] = rk.i
+        add = s.kind == "exchange" or (s.kind == "produce" and s.accumulate)
+        if add and t.op != "copy":
+            rk.have.setdefault(x, Counter()).update(content)
+        else:
+            rk.have[x] = Counter(content)
+    rk.inbox.clear()
+    rk.i += 1
+    rk.posted = False
+
+
+def validate(schedules: Sequence[Schedule]) -> None:
+    """Dry-run `schedules` (one per rank, index = rank); raise ScheduleError on the first fault."""
+    p = len(schedules)
+    for r, s in enumerate(schedules):
+        if s.rank != r or s.world_size != p:
+            raise ScheduleError(f"schedule {r} is for rank {s.rank} of {s.world_size}, not rank {r} of {p}")
+    ranks = [_Rank(s) for s in schedules]
+    chans: dict = {}
+    while any(rk.i < len(rk.s.steps) for rk in ranks):
+        progressed = False
+        for rk in ranks:
+            if rk.i < len(rk.s.steps) and not rk.posted:
+                _post(rk, chans)
+                progressed = True
+        progressed |= _match(chans)
+        for rk in ranks:
+            if rk.posted and rk.pending == 0:
+                _finish_step(rk)
+                progressed = True
+        if not progressed:
+            stuck = [f"rank {rk.s.rank} at step {rk.i}" for rk in ranks if rk.i < len(rk.s.steps)]
+            raise ScheduleError("deadlock: " + ", ".join(stuck) + " wait for transfers nobody posts")
+    _check_end(ranks, chans, p)
+
+
+def _check_end(ranks: list[_Rank], chans: dict, p: int) -> None:
+    for (src, dst), (sends, recvs) in chans.items():
+        if sends or recvs:
+            raise ScheduleError(f"unmatched transfers between rank {src} and rank {dst}")
+    for rk in ranks:
+        missing = [x.label() for x in rk.s.expected if x not in rk.computed_at]
+        extra = [x.label() for x in rk.computed_at if rk.s.expected and x not in rk.s.expected]
+        if missing or extra:
+            raise rk.err(f"never computes {missing}" if missing else f"computes unexpected {extra}")
+        for x in rk.s.final:
+            if rk.have.get(x) != Counter({q: 1 for q in range(p)}):
+                raise rk.err(f"ends with {x.label()} = {_freeze(rk.have.get(x, Counter()))}, "
+                             f"not every rank's part exactly once")

@@ -1,0 +1,114 @@
+"""A persistent pool of gloo worker processes that runs test functions by name.
+
+Start-up (spawn + import torch/megatron + init_process_group) costs seconds; a job costs milliseconds.
+`Pool(world_size).run("tests.mp_ops:check_ag", arg, ...)` runs `check_ag(rank, world_size, arg, ...)` on
+every worker and returns the per-rank results. Every wait has a timeout: a job that raises on any rank
+raises `WorkerError` with that rank's traceback; a job that times out (a hang, a dead peer) raises
+`WorkerTimeout`. Either way the pool is torn down (workers killed) and rebuilt on the next run, so one
+failing test cannot poison or hang the next.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import time
+import traceback
+
+
+class WorkerError(AssertionError):
+    """A job raised on some rank; the message holds that rank's traceback."""
+
+
+class WorkerTimeout(TimeoutError):
+    """A job did not finish on every rank in time; the pool was killed."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
+    os.environ.update(env)
+    sys.path.insert(0, env["PYTHONPATH"])  # the test modules live beside the package, under the root
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        target, args, kwargs = job
+        try:
+            mod, fn = target.split(":")
+            out = getattr(importlib.import_module(mod), fn)(rank, world, *args, **kwargs)
+            results.put((rank, True, out))
+        except BaseException:  # noqa: BLE001 - the traceback goes back to the test
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class Pool:
+    """`world_size` spawned gloo ranks on loopback; `run` sends one job to all of them."""
+
+    def __init__(self, world_size: int, env: dict | None = None, start_timeout: float = 120.0):
+        self.world_size = world_size
+        self.env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(), **(env or {})}
+        self.start_timeout = start_timeout
+        self._procs: list = []
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._jobs = [ctx.Queue() for _ in range(self.world_size)]
+        port = _free_port()
+        self._procs = [ctx.Process(target=_worker, daemon=True,
+                                   args=(r, self.world_size, port, self._jobs[r], self._results, self.env))
+                       for r in range(self.world_size)]
+        for p in self._procs:
+            p.start()
+
+    def run(self, target: str, *args, timeout: float = 120.0, **kwargs) -> list:
+        """Run `target(rank, world_size, *args, **kwargs)` on every rank; results indexed by rank."""
+        if not self._procs or not all(p.is_alive() for p in self._procs):
+            self.close()
+            self._start()
+            timeout += self.start_timeout
+        for q in self._jobs:
+            q.put((target, args, kwargs))
+        out: dict = {}
+        errors: dict = {}
+        deadline = time.monotonic() + timeout
+        while len(out) + len(errors) < self.world_size:
+            try:
+                rank, ok, val = self._results.get(timeout=0.5)
+                (out if ok else errors)[rank] = val
+                continue
+            except queue.Empty:
+                pass
+            dead = [r for r, p in enumerate(self._procs) if not p.is_alive() and r not in out and r not in errors]
+            late = time.monotonic() > deadline
+            if dead or late:
+                waiting = sorted(set(range(self.world_size)) - set(out) - set(errors))
+                self.close()
+                why = f"ranks {dead} died" if dead else f"ranks {waiting} did not finish within {timeout:.0f} s"
+                raise WorkerTimeout(f"{target}: {why}; the pool was killed") from None
+        if errors:
+            self.close()
+            rank = min(errors)
+            raise WorkerError(f"{target} failed on rank {rank} of {self.world_size}:\n{errors[rank]}")
+        return [out[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+        self._procs = []

@@ -1,0 +1,70 @@
+"""Worker-side bodies of the operator numerics tests (run on every rank by the gloo pool).
+
+Every rank builds the same global tensors from one seed, takes its shards, runs an operator and the
+reference formula on the global tensors, and returns the max errors; the test asserts on them.
+"""
+from __future__ import annotations
+
+import torch
+
+import megatron_flashoverlap as fo
+
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _globals(seed, s, b, h, n, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(s, b, h, generator=g).to(dtype)
+    w = torch.randn(n, h, generator=g).to(dtype) / h ** 0.5
+    bias = torch.randn(n, generator=g).to(dtype)
+    dy = torch.randn(s, b, n, generator=g).to(dtype)
+    return x, w, bias, dy
+
+
+def _err(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def ag_matmul(rank, world, algo, s, b, h, n, dtype="float32", seed=0, num_chunks=None, keep=False, bias=True):
+    """Column-parallel: global W [n, h] split by rows; errors of y, dx, dw, db vs the dense formula and
+    the bitwise comparison of y with algo="reference"."""
+    dt = DT[dtype]
+    x, w, bb, dy = _globals(seed, s, b, h, n, dt)
+    sl, nl = s // world, n // world
+    xs = x[rank * sl:(rank + 1) * sl].clone().requires_grad_()
+    ws = w[rank * nl:(rank + 1) * nl].clone().requires_grad_()
+    bs = bb[rank * nl:(rank + 1) * nl].clone().requires_grad_() if bias else None
+    y = fo.all_gather_matmul(xs, ws, bias=bs, algo=algo, num_chunks=num_chunks, keep_gathered=keep)
+    dys = dy[:, :, rank * nl:(rank + 1) * nl]
+    y.backward(dys)
+    with torch.no_grad():
+        y_ref = fo.all_gather_matmul(xs, ws, bias=bs, algo="reference")
+    # dense formula in float64 on the global tensors
+    xd, wd, dyd = x.double(), w.double(), dy.double()
+    yd = xd @ wd[rank * nl:(rank + 1) * nl].t() + (bb.double()[rank * nl:(rank + 1) * nl] if bias else 0)
+    dxd = (dyd @ wd)[rank * sl:(rank + 1) * sl]
+    dwd = dyd[:, :, rank * nl:(rank + 1) * nl].reshape(-1, nl).t() @ xd.reshape(-1, h)
+    out = {"y_vs_ref_bitwise": bool(torch.equal(y, y_ref)), "y": _err(y, yd), "dx": _err(xs.grad, dxd),
+           "dw": _err(ws.grad, dwd), "scale": yd.abs().max().item()}
+    if bias:
+        out["db"] = _err(bs.grad, dyd[:, :, rank * nl:(rank + 1) * nl].sum((0, 1)))
+    return out
+
+
+def matmul_rs(rank, world, algo, s, b, k, h, dtype="float32", seed=0, num_chunks=None):
+    """Row-parallel: global W [h, k] split by columns; errors of y, dx, dw vs the dense formula."""
+    dt = DT[dtype]
+    x, w, _, dy = _globals(seed, s, b, k, h, dt)
+    kl, sl = k // world, s // world
+    xs = x[:, :, rank * kl:(rank + 1) * kl].clone().requires_grad_()
+    ws = w[:, rank * kl:(rank + 1) * kl].clone().requires_grad_()
+    y = fo.matmul_reduce_scatter(xs, ws, algo=algo, num_chunks=num_chunks)
+    y.backward(dy[rank * sl:(rank + 1) * sl])
+    with torch.no_grad():
+        y_ref = fo.matmul_reduce_scatter(xs, ws, algo="reference")
+    xd, wd, dyd = x.double(), w.double(), dy.double()
+    yd = (xd @ wd.t())[rank * sl:(rank + 1) * sl]
+    dxd = (dyd @ wd)[:, :, rank * kl:(rank + 1) * kl]
+    dwd = dyd.reshape(-1, h).t() @ xd.reshape(-1, k)[:, rank * kl:(rank + 1) * kl]
+    return {"y_vs_ref": _err(y, y_ref), "y": _err(y, yd), "dx": _err(xs.grad, dxd), "dw": _err(ws.grad, dwd),
+            "scale": yd.abs().max().item(), "y_dtype_ok": y.dtype == dt}
