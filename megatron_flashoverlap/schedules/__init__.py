@@ -1,4 +1,7 @@
 """Schedules as data (no torch.distributed): builders, a dry-run validator and a grid printer."""
+from .allreduce import (
+    ALL_REDUCE_ALGOS, all_reduce_hierarchical, all_reduce_recursive_doubling, all_reduce_ring, all_reduce_schedule,
+)
 from .alltoall import all_to_all_consume, all_to_all_produce
 from .grid import grid
 from .ring import all_gather_ring, reduce_scatter_ring
@@ -6,6 +9,8 @@ from .step import Schedule, Slice, Step, Transfer, merge
 from .validate import ScheduleError, validate
 
 __all__ = [
+    "ALL_REDUCE_ALGOS", "all_reduce_hierarchical", "all_reduce_recursive_doubling", "all_reduce_ring",
+    "all_reduce_schedule",
     "Schedule", "ScheduleError", "Slice", "Step", "Transfer", "all_gather_ring", "all_to_all_consume",
     "all_to_all_produce", "grid", "merge", "reduce_scatter_ring", "validate",
 ]

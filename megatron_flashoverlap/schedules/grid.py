@@ -1,7 +1,7 @@
 """Printed form of a schedule: one row per rank, one column per step.
 
 Cell legend: `[a,b]` slices computed in that step, `x>p` slice x sent to rank p, `x<p` slice x received
-from rank p. A slice label is `block[.part][#tag]`.
+from rank p (added, for an exchange), `x<=p` received from rank p replacing what is held (`op="copy"`). A slice label is `block[.part][#tag]`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .step import Schedule, Step
 def _cell(step: Step, ap: bool) -> str:
     parts = ["[" + ",".join(x.label(ap) for x in step.compute) + "]"]
     parts += [f"{t.slice.label(ap)}>{t.peer}" for t in step.sends]
-    parts += [f"{t.slice.label(ap)}<{t.peer}" for t in step.recvs]
+    parts += [f"{t.slice.label(ap)}{'<=' if t.op == 'copy' else '<'}{t.peer}" for t in step.recvs]
     return " ".join(parts)
 
 

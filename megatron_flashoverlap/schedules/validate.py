@@ -7,6 +7,7 @@
   owner's data (`slice.block`);
 - "produce": a slice is sent only after this rank computed it and added what arrived for it;
 - every rank computes each of its `expected` slices exactly once;
+- "exchange": a slice is received at most once per step;
 - every `final` slice ends holding each rank's contribution exactly once (a multiset, so a
   contribution added twice is caught, which a set would hide).
 """
@@ -54,6 +55,8 @@ def _post(rk: _Rank, chans: dict) -> None:
         if x not in rk.have:
             raise rk.err(f"sends {x.label()}, which it does not hold")
         chans.setdefault((s.rank, t.peer), (deque(), deque()))[0].append((rk, x, Counter(rk.have[x])))
+    if s.kind == "exchange" and len({t.slice for t in step.recvs}) < len(step.recvs):
+        raise rk.err("receives one slice twice in a step (the second arrival would overwrite the first)")
     for t in step.recvs:
         chans.setdefault((t.peer, s.rank), (deque(), deque()))[1].append((rk, t))
     rk.pending = len(step.sends) + len(step.recvs)

@@ -1,0 +1,115 @@
+"""All-reduce schedules ("exchange"): ring (RS + AG), flat recursive doubling, hierarchical.
+
+P = world_size ranks, G = local_world_size ranks per node, N = P / G nodes, node-contiguous ranks:
+rank = node * G + local. The message is cut in G blocks; `Slice(b)` is block b (the whole message when
+G = 1). Every rank starts holding its own contribution to every block (`local`) and must end holding
+every rank's contribution to every block exactly once (`final`). A receive adds what arrives, except
+`Transfer(op="copy")`, which replaces what is held (the all-gather and fold-back halves).
+
+hierarchical (G per node, N nodes):
+    1. ring reduce-scatter inside the node      G-1 steps   block l ends summed over the node on local rank l
+    2. recursive doubling across nodes           log2(N') steps among ranks of the same local rank,
+       on block l only                           partner = node XOR 2^k (in the folded numbering)
+    3. ring all-gather inside the node           G-1 steps   copies
+ring = hierarchical with G = P (one node); recursive_doubling = hierarchical with G = 1 (one block).
+Latency terms: 2(G-1) intra + log2(N') inter (+2 for a fold), against 2(P-1) for the ring.
+
+Non-power-of-two counts (N' = largest power of two <= N, rem = N - N'): among the first 2*rem members,
+each even member sends its value to the odd one above it (pre-reduce) and sits out; the odd one takes
+part under index i // 2, the others under i - rem; after the doubling the odd member copies the result
+back down (Rabenseifner/Thakur). Two extra latency terms, any count works.
+"""
+from __future__ import annotations
+
+from .ring import _check
+from .step import Schedule, Slice, Step, Transfer
+
+
+def _ring_reduce_scatter(members: list[int], i: int, tag: int) -> list[Step]:
+    """Block b ends summed on member b: step s sends block (i-s-1) on, adds block (i-s-2) from prev."""
+    g = len(members)
+    nxt, prv = members[(i + 1) % g], members[(i - 1) % g]
+    return [Step(sends=(Transfer(nxt, Slice((i - s - 1) % g, 0, tag)),),
+                 recvs=(Transfer(prv, Slice((i - s - 2) % g, 0, tag)),)) for s in range(g - 1)]
+
+
+def _ring_all_gather(members: list[int], i: int, tag: int) -> list[Step]:
+    """Member b holds the finished block b: step s forwards block (i-s), copies block (i-s-1) from prev."""
+    g = len(members)
+    nxt, prv = members[(i + 1) % g], members[(i - 1) % g]
+    return [Step(sends=(Transfer(nxt, Slice((i - s) % g, 0, tag)),),
+                 recvs=(Transfer(prv, Slice((i - s - 1) % g, 0, tag), op="copy"),)) for s in range(g - 1)]
+
+
+def _folded(m: int, i: int) -> tuple[int, int, int | None]:
+    """(power-of-two size m', rem, index among the m' doubling members or None if member i sits out)."""
+    p2 = 1 << (m.bit_length() - 1)
+    rem = m - p2
+    if i < 2 * rem:
+        return p2, rem, (i // 2 if i % 2 else None)
+    return p2, rem, i - rem
+
+
+def _recursive_doubling(members: list[int], i: int, x: Slice) -> list[Step]:
+    """All-reduce of slice x among `members` (any count): fold, log2(m') whole-slice exchanges, unfold."""
+    m = len(members)
+    p2, rem, new = _folded(m, i)
+    if new is None:  # even member of the folded prefix: hand the value up, get the sum back
+        up = members[i + 1]
+        return [Step(sends=(Transfer(up, x),)), Step(recvs=(Transfer(up, x, op="copy"),))]
+    folded = i < 2 * rem
+    steps = [Step(recvs=(Transfer(members[i - 1], x),))] if folded else []
+    for k in range(p2.bit_length() - 1):
+        pn = new ^ (1 << k)
+        peer = members[2 * pn + 1 if pn < rem else pn + rem]
+        steps.append(Step(sends=(Transfer(peer, x),), recvs=(Transfer(peer, x),)))
+    if folded:
+        steps.append(Step(sends=(Transfer(members[i - 1], x),)))
+    return steps
+
+
+def _layout(world_size: int, local_world_size: int) -> int:
+    if local_world_size < 1 or world_size % local_world_size:
+        raise ValueError(f"local_world_size {local_world_size} does not divide the group size {world_size}; "
+                         f"pass the number of group ranks per node (every node must hold as many)")
+    return world_size // local_world_size
+
+
+def all_reduce_hierarchical(rank: int, world_size: int, local_world_size: int, *, tag: int = 0,
+                            name: str = "all_reduce_hierarchical") -> Schedule:
+    """Intra-node ring RS, inter-node recursive doubling among same-local-rank ranks, intra-node ring AG."""
+    _check(rank, world_size)
+    g = local_world_size
+    nodes = _layout(world_size, g)
+    node, local = divmod(rank, g)
+    intra = [node * g + j for j in range(g)]
+    inter = [n * g + local for n in range(nodes)]
+    steps = (_ring_reduce_scatter(intra, local, tag) + _recursive_doubling(inter, node, Slice(local, 0, tag))
+             + _ring_all_gather(intra, local, tag))
+    blocks = tuple(Slice(b, 0, tag) for b in range(g))
+    return Schedule("exchange", rank, world_size, tuple(steps), name=name, local=blocks, final=blocks)
+
+
+def all_reduce_ring(rank: int, world_size: int, *, tag: int = 0) -> Schedule:
+    """Flat ring all-reduce = reduce-scatter + all-gather over P blocks: 2(P-1) steps."""
+    return all_reduce_hierarchical(rank, world_size, world_size, tag=tag, name="all_reduce_ring")
+
+
+def all_reduce_recursive_doubling(rank: int, world_size: int, *, tag: int = 0) -> Schedule:
+    """Flat recursive doubling on the whole message: log2(P') steps (+2 to fold a non-power-of-two P)."""
+    return all_reduce_hierarchical(rank, world_size, 1, tag=tag, name="all_reduce_recursive_doubling")
+
+
+ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "hierarchical")
+
+
+def all_reduce_schedule(algo: str, rank: int, world_size: int, local_world_size: int | None = None,
+                        *, tag: int = 0) -> Schedule:
+    """The schedule of `algo` (one of ALL_REDUCE_ALGOS); `local_world_size` only matters for hierarchical."""
+    if algo == "ring":
+        return all_reduce_ring(rank, world_size, tag=tag)
+    if algo == "recursive_doubling":
+        return all_reduce_recursive_doubling(rank, world_size, tag=tag)
+    if algo == "hierarchical":
+        return all_reduce_hierarchical(rank, world_size, local_world_size or world_size, tag=tag)
+    raise ValueError(f"unknown all-reduce schedule {algo!r}; choose one of {ALL_REDUCE_ALGOS}")
