@@ -1,0 +1,1 @@
+"""Benchmark harness: emulated interconnect (netns + tbf), timing, cost model, reports."""
