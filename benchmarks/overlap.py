@@ -1,0 +1,106 @@
+"""Overlap benchmark: stock vs data slicing (k=2,4,8) vs FlashOverlap over an emulated (tbf-shaped) link.
+
+    sudo .venv/bin/python benchmarks/overlap.py                 # full sweep -> results/overlap.{md,png,...}
+    .venv/bin/python benchmarks/overlap.py --unshaped --quick   # no root: host loopback, labelled unshaped
+
+Writes into --out: overlap.md (tables, cost model, verdict), overlap_seq.png (hidden fraction and distance
+to bound vs sequence length), overlap_rates.png (vs link rate), overlap_trace.json (chrome://tracing or
+ui.perfetto.dev: one block per method per rank), overlap_raw.json (every median and spread).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+from megatron_flashoverlap.bench import report
+from megatron_flashoverlap.bench.blocks import METHODS
+from megatron_flashoverlap.bench.launch import run_rates
+from megatron_flashoverlap.bench.netns import why_not_shaped
+
+
+def _ints(s: str) -> list[int]:
+    return [int(v) for v in s.split(",") if v]
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="2gbit", help="tbf rates of the sequence sweep (comma list)")
+    p.add_argument("--seqs", default="256,512,1024,2048,4096", help="full sequence lengths (CPU analog of 1K-16K)")
+    p.add_argument("--rate-sweep", default="250mbit,500mbit,1gbit,2gbit,4gbit", help="'' to skip")
+    p.add_argument("--rate-sweep-seq", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--width", type=int, default=512, help="per-rank inner width (ffn/P; heads/P*head_dim)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--kinds", default="mlp,attn")
+    p.add_argument("--burst", default="512kb")
+    p.add_argument("--unshaped", action="store_true", help="run on the host loopback (no root needed), labelled")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one rate, 1 repeat (smoke test)")
+    p.add_argument("--out", default="results")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.seqs, a.hidden, a.width, a.head_dim, a.repeats, a.rate_sweep = "64,128", 64, 128, 32, 1, ""
+    return a
+
+
+def config(a, seqs: list[int]) -> dict:
+    return {"kinds": a.kinds.split(","), "seqs": seqs, "batch": a.batch, "hidden": a.hidden, "width": a.width,
+            "head_dim": a.head_dim, "repeats": a.repeats, "methods": [m.name for m in METHODS],
+            "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]}}
+
+
+def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
+    os.makedirs(a.out, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = [f"# Overlap benchmark ({now})", "", f"Command: `{cmd}`", ""]
+    for run in seq_runs:
+        md += [f"## Sequence sweep, {report.header(run)}", "", report.table(run), "",
+               "Cost model's choice per GEMM site (at s = %d):" % run["config"]["trace"]["seq"], ""]
+        md += report.site_lines(run, run["config"]["trace"]["seq"]) + [""]
+    md += ["## Verdict (flash vs the bound and vs every slicing k)", ""] + report.VERDICT_HEAD
+    for run in seq_runs:
+        for kind in run["config"]["kinds"]:
+            for mode in ("fwd", "fwd+bwd"):
+                md += report.verdict(run, kind, mode)
+    if rate_runs:
+        md += ["", f"## Link-rate sweep at s = {a.rate_sweep_seq}", ""]
+        for run in rate_runs:
+            md += [f"### {report.header(run)}", "", report.table(run), ""]
+        report.plot_rates(rate_runs, a.rate_sweep_seq, os.path.join(a.out, "overlap_rates.png"))
+    report.plot(seq_runs, os.path.join(a.out, "overlap_seq.png"))
+    report.trace(seq_runs[0]["traces"], os.path.join(a.out, "overlap_trace.json"))
+    with open(os.path.join(a.out, "overlap_raw.json"), "w") as f:
+        json.dump({"seq_runs": [{k: v for k, v in r.items() if k != "traces"} for r in seq_runs],
+                   "rate_runs": [{k: v for k, v in r.items() if k != "traces"} for r in rate_runs]}, f)
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(a.out, "overlap.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    reason = why_not_shaped()
+    if reason and not a.unshaped:
+        print(f"cannot shape the link: {reason}.\nRerun with --unshaped for a run on the plain host loopback; "
+              "its table is labelled 'unshaped' (TCP copies then compete with the GEMMs for the cores).",
+              file=sys.stderr)
+        return 2
+    cmd = "python benchmarks/overlap.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="flashoverlap-bench-") as tmp:
+        seq_runs = run_rates(config(a, _ints(a.seqs)), a.rates.split(","), tmp, a.burst, a.unshaped)
+        rate_runs = []
+        if a.rate_sweep and not a.unshaped:
+            rcfg = {**config(a, [a.rate_sweep_seq]), "trace": None}
+            rate_runs = run_rates(rcfg, a.rate_sweep.split(","), tmp, a.burst)
+    print(write(a, seq_runs, rate_runs, cmd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Cost model: predict each method's block time from the measured link bandwidth and GEMM throughput.
+
+Inputs (measured by the worker): B = bytes/s a rank receives while every rank sends (stock all-gather
+probe; on a shaped lo both directions share one queue, so this already is the per-direction rate under
+load) and F(rows) = GEMM flop/s at that row count (small slices run slower). Per operator of P ranks:
+
+    hop  = bytes of one shard / B        C = whole GEMM time (sum of its slices, at the slice's F)
+    AG side (column fwd, row bwd): transfers run back to back from t=0; a slice starts when its data
+        arrived and the previous slice ended.
+        stock: one hop, then C.   slicing k: k chunks of hop/k, chunk j computes after arrival j.
+        flash: slice 0 is the local shard (no wait), slice j after hop j.  (P=2: max(C/2, hop) + C/2)
+    RS side (row fwd, column dgrad): a slice's transfer starts when the slice and the previous
+        transfer ended.   stock: C, then one hop.   slicing k: k chunks.   flash: own block last.
+A bidirectional ring at P=2 sends both halves to the same peer through the same shared lo queue: the
+model gives it the same hop as `flash`. Backward: column dgrad RS + wgrad AG in one walk (flash: both
+hops per step; slicing/stock: blocking re-gather of x for wgrad); row backward is one AG of dy.
+The middle part (GELU / attention core) is measured alone; its backward is taken as 2x its forward.
+"""
+from __future__ import annotations
+
+import bisect
+
+from .blocks import Method, Shape
+
+
+def gemm_time(rows: int, k: int, n: int, flops: dict) -> float:
+    """Seconds for [rows, k] @ [k, n] at the throughput probed at the nearest row count (keys may be str)."""
+    table = {int(r): v for r, v in flops.items()}
+    keys = sorted(table)
+    i = min(bisect.bisect_left(keys, rows), len(keys) - 1)
+    if i > 0 and abs(keys[i - 1] - rows) < abs(keys[i] - rows):
+        i -= 1
+    return 2.0 * rows * k * n / table[keys[i]]
+
+
+def ag_pipeline(slices: list[tuple[int | None, float]], hops: list[float]) -> float:
+    """slices: (index of the transfer it needs or None, seconds); transfers back to back from 0."""
+    arrive, t = [], 0.0
+    for h in hops:
+        t += h
+        arrive.append(t)
+    end = 0.0
+    for need, c in slices:
+        end = max(end, arrive[need] if need is not None else 0.0) + c
+    return end
+
+
+def rs_pipeline(slices: list[tuple[float, float]]) -> float:
+    """slices: (compute seconds, seconds of the transfer it starts afterwards, 0 for none)."""
+    comp = comm = 0.0
+    for c, h in slices:
+        comp += c
+        if h > 0:
+            comm = max(comm, comp) + h
+    return max(comp, comm)
+
+
+def _parts(method: Method, world: int) -> int:
+    return method.chunks if method.algo == "slicing" else (1 if method.algo == "reference" else world)
+
+
+def op_time(side: str, method: Method, rows: int, k: int, n: int, shard_bytes: float, probes: dict,
+            world: int, hop_factor: float = 1.0) -> float:
+    """One AG-side or RS-side operator: `rows` full GEMM rows, `shard_bytes` per hop of the stock collective."""
+    hop = hop_factor * shard_bytes / probes["link_Bps"]
+    flops = probes["gemm_flops"]
+    p = _parts(method, world)
+    c = gemm_time(max(1, rows // p), k, n, flops)  # one slice (flash: one shard's rows; slicing: one chunk)
+    if method.algo == "reference":
+        return ag_pipeline([(0, c)], [hop]) if side == "ag" else rs_pipeline([(c, hop)])
+    if method.algo == "slicing":
+        if side == "ag":
+            return ag_pipeline([(j, c) for j in range(p)], [hop / p] * p)
+        return rs_pipeline([(c, hop / p)] * p)
+    if side == "ag":  # flash: local shard first, then one slice per arrived hop
+        return ag_pipeline([(None, c)] + [(j, c) for j in range(world - 1)], [hop] * (world - 1))
+    return rs_pipeline([(c, hop)] * (world - 1) + [(c, 0.0)])  # own block last
+
+
+def predict(kind: str, shape: Shape, method: Method, probes: dict, world: int, mode: str) -> float:
+    """Predicted seconds of one block (forward, or forward+backward)."""
+    s, b, h, w = shape.seq, shape.batch, shape.hidden, shape.width
+    n_in = 3 * w if kind == "attn" else w
+    shard = s // world * b * h * 4.0  # fp32 bytes of one [s/P, b, h] shard
+    mid = probes["middle_s"].get(f"{kind}|{s}", 0.0)
+    rows = s * b
+    t = op_time("ag", method, rows, h, n_in, shard, probes, world) + mid + \
+        op_time("rs", method, rows, w, h, shard, probes, world)
+    if mode == "fwd":
+        return t
+    # backward: row (AG of dy; dgrad + wgrad per slice), middle, column (dgrad RS + wgrad on gathered x)
+    t += op_time("ag", method, rows, w, 2 * h, shard, probes, world) + 2 * mid
+    if method.algo == "slicing" or method.algo == "reference":  # RS of dgrad, then a blocking gather of x
+        t += op_time("rs", method, rows, n_in, h, shard, probes, world) + shard / probes["link_Bps"] \
+            + gemm_time(rows, n_in, h, probes["gemm_flops"])
+    else:  # one walk: dgrad RS + wgrad AG hops together, dgrad + wgrad slice per step
+        t += op_time("rs", method, rows, n_in, 2 * h, shard, probes, world, hop_factor=2.0)
+    return t
+
+
+def choose_site(site: str, side: str, rows: int, k: int, n: int, shard_bytes: float, probes: dict,
+                world: int, methods) -> tuple[str, str]:
+    """(choice, one-line reason) among flash / slicing k / off for one GEMM site."""
+    times = {m.name: op_time(side, m, rows, k, n, shard_bytes, probes, world) for m in methods}
+    best = min(times, key=times.get)
+    hop = shard_bytes / probes["link_Bps"]
+    whole = gemm_time(rows, k, n, probes["gemm_flops"])
+    algo = {"stock": "off"}.get(best, best)
+    others = ", ".join(f"{m} {t * 1e3:.1f}" for m, t in sorted(times.items(), key=lambda kv: kv[1])[1:4])
+    reason = (f"{site}: {algo} ({times[best] * 1e3:.1f} ms predicted; next: {others} ms); "
+              f"hop {hop * 1e3:.1f} ms vs GEMM {whole * 1e3:.1f} ms, comm/compute {hop / whole:.2f}")
+    return algo, reason
+
+
+def sites(shape: Shape, probes: dict, world: int, methods) -> list[tuple[str, str]]:
+    """Choices for the forward GEMM sites of the MLP and attention blocks."""
+    s, b, h, w = shape.seq, shape.batch, shape.hidden, shape.width
+    shard = s // world * b * h * 4.0
+    rows = s * b
+    spec = [("fc1_fprop", "ag", h, w), ("fc2_fprop", "rs", w, h), ("qkv_fprop", "ag", h, 3 * w),
+            ("proj_fprop", "rs", w, h)]
+    return [choose_site(name, side, rows, k, n, shard, probes, world, methods) for name, side, k, n in spec]

@@ -1,0 +1,180 @@
+"""Writers: markdown tables, PNG plots, Chrome-trace / Perfetto JSON timelines from worker outputs.
+
+A run = the worker's JSON for one link rate, plus "rate" (tc rate or "unshaped") added by the launcher.
+"""
+from __future__ import annotations
+
+import json
+
+from .blocks import Shape, method_by_name
+from .costmodel import predict, sites
+
+COLS = "| block | mode | seq | method | block ms (min-max) | compute ms | comm ms | exposed ms | hidden | " \
+       "to bound | vs stock | model ms |"
+
+
+def _shape(run: dict, seq: int) -> Shape:
+    c = run["config"]
+    return Shape(seq, c["batch"], c["hidden"], c["width"], c.get("head_dim", 64))
+
+
+def rows_with_model(run: dict) -> list[dict]:
+    """The run's rows, each with `model` (predicted seconds) and `speedup` (stock block / this block)."""
+    stock = {(r["kind"], r["seq"], r["mode"]): r["block"] for r in run["rows"] if r["method"] == "stock"}
+    out = []
+    for r in run["rows"]:
+        m = method_by_name(r["method"])
+        pred = predict(r["kind"], _shape(run, r["seq"]), m, run["probes"], run["world"], r["mode"])
+        out.append({**r, "model": pred, "speedup": stock.get((r["kind"], r["seq"], r["mode"]), float("nan")) / r["block"]})
+    return out
+
+
+def table(run: dict, seqs=None) -> str:
+    """One markdown table of a run (all rows, or only the given sequence lengths)."""
+    lines = [COLS, "|" + "---|" * 12]
+    for r in rows_with_model(run):
+        if seqs and r["seq"] not in seqs:
+            continue
+        lo, hi = r["spread"]
+        lines.append(f"| {r['kind']} | {r['mode']} | {r['seq']} | {r['method']} | {r['block'] * 1e3:.1f} "
+                     f"({lo * 1e3:.1f}-{hi * 1e3:.1f}) | {r['compute'] * 1e3:.1f} | {r['comm'] * 1e3:.1f} | "
+                     f"{r['exposed'] * 1e3:.1f} | {r['hidden'] * 100:.0f}% | {r['bound']:.2f}x | "
+                     f"{r['speedup']:.2f}x | {r['model'] * 1e3:.1f} |")
+    return "\n".join(lines)
+
+
+def header(run: dict) -> str:
+    c, p = run["config"], run["probes"]
+    best = max(p["gemm_flops"].values())
+    return (f"link {run['rate']} (measured {p['link_Bps'] / 2 ** 20:.1f} MiB/s per rank under load), "
+            f"P={run['world']}, b={c['batch']}, h={c['hidden']}, per-rank width {c['width']}, fp32, "
+            f"{c['repeats']} repeats (medians; block spread min-max), GEMM up to {best / 1e9:.1f} GFLOP/s/rank")
+
+
+def site_lines(run: dict, seq: int) -> list[str]:
+    methods = [method_by_name(n) for n in run["config"]["methods"]]
+    return [f"- {reason}" for _, reason in sites(_shape(run, seq), run["probes"], run["world"], methods)]
+
+
+def plot(runs: list[dict], path: str, kind: str = "mlp") -> None:
+    """Hidden fraction and distance to bound vs sequence length, one line per method; a column per mode,
+    a row pair per link rate."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = ("fwd", "fwd+bwd")
+    fig, axes = plt.subplots(2 * len(runs), 2, figsize=(11, 4.2 * len(runs)), squeeze=False)
+    for i, run in enumerate(runs):
+        for j, mode in enumerate(modes):
+            for name in run["config"]["methods"]:
+                rs = sorted((r for r in run["rows"] if r["kind"] == kind and r["mode"] == mode
+                             and r["method"] == name), key=lambda r: r["seq"])
+                seqs = [r["seq"] for r in rs]
+                style = "-o" if name.startswith("flash") else ("--s" if name == "stock" else ":^")
+                axes[2 * i][j].plot(seqs, [100 * r["hidden"] for r in rs], style, label=name)
+                axes[2 * i + 1][j].plot(seqs, [r["bound"] for r in rs], style, label=name)
+            axes[2 * i][j].set_title(f"{kind} {mode}, link {run['rate']}: hidden communication")
+            axes[2 * i][j].set_ylabel("hidden %")
+            axes[2 * i + 1][j].set_title(f"{kind} {mode}, link {run['rate']}: block / max(compute, comm)")
+            axes[2 * i + 1][j].axhline(1.1, color="grey", lw=0.8, ls="--")
+            axes[2 * i + 1][j].set_ylabel("distance to bound (x)")
+            for ax in (axes[2 * i][j], axes[2 * i + 1][j]):
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("sequence length (tokens)")
+                ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _x(name, cat, start, end, pid, tid, t0, **args) -> dict:
+    return {"name": name, "cat": cat, "ph": "X", "ts": (start - t0) * 1e6, "dur": max(0.0, end - start) * 1e6,
+            "pid": pid, "tid": tid, "args": args}
+
+
+def _comm_intervals(events) -> list[tuple[str, float, float]]:
+    """Pair each `post step i` with the end of the next `wait step i`: the step is in flight between."""
+    out = []
+    for j, (what, label, start, _) in enumerate(events):
+        if what != "post":
+            continue
+        end = next((e[3] for e in events[j + 1:] if e[0] == "wait" and e[1] == label), None)
+        if end is not None:
+            out.append((label, start, end))
+    return out
+
+
+def trace(traces: list[dict], path: str) -> None:
+    """Chrome trace (chrome://tracing, ui.perfetto.dev): a process per method|mode, three tracks per rank:
+    operators, compute slices (+ exposed waits), transfers in flight."""
+    events = []
+    for pid, key in enumerate(traces[0]):
+        t0 = min(min(s[1] for s in tr[key]["spans"]) for tr in traces)
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": key}})
+        for rank, tr in enumerate(traces):
+            base = 10 * rank
+            for tid, name in ((base, f"rank {rank} operators"), (base + 1, f"rank {rank} compute"),
+                              (base + 2, f"rank {rank} comm")):
+                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+            events += [_x(lbl, "op", a, b, pid, base, t0) for lbl, a, b in tr[key]["spans"]]
+            for what, lbl, a, b in tr[key]["events"]:
+                if what in ("compute", "wait"):
+                    events.append(_x(f"{what} {lbl}" if what == "wait" else f"slice {lbl}", what, a, b, pid,
+                                     base + 1, t0))
+            events += [_x(f"{lbl} in flight", "comm", a, b, pid, base + 2, t0)
+                       for lbl, a, b in _comm_intervals(tr[key]["events"])]
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+def plot_rates(runs: list[dict], seq: int, path: str, kind: str = "mlp", mode: str = "fwd") -> None:
+    """Hidden fraction and distance to bound vs comm/compute (stock comm alone / stock compute alone)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    pick = lambda run, name: next(r for r in run["rows"] if r["kind"] == kind and r["mode"] == mode  # noqa: E731
+                                  and r["seq"] == seq and r["method"] == name)
+    ratio = [pick(run, "stock")["comm"] / pick(run, "stock")["compute"] for run in runs]
+    order = sorted(range(len(runs)), key=lambda i: ratio[i])
+    for name in runs[0]["config"]["methods"]:
+        style = "-o" if name.startswith("flash") else ("--s" if name == "stock" else ":^")
+        xs = [ratio[i] for i in order]
+        axes[0].plot(xs, [100 * pick(runs[i], name)["hidden"] for i in order], style, label=name)
+        axes[1].plot(xs, [pick(runs[i], name)["bound"] for i in order], style, label=name)
+    for ax, yl in zip(axes, ("hidden %", "distance to bound (x)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("comm alone / compute alone (stock)")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+    axes[1].axhline(1.1, color="grey", lw=0.8, ls="--")
+    axes[0].set_title(f"{kind} {mode}, s={seq}: link rate sweep ({', '.join(r['rate'] for r in runs)})")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def verdict(run: dict, kind: str, mode: str) -> list[str]:
+    """Per sequence length: flash's hidden fraction and distance to bound, and whether it beats every slicing k."""
+    out = []
+    for seq in run["config"]["seqs"]:
+        rs = {r["method"]: r for r in run["rows"] if r["kind"] == kind and r["mode"] == mode and r["seq"] == seq}
+        if "flash" not in rs:
+            continue
+        f = rs["flash"]
+        sl = {n: r["block"] for n, r in rs.items() if n.startswith("slicing")}
+        best = min(sl, key=sl.get) if sl else None
+        beats = all(f["block"] < v for v in sl.values())
+        ratio = rs["stock"]["comm"] / rs["stock"]["compute"] if "stock" in rs else float("nan")
+        out.append(f"| {run['rate']} | {kind} {mode} | {seq} | {ratio:.2f} | {f['hidden'] * 100:.0f}% | "
+                   f"{f['bound']:.2f}x | {f['block'] * 1e3:.1f} | "
+                   + (f"{best} {sl[best] * 1e3:.1f}" if best else "-") + f" | {'yes' if beats else 'NO'} |")
+    return out
+
+
+VERDICT_HEAD = ["| link | block | seq | comm/compute (stock) | flash hidden | flash to bound | flash ms | "
+                "best slicing ms | flash beats every k |", "|---|---|---|---|---|---|---|---|---|"]

@@ -1,0 +1,94 @@
+"""Rank-side timing: block, compute alone, communication alone; interleaved repeats; medians over ranks.
+
+For one (block kind, shape) and every method, each repeat times, in this order:
+    block    the block on the real (shaped) group
+    compute  the same block on a *fake* process group of the same size: identical GEMM slices, buffers and
+             executor walk, but every transfer completes at once without moving data
+    comm     the block on the real group with inner width 1: identical transfers, GEMMs shrunk to O(bytes)
+A sample is the max over ranks of one call's duration (every rank starts after a barrier).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..runtime import OverlapContext
+from .blocks import Method, Shape, comm_only, make_block
+
+MODES = ("fwd", "fwd+bwd")
+MEASURES = ("block", "compute", "comm")
+
+
+def fake_group(world: int):
+    """A process group of `world` ranks whose collectives and P2P ops move nothing (torch's "fake" backend)."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+    except ImportError as e:  # pragma: no cover - torch without the testing package
+        raise RuntimeError("compute-alone timing needs torch's fake process group "
+                           "(torch.testing._internal.distributed.fake_pg)") from e
+    return dist.new_group(ranks=list(range(world)), backend="fake")
+
+
+class Runner:
+    """Holds the tensors of one (kind, shape) on this rank and times single calls."""
+
+    def __init__(self, kind: str, shape: Shape, world: int):
+        self.full = make_block(kind, shape, world)
+        self.thin = make_block(kind, comm_only(shape), world)
+        self.x = self.full.input()
+        self.dy = torch.randn_like(self.x)
+        self.ctx = OverlapContext(check_peers=False)
+
+    def call(self, block, group, method: Method, mode: str, ctx=None, spans=None) -> float:
+        """Seconds for one forward (+ backward) of `block`; grads are dropped afterwards."""
+        x = self.x.detach().requires_grad_(mode != "fwd")
+        dist.barrier()
+        t0 = time.perf_counter()
+        y = block.forward(x, group, method, ctx or self.ctx, spans)
+        if mode != "fwd":
+            y.backward(self.dy)
+        dt = time.perf_counter() - t0
+        for p in block.params():
+            p.grad = None
+        return dt
+
+    def sample(self, method: Method, mode: str, real, fake) -> dict:
+        return {"block": self.call(self.full, real, method, mode),
+                "compute": self.call(self.full, fake, method, mode),
+                "comm": self.call(self.thin, real, method, mode)}
+
+
+def measure(runner: Runner, methods, repeats: int, real, fake, tick=None) -> dict:
+    """{(method, mode, measure): [seconds on this rank per repeat]}, after one warm-up round."""
+    out: dict = {}
+    for r in range(repeats + 1):
+        for m in methods:
+            for mode in MODES:
+                s = runner.sample(m, mode, real, fake)
+                if r > 0:
+                    for k, v in s.items():
+                        out.setdefault((m.name, mode, k), []).append(v)
+            if tick:
+                tick()
+    return out
+
+
+def combine(per_rank: list[dict]) -> dict:
+    """Max over ranks per repeat, then {key: {"median", "lo", "hi", "n"}} (lo/hi: min and max of repeats)."""
+    res = {}
+    for key in per_rank[0]:
+        samples = [max(vals) for vals in zip(*(d[key] for d in per_rank))]
+        res[key] = {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "n": len(samples)}
+    return res
+
+
+def derived(stats: dict, method: str, mode: str) -> dict:
+    """block, compute, comm medians -> exposed, hidden fraction, distance to bound."""
+    b, c, m = (stats[(method, mode, k)]["median"] for k in MEASURES)
+    exposed = b - c
+    return {"block": b, "compute": c, "comm": m, "exposed": exposed,
+            "hidden": 1.0 - exposed / m if m > 0 else float("nan"), "bound": b / max(c, m),
+            "spread": (stats[(method, mode, "block")]["lo"], stats[(method, mode, "block")]["hi"])}

@@ -1,0 +1,128 @@
+"""One benchmark run on every rank (started by torchrun, inside the shaped namespace).
+
+    python -m megatron_flashoverlap.bench.worker CONFIG.json OUT.json
+
+CONFIG: {"kinds": ["mlp", "attn"], "seqs": [...], "batch", "hidden", "width", "head_dim", "repeats",
+         "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str}
+OUT (written by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
+rows (one per kind x seq x method x mode with medians and spread), trace events per rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..runtime import OverlapContext, all_gather_into
+from .blocks import Shape, method_by_name
+from .progress import Progress
+from .timing import MODES, Runner, combine, derived, fake_group, measure
+
+
+def _median_time(fn, n: int = 3) -> float:
+    ts = []
+    for _ in range(n):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def probe_link(world: int, mib: float = 4.0) -> float:
+    """Bytes per second each rank receives in a stock all-gather of `mib` MiB per rank (max over ranks)."""
+    x = torch.ones(int(mib * 2 ** 20) // 4)
+    out = torch.empty(world * x.numel())
+    t = _max_over_ranks(_median_time(lambda: all_gather_into(out, x, None)))
+    return (world - 1) * x.numel() * 4 / t
+
+
+def probe_gemm(hidden: int, width: int, rows_list) -> dict:
+    """{rows: flop/s} of F.linear([rows, h], [w, h]) on one thread, both ranks busy at once."""
+    w = torch.randn(width, hidden)
+    res = {}
+    for rows in rows_list:
+        x = torch.randn(rows, hidden)
+        F.linear(x, w)
+        t = _max_over_ranks(_median_time(lambda: F.linear(x, w)))
+        res[int(rows)] = 2.0 * rows * hidden * width / t
+    return res
+
+
+def _max_over_ranks(v: float) -> float:
+    t = torch.tensor([v], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _gathered(obj):
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _trace(runner: Runner, methods, fake) -> dict:
+    """One block per method and mode with the executor's tracer on: {method|mode: {"events", "spans"}}."""
+    out = {}
+    for m in methods:
+        for mode in MODES:
+            ctx = OverlapContext(check_peers=False, trace=[])
+            spans: list = []
+            runner.call(runner.full, None, m, mode, ctx=ctx, spans=spans)
+            events = [(e.what, e.label, e.start, e.end) for e in ctx.trace]
+            out[f"{m.name}|{mode}"] = {"events": events, "spans": spans}
+    return out
+
+
+def run(cfg: dict) -> dict | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fake = fake_group(world)
+    methods = [method_by_name(n) for n in cfg["methods"]]
+    shapes = {s: Shape(s, cfg["batch"], cfg["hidden"], cfg["width"], cfg.get("head_dim", 64)) for s in cfg["seqs"]}
+    rows_list = sorted({max(1, s * cfg["batch"] // (world * k)) for s in cfg["seqs"] for k in (1, 2, 4, 8)}
+                       | {s * cfg["batch"] for s in cfg["seqs"]})
+    probes = {"link_Bps": probe_link(world), "gemm_flops": probe_gemm(cfg["hidden"], cfg["width"], rows_list),
+              "middle_s": {}}
+    bar = Progress(len(cfg["kinds"]) * len(shapes) * (cfg["repeats"] + 1) * len(methods), cfg.get("label", ""),
+                   enabled=rank == 0)
+    rows, traces = [], {}
+    for kind in cfg["kinds"]:
+        for seq, shape in shapes.items():
+            runner = Runner(kind, shape, world)
+            full_in = torch.randn(seq, cfg["batch"], runner.full.w_in.shape[0])
+            probes["middle_s"][f"{kind}|{seq}"] = _max_over_ranks(_median_time(lambda: runner.full._middle(full_in)))
+            stats = combine(_gathered(measure(runner, methods, cfg["repeats"], None, fake, bar.tick)))
+            rows += [{"kind": kind, "seq": seq, "method": m.name, "mode": mode, **derived(stats, m.name, mode)}
+                     for m in methods for mode in MODES]
+            tr = cfg.get("trace")
+            if tr and tr["kind"] == kind and tr["seq"] == seq:
+                traces = _gathered(_trace(runner, [method_by_name(n) for n in tr["methods"]], fake))
+    bar.close()
+    if rank != 0:
+        return None
+    return {"config": cfg, "world": world, "probes": probes, "rows": rows, "traces": traces}
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = json.loads(open(argv[0]).read())
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # the fake group leaves receive buffers uninitialised: no denormal slow-down
+    dist.init_process_group("gloo")
+    try:
+        out = run(cfg)
+        if out is not None:
+            with open(argv[1], "w") as f:
+                json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
