@@ -1,0 +1,121 @@
+"""Core attention math for the attention operators: masks, one query block, the unfused references.
+
+    q [sq, b, np, hn]    k, v [sk, b, ng, hn]  (ng divides np: grouped-query attention)
+    mask (bool, True = masked out) broadcastable to [b, np, sq, sk]
+    ctx [sq, b, np*hn]
+
+The numerics follow Megatron's local `DotProductAttention`: scores = baddbmm(q, k^T, alpha=scale) in the
+input dtype, masked with -10000 (not -inf: a fully masked row becomes uniform, as in Megatron), softmax
+in fp32 for bf16/fp16 inputs, probs cast back, ctx = probs @ v.
+
+`AttnSpec` carries everything that decides which keys a query row sees, so any row block can be computed
+alone (the query-split operator) and the whole sequence gives the same rows (the reference):
+- `causal`: key j is masked for query i when pos[j] > pos[i]; `positions` [s] gives pos (Megatron's
+  zigzag context-parallel order, see `zigzag_positions`); None = natural order.
+- `mask`: an explicit bool mask [b|1, np|1, s, s] (padding), OR-ed with the causal rule.
+- `dropout_p`, `seed`: dropout on the probs with a keep-mask drawn per query row from a generator seeded
+  by (seed, row), so the mask does not depend on how the rows are split (query-split == reference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    scale: float
+    causal: bool = True
+    mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    seed: int = 0
+
+    def rows_mask(self, a: int, b: int, sk: int, device) -> torch.Tensor | None:
+        """The mask of query rows [a, b) against all sk keys: [.., b-a, sk] or None."""
+        out = None if self.mask is None else self.mask[..., a:b, :]
+        if self.causal:
+            if self.positions is None:
+                qp, kp = torch.arange(a, b, device=device), torch.arange(sk, device=device)
+            else:
+                qp, kp = self.positions[a:b].to(device), self.positions.to(device)
+            c = kp[None, :] > qp[:, None]  # [b-a, sk]
+            out = c if out is None else (out | c)
+        return out
+
+
+def zigzag_positions(seq: int, world: int, device=None) -> torch.Tensor:
+    """Natural position of each row of a sequence gathered from Megatron's zigzag CP split.
+
+    The sequence is cut in 2*world chunks; CP rank r holds chunks (r, 2*world-1-r). Gathering the ranks'
+    shards in rank order gives rows [c0, c(2P-1), c1, c(2P-2), ...]: pos [s] maps each row to its place."""
+    if seq % (2 * world):
+        raise ValueError(f"sequence length {seq} is not divisible by 2 * context_parallel_size = {2 * world}; "
+                         f"pad the sequence (Megatron's get_batch_on_this_cp_rank needs the same)")
+    c = seq // (2 * world)
+    order = [k for r in range(world) for k in (r, 2 * world - 1 - r)]
+    return torch.cat([torch.arange(k * c, (k + 1) * c, device=device) for k in order])
+
+
+def expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """[sk, b, ng, hn] -> [sk, b, np, hn] (each group repeated np/ng times, as Megatron does)."""
+    rep = heads // t.shape[2]
+    return t if rep == 1 else t.repeat_interleave(rep, dim=2)
+
+
+def _dropout(probs: torch.Tensor, spec: AttnSpec, a: int) -> torch.Tensor:
+    """probs [b, np, n, sk]; row i of the block uses the keep-mask of global row a+i."""
+    keep_p = 1.0 - spec.dropout_p
+    rows = []
+    for i in range(probs.shape[2]):
+        g = torch.Generator(device=probs.device).manual_seed(spec.seed * 1_000_003 + a + i)
+        shape = (probs.shape[0], probs.shape[1], probs.shape[3])
+        rows.append(torch.rand(shape, generator=g, device=probs.device) < keep_p)
+    keep = torch.stack(rows, dim=2)  # [b, np, n, sk]
+    return probs * keep.to(probs.dtype) / keep_p
+
+
+def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttnSpec, a: int = 0) -> torch.Tensor:
+    """ctx [n, b, np*hn] of query rows q [n, b, np, hn] = rows [a, a+n) of the sequence; k, v full."""
+    n, b, heads, hn = q.shape
+    sk = k.shape[0]
+    k, v = expand_kv(k, heads), expand_kv(v, heads)
+    qb = q.reshape(n, b * heads, hn).transpose(0, 1)  # [b*np, n, hn]
+    kb = k.reshape(sk, b * heads, hn).permute(1, 2, 0)  # [b*np, hn, sk]
+    buf = torch.empty((b * heads, n, sk), dtype=q.dtype, device=q.device)
+    scores = torch.baddbmm(buf, qb, kb, beta=0.0, alpha=spec.scale).view(b, heads, n, sk)
+    if q.dtype in (torch.bfloat16, torch.float16):
+        scores = scores.float()
+    mask = spec.rows_mask(a, a + n, sk, q.device)
+    if mask is not None:
+        scores = scores.masked_fill(mask, -10000.0)
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    if spec.dropout_p > 0:
+        probs = _dropout(probs, spec, a)
+    vb = v.reshape(sk, b * heads, hn).transpose(0, 1)  # [b*np, sk, hn]
+    ctx = torch.bmm(probs.view(b * heads, n, sk), vb).view(b, heads, n, hn)
+    return ctx.permute(2, 0, 1, 3).reshape(n, b, heads * hn)  # [n, b, np*hn]
+
+
+def attention_reference(q, k, v, spec: AttnSpec) -> torch.Tensor:
+    """Unfused full attention (differentiable with plain autograd): ctx [s, b, np*hn]."""
+    return attention_rows(q, k, v, spec, 0)
+
+
+def check_attention_operands(op: str, q, k, v, weight=None) -> None:
+    """q [s, b, np, hn], k/v [s, b, ng, hn] with ng | np, weight [h, np*hn]; errors name the fix."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{op}: q, k, v must be [s, b, heads, head_dim] (Megatron's core-attention layout); "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"{op}: k and v must both be [sk, {q.shape[1]}, ng, {q.shape[3]}]; got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"{op}: {q.shape[2]} query heads are not a multiple of {k.shape[2]} key/value groups; "
+                         f"set num_query_groups to a divisor of num_attention_heads")
+    if q.dtype != k.dtype or q.dtype != v.dtype or (weight is not None and weight.dtype != q.dtype):
+        raise ValueError(f"{op}: q, k, v (and the projection weight) must share one dtype")
+    if weight is not None and (weight.dim() != 2 or weight.shape[1] != q.shape[2] * q.shape[3]):
+        raise ValueError(f"{op}: the projection weight must be [h, {q.shape[2] * q.shape[3]}] (the local shard "
+                         f"of linear_proj.weight, [out, in]); got {tuple(weight.shape)}")
