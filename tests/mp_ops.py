@@ -22,7 +22,11 @@ def _globals(seed, s, b, h, n, dtype):
 
 
 def _err(a, b):
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    """Max abs error relative to the reference's max magnitude."""
+    if not a.numel():
+        return 0.0
+    b = b.double()
+    return (a.double() - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
 
 
 def ag_matmul(rank, world, algo, s, b, h, n, dtype="float32", seed=0, num_chunks=None, keep=False, bias=True):
@@ -44,7 +48,7 @@ def ag_matmul(rank, world, algo, s, b, h, n, dtype="float32", seed=0, num_chunks
     yd = xd @ wd[rank * nl:(rank + 1) * nl].t() + (bb.double()[rank * nl:(rank + 1) * nl] if bias else 0)
     dxd = (dyd @ wd)[rank * sl:(rank + 1) * sl]
     dwd = dyd[:, :, rank * nl:(rank + 1) * nl].reshape(-1, nl).t() @ xd.reshape(-1, h)
-    out = {"y_vs_ref_bitwise": bool(torch.equal(y, y_ref)), "y": _err(y, yd), "dx": _err(xs.grad, dxd),
+    out = {"y_vs_ref_bitwise": bool(torch.equal(y, y_ref)), "y_vs_ref": _err(y, y_ref), "y": _err(y, yd), "dx": _err(xs.grad, dxd),
            "dw": _err(ws.grad, dwd), "scale": yd.abs().max().item()}
     if bias:
         out["db"] = _err(bs.grad, dyd[:, :, rank * nl:(rank + 1) * nl].sum((0, 1)))
@@ -68,3 +72,63 @@ def matmul_rs(rank, world, algo, s, b, k, h, dtype="float32", seed=0, num_chunks
     dwd = dyd.reshape(-1, h).t() @ xd.reshape(-1, k)[:, rank * kl:(rank + 1) * kl]
     return {"y_vs_ref": _err(y, y_ref), "y": _err(y, yd), "dx": _err(xs.grad, dxd), "dw": _err(ws.grad, dwd),
             "scale": yd.abs().max().item(), "y_dtype_ok": y.dtype == dt}
+
+
+def _raises(fn):
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def bad_inputs(rank, world):
+    """Each bad input, called identically on every rank: the ValueError text (None if nothing raised)."""
+    x = torch.randn(4, 2, 8)
+    w = torch.randn(6, 8)
+    out = {
+        "rs_indivisible": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2 + 1, 2, 8), w)),
+        "dtype": _raises(lambda: fo.all_gather_matmul(x, w.to(torch.bfloat16))),
+        "device": _raises(lambda: fo.all_gather_matmul(x, w.to("meta"))),
+        "weight_shape": _raises(lambda: fo.all_gather_matmul(x, torch.randn(6, 7))),
+        "transposed_weight": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), torch.randn(8, 6))),
+        "not_3d": _raises(lambda: fo.all_gather_matmul(x.view(8, 8), w)),
+        "int_dtype": _raises(lambda: fo.all_gather_matmul(x.long(), w.long())),
+        "bias_shape": _raises(lambda: fo.all_gather_matmul(x, w, bias=torch.randn(5))),
+        "unknown_algo": _raises(lambda: fo.all_gather_matmul(x, w, algo="ring")),
+        "slicing_no_chunks": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w, algo="slicing")),
+    }
+    return out
+
+
+def disagreeing_ranks(rank, world):
+    """Rank 1 passes a longer sequence than its peers: every rank must raise, none may hang."""
+    x = torch.randn(4 + (rank == 1), 2, 8)
+    return _raises(lambda: fo.all_gather_matmul(x, torch.randn(6, 8)))
+
+
+def group_of_one(rank, world):
+    """A group of size 1 is a plain GEMM: bitwise equal to F.linear, with and without autograd."""
+    groups = [torch.distributed.new_group([r]) for r in range(world)]
+    x = torch.randn(4, 2, 8, requires_grad=True)
+    w = torch.randn(6, 8)
+    y1 = fo.all_gather_matmul(x, w, groups[rank])
+    y2 = fo.matmul_reduce_scatter(x, w, groups[rank])
+    ref = torch.nn.functional.linear(x, w)
+    return bool(torch.equal(y1, ref) and torch.equal(y2, ref))
+
+
+def dead_peer(rank, world, timeout_s):
+    """Rank 1 never calls the operator (dead or diverged): rank 0 must raise PeerTimeoutError in time."""
+    import time
+    from datetime import timedelta
+
+    if rank != 0:
+        return "absent"
+    ctx = fo.OverlapContext(timeout=timedelta(seconds=timeout_s), check_peers=False)
+    t0 = time.monotonic()
+    try:
+        fo.all_gather_matmul(torch.randn(4, 2, 8), torch.randn(6, 8), context=ctx)
+    except fo.PeerTimeoutError as e:
+        return {"message": str(e), "seconds": time.monotonic() - t0}
+    return {"message": None, "seconds": time.monotonic() - t0}
