@@ -1,0 +1,24 @@
+"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume} P [--bidir]`."""
+import argparse
+
+from . import all_gather_ring, all_to_all_consume, all_to_all_produce, grid, reduce_scatter_ring, validate
+
+BUILDERS = {"ag": all_gather_ring, "rs": reduce_scatter_ring, "a2a-produce": all_to_all_produce,
+            "a2a-consume": all_to_all_consume}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("op", choices=sorted(BUILDERS))
+    ap.add_argument("world_size", type=int)
+    ap.add_argument("--bidir", action="store_true", help="bidirectional ring (ag, rs)")
+    a = ap.parse_args(argv)
+    kw = {"bidirectional": True} if a.bidir else {}
+    scheds = [BUILDERS[a.op](r, a.world_size, **kw) for r in range(a.world_size)]
+    validate(scheds)
+    print(grid(scheds))
+    print("validated: every send matched, no deadlock, every slice computed once, sums complete")
+
+
+if __name__ == "__main__":
+    main()
