@@ -4,7 +4,8 @@ Inputs (measured by the worker): B = bytes/s a rank receives while every rank se
 probe; on a shaped lo both directions share one queue, so this already is the per-direction rate under
 load) and F(rows) = GEMM flop/s at that row count (small slices run slower). Per operator of P ranks:
 
-    hop  = bytes of one shard / B        C = whole GEMM time (sum of its slices, at the slice's F)
+    hop  = L + bytes of one shard / B   (L: measured latency of one tiny all-gather)
+    C    = whole GEMM time (sum of its slices, each at its row count's F)
     AG side (column fwd, row bwd): transfers run back to back from t=0; a slice starts when its data
         arrived and the previous slice ended.
         stock: one hop, then C.   slicing k: k chunks of hop/k, chunk j computes after arrival j.
@@ -62,19 +63,20 @@ def _parts(method: Method, world: int) -> int:
 def op_time(side: str, method: Method, rows: int, k: int, n: int, shard_bytes: float, probes: dict,
             world: int, hop_factor: float = 1.0) -> float:
     """One AG-side or RS-side operator: `rows` full GEMM rows, `shard_bytes` per hop of the stock collective."""
+    lat = probes.get("latency_s", 0.0)
     hop = hop_factor * shard_bytes / probes["link_Bps"]
     flops = probes["gemm_flops"]
     p = _parts(method, world)
     c = gemm_time(max(1, rows // p), k, n, flops)  # one slice (flash: one shard's rows; slicing: one chunk)
     if method.algo == "reference":
-        return ag_pipeline([(0, c)], [hop]) if side == "ag" else rs_pipeline([(c, hop)])
+        return ag_pipeline([(0, c)], [lat + hop]) if side == "ag" else rs_pipeline([(c, lat + hop)])
     if method.algo == "slicing":
         if side == "ag":
-            return ag_pipeline([(j, c) for j in range(p)], [hop / p] * p)
-        return rs_pipeline([(c, hop / p)] * p)
+            return ag_pipeline([(j, c) for j in range(p)], [lat + hop / p] * p)
+        return rs_pipeline([(c, lat + hop / p)] * p)
     if side == "ag":  # flash: local shard first, then one slice per arrived hop
-        return ag_pipeline([(None, c)] + [(j, c) for j in range(world - 1)], [hop] * (world - 1))
-    return rs_pipeline([(c, hop)] * (world - 1) + [(c, 0.0)])  # own block last
+        return ag_pipeline([(None, c)] + [(j, c) for j in range(world - 1)], [lat + hop] * (world - 1))
+    return rs_pipeline([(c, lat + hop)] * (world - 1) + [(c, 0.0)])  # own block last
 
 
 def predict(kind: str, shape: Shape, method: Method, probes: dict, world: int, mode: str) -> float:
@@ -91,7 +93,7 @@ def predict(kind: str, shape: Shape, method: Method, probes: dict, world: int, m
     # backward: row (AG of dy; dgrad + wgrad per slice), middle, column (dgrad RS + wgrad on gathered x)
     t += op_time("ag", method, rows, w, 2 * h, shard, probes, world) + 2 * mid
     if method.algo == "slicing" or method.algo == "reference":  # RS of dgrad, then a blocking gather of x
-        t += op_time("rs", method, rows, n_in, h, shard, probes, world) + shard / probes["link_Bps"] \
+        t += op_time("rs", method, rows, n_in, h, shard, probes, world) + shard / probes["link_Bps"] + probes.get("latency_s", 0.0) \
             + gemm_time(rows, n_in, h, probes["gemm_flops"])
     else:  # one walk: dgrad RS + wgrad AG hops together, dgrad + wgrad slice per step
         t += op_time("rs", method, rows, n_in, 2 * h, shard, probes, world, hop_factor=2.0)

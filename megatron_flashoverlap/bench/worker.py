@@ -43,6 +43,12 @@ def probe_link(world: int, mib: float = 4.0) -> float:
     return (world - 1) * x.numel() * 4 / t
 
 
+def probe_latency(world: int) -> float:
+    """Seconds of a stock all-gather of 4 bytes per rank (max over ranks): the per-message cost."""
+    x, out = torch.ones(1), torch.empty(world)
+    return _max_over_ranks(_median_time(lambda: all_gather_into(out, x, None), n=5))
+
+
 def probe_gemm(hidden: int, width: int, rows_list) -> dict:
     """{rows: flop/s} of F.linear([rows, h], [w, h]) on one thread, both ranks busy at once."""
     w = torch.randn(width, hidden)
@@ -87,7 +93,7 @@ def run(cfg: dict) -> dict | None:
     shapes = {s: Shape(s, cfg["batch"], cfg["hidden"], cfg["width"], cfg.get("head_dim", 64)) for s in cfg["seqs"]}
     rows_list = sorted({max(1, s * cfg["batch"] // (world * k)) for s in cfg["seqs"] for k in (1, 2, 4, 8)}
                        | {s * cfg["batch"] for s in cfg["seqs"]})
-    probes = {"link_Bps": probe_link(world), "gemm_flops": probe_gemm(cfg["hidden"], cfg["width"], rows_list),
+    probes = {"link_Bps": probe_link(world), "latency_s": probe_latency(world), "gemm_flops": probe_gemm(cfg["hidden"], cfg["width"], rows_list),
               "middle_s": {}}
     bar = Progress(len(cfg["kinds"]) * len(shapes) * (cfg["repeats"] + 1) * len(methods), cfg.get("label", ""),
                    enabled=rank == 0)
