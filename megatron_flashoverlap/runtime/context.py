@@ -22,7 +22,7 @@ def _default_timeout() -> timedelta:
 
 @dataclass
 class TraceEvent:
-    """One interval of the timeline: `what` is "compute" or "wait"; `label` names the slice or step."""
+    """One interval of the timeline: `what` is "compute", "post" or "wait"; `label` names the slice or step."""
 
     what: str
     label: str

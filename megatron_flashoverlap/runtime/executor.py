@@ -55,7 +55,10 @@ def _timeout(i: int, step: Step, ctx: OverlapContext) -> PeerTimeoutError:
 def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext) -> None:
     """Run `steps` (one rank's schedule) over `group` with the given per-tag handlers."""
     for i, step in enumerate(steps):
+        start = time.perf_counter()
         works = _post(step, group, handlers)
+        if works:
+            ctx.record("post", f"step {i}", start)  # the trace shows step i in flight from here to its wait's end
         for x in step.compute:
             start = time.perf_counter()
             handlers[x.tag].compute(x)
