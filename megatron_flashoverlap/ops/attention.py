@@ -119,3 +119,14 @@ def check_attention_operands(op: str, q, k, v, weight=None) -> None:
     if weight is not None and (weight.dim() != 2 or weight.shape[1] != q.shape[2] * q.shape[3]):
         raise ValueError(f"{op}: the projection weight must be [h, {q.shape[2] * q.shape[3]}] (the local shard "
                          f"of linear_proj.weight, [out, in]); got {tuple(weight.shape)}")
+
+
+def make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions=None) -> AttnSpec:
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"attention dropout_p must be in [0, 1); got {dropout_p}")
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise ValueError("attn_mask must be a bool tensor (True = masked out, Megatron's convention); "
+                         "convert with mask < 0.5 or mask.bool()")
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    return AttnSpec(scale=scale, causal=causal, mask=attn_mask, positions=positions, dropout_p=dropout_p,
+                    seed=seed)

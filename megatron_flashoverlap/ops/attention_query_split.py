@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..runtime import OverlapContext, default_context, execute, group_info
 from ..schedules import all_gather_ring, reduce_scatter_ring
 from .algo import resolve
-from .attention import AttnSpec, attention_reference, attention_rows, check_attention_operands
+from .attention import AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec
 from .backward import _wgrad
 from .checks import check_divisible, check_peers_agree
 from .functions import matmul_reduce_scatter
@@ -91,17 +91,6 @@ class QuerySplitAttention(torch.autograd.Function):
         q, k, v, weight = ctx.saved_tensors
         dq, dk, dv, dw = query_split_backward_flash(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.spec, ctx.bidir)
         return dq, dk, dv, dw, None, None, None, None
-
-
-def make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions=None) -> AttnSpec:
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"attention dropout_p must be in [0, 1); got {dropout_p}")
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        raise ValueError("attn_mask must be a bool tensor (True = masked out, Megatron's convention); "
-                         "convert with mask < 0.5 or mask.bool()")
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return AttnSpec(scale=scale, causal=causal, mask=attn_mask, positions=positions, dropout_p=dropout_p,
-                    seed=seed)
 
 
 def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, group=None, *,
