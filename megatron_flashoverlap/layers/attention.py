@@ -1,0 +1,92 @@
+"""Megatron-facing core attention for the local spec: Ulysses context parallelism.
+
+    UlyssesDotProductAttention   q, k, v [s/cp, b, np/tp, hn] -> ctx [s/cp, b, np/tp*hn]
+        the same constructor and forward contract as Megatron's local `DotProductAttention` (which asserts
+        context_parallel_size == 1: this is the separate class a spec selects for cp > 1,
+        cp_comm_type="a2a"). The a2a exchanges sequence shards for head shards over the CP group
+        (ops/ulysses.py): flash = pairwise steps on our executor, stock = all_to_all_single.
+        Megatron's zigzag CP split (get_batch_on_this_cp_rank) is handled by positions, not reorders:
+        causal masks and the already applied RoPE stay right. With cp == 1 it is plain local attention.
+
+Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -10000, fp32 softmax for
+bf16/fp16). Dropout draws its keep-masks per query row from a seed taken from the (model-parallel) RNG,
+so a recompute reproduces them. Not supported (ValueError naming the fix): packed sequences, attention
+bias, sliding windows, softmax_type != "vanilla", apply_query_key_layer_scaling.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+
+from ..ops.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
+from ..runtime import group_info
+from .linear import layer_context
+
+
+def _groups(pg_collection):
+    """(tp group, cp group) from the collection Megatron passes, else from parallel_state."""
+    tp = getattr(pg_collection, "tp", None) or parallel_state.get_tensor_model_parallel_group()
+    cp = getattr(pg_collection, "cp", None) or parallel_state.get_context_parallel_group()
+    return tp, cp
+
+
+def check_attention_config(config, op: str) -> None:
+    """What our core attentions do not implement: say so up front."""
+    if getattr(config, "softmax_type", "vanilla") != "vanilla":
+        raise ValueError(f"{op}: softmax_type={config.softmax_type!r} is not supported; use 'vanilla'")
+    if getattr(config, "window_size", None) is not None:
+        raise ValueError(f"{op}: sliding-window attention is not supported; unset window_size")
+    if getattr(config, "apply_query_key_layer_scaling", False):
+        raise ValueError(f"{op}: apply_query_key_layer_scaling is not supported; set it False "
+                         f"(with fp32 softmax it only rescales the scores)")
+
+
+class UlyssesDotProductAttention(MegatronModule):
+    """Ulysses (a2a) context-parallel core attention; drop-in for the local spec's `core_attention`."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None, algo: str = "flash", **kwargs):
+        super().__init__(config=config)
+        if cp_comm_type not in (None, "a2a"):
+            raise ValueError(f"UlyssesDotProductAttention: cp_comm_type={cp_comm_type!r} is not supported; set "
+                             f"--cp-comm-type a2a (Ulysses), or use the Transformer Engine spec for p2p/all_gather")
+        if algo not in ULYSSES_ALGOS:
+            raise ValueError(f"UlyssesDotProductAttention: unknown algo {algo!r}; choose one of {ULYSSES_ALGOS}")
+        check_attention_config(config, "UlyssesDotProductAttention")
+        self.tp_group, self.cp_group = _groups(pg_collection)
+        tp, cp = group_info(self.tp_group)[1], group_info(self.cp_group)[1]
+        check_ulysses_heads("UlyssesDotProductAttention", config.num_attention_heads // tp,
+                            max(config.num_query_groups or config.num_attention_heads, tp) // tp, cp, tp)
+        self.layer_number, self.attn_mask_type, self.attention_type = max(1, layer_number), attn_mask_type, attention_type
+        self.algo = algo
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def _seed(self) -> int:
+        if not (self.training and self.dropout_p > 0):
+            return 0
+        fork = (contextlib.nullcontext() if self.config.sequence_parallel
+                else tensor_parallel.get_cuda_rng_tracker().fork())
+        with fork:  # the same stream Megatron's DotProductAttention dropout draws from
+            return int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        """query [s/cp, b, np/tp, hn], key/value [s/cp, b, ng/tp, hn] -> [s/cp, b, np/tp*hn]."""
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("UlyssesDotProductAttention: packed sequences and attention bias are not supported")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        causal = attention_mask is None and mask_type == AttnMaskType.causal  # as Megatron: a mask wins
+        p = self.dropout_p if self.training else 0.0
+        return ulysses_attention(query, key, value, self.cp_group, causal=causal, zigzag=True,
+                                 attn_mask=attention_mask, softmax_scale=self.softmax_scale, dropout_p=p,
+                                 seed=self._seed(), algo=self.algo, context=layer_context())
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        return {}  # no parameters (softmax_type 'vanilla' only)
