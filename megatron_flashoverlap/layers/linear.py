@@ -24,10 +24,22 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 
 from ..config import LAYERS, FlashOverlapConfig, LayerPlan
 from ..ops import all_gather_matmul, matmul_reduce_scatter
-from ..runtime import default_context, group_info
+from ..ops.checks import check_peers_agree
+from ..runtime import OverlapContext, group_info
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
+_CONTEXT: OverlapContext | None = None
+
+
+def layer_context() -> OverlapContext:
+    """The context all Flash layers share (buffers, timeout). Its per-call peer check is off: a layer
+    checks its peers once per input shape instead (one small all-gather on the first call), so steady-state
+    steps issue no collective besides the P2P ring."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = OverlapContext(check_peers=False)
+    return _CONTEXT
 
 
 def _log_once(kind: str, why: str) -> None:
@@ -53,7 +65,8 @@ class _FlashMixin:
         self.flash_config = flash_config
         self.flash_site = tp_comm_buffer_name
         self.flash_plan = _site_plan(flash_config, tp_comm_buffer_name)
-        self.flash_context = default_context()
+        self.flash_context = layer_context()
+        self._flash_checked: set = set()
         if config.gradient_accumulation_fusion and self._overlap_possible():
             raise ValueError(
                 f"{type(self).__name__} ({tp_comm_buffer_name}): gradient_accumulation_fusion=True is not supported "
@@ -78,7 +91,14 @@ class _FlashMixin:
             return "expert / GTP-remat layer"
         return None
 
-    def _ops_kwargs(self) -> dict:
+    def _ops_kwargs(self, input_) -> dict:
+        """The site's operator arguments; checks once per input shape that all TP peers agree on it."""
+        shape = tuple(input_.shape)
+        if shape not in self._flash_checked:
+            world = group_info(self.tp_group)[1]
+            check_peers_agree(f"{type(self).__name__}({self.flash_site})", self.tp_group, world, input_.device,
+                              *shape, *self.weight.shape)
+            self._flash_checked.add(shape)
         plan = self.flash_plan
         return {"algo": plan.algo, "num_chunks": plan.num_chunks, "context": self.flash_context}
 
@@ -103,7 +123,7 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
             return self._forward_stock(why, input_, weight, runtime_gather_output)
         bias = None if self.skip_bias_add else self.bias
         output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias,
-                                   keep_gathered=self.flash_plan.keep_gathered, **self._ops_kwargs())
+                                   keep_gathered=self.flash_plan.keep_gathered, **self._ops_kwargs(input_))
         return output, (self.bias if self.skip_bias_add else None)
 
     def _forward_stock(self, why, input_, weight, runtime_gather_output):
@@ -135,7 +155,7 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         why = self._stock_reason()
         if why is not None:
             return self._forward_stock(why, input_)
-        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, **self._ops_kwargs())
+        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, **self._ops_kwargs(input_))
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

@@ -4,6 +4,8 @@
     destroy()                      destroy_model_parallel() (call it in a `finally`)
     tiny_config(tp, sp, **kw)      an fp32 TransformerConfig small enough for 2 cores
     build_gpt(config, spec, ...)   GPTModel with fixed-seed init (same seed -> same weights for any spec)
+    allreduce_sequence_parallel_grads(model)   what finalize_model_grads does for SP-tagged params
+    comm_ops(fn) / autograd_fns(fn)            profile fn(): c10d collectives and P2P, our autograd ops
     copy_weights(dst, src)         load src's parameters into dst by name (the specs share names)
     batch(seed, b, s, vocab)       tokens, position ids and labels [b, s], identical on every rank
     gpt_loss(model, batch)         mean token loss (scalar), through Megatron's vocab-parallel cross-entropy
@@ -44,7 +46,7 @@ def tiny_config(tp: int, sp: bool, num_layers: int = 2, hidden: int = 32, heads:
 
 
 def build_gpt(config, spec, seed: int = 7, vocab: int = VOCAB, seq: int = SEQ):
-    """GPTModel [b, s] tokens -> logits [s... ] built under a fixed seed (CPU init draws from torch's RNG)."""
+    """GPTModel built under a fixed seed (CPU init draws from torch's RNG)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -75,3 +77,38 @@ def gpt_logits(model, data: dict) -> torch.Tensor:
 def gpt_loss(model, data: dict) -> torch.Tensor:
     """Mean per-token loss over [b, s] (Megatron returns the per-token loss when labels are given)."""
     return model(data["input_ids"], data["position_ids"], None, labels=data["labels"]).float().mean()
+
+
+def allreduce_sequence_parallel_grads(model: torch.nn.Module) -> int:
+    """All-reduce over TP the grads of params tagged `sequence_parallel` (LayerNorms, row biases), as
+    Megatron's finalize_model_grads does under SP; -> how many params. Without it SP training diverges."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    grads = [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    for g in grads:
+        dist.all_reduce(g, group=parallel_state.get_tensor_model_parallel_group())
+    return len(grads)
+
+
+def comm_ops(fn) -> dict:
+    """Run fn() under torch.profiler; -> {kind: count} of the c10d ops it issued, kind in
+    all_gather / reduce_scatter / all_reduce / send / recv (from the dispatcher op names `c10d::...`)."""
+    from collections import Counter
+
+    kinds = {"allgather": "all_gather", "reduce_scatter": "reduce_scatter", "allreduce": "all_reduce",
+             "send": "send", "recv": "recv"}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    counts: Counter = Counter()
+    for e in prof.events():
+        if e.name.startswith("c10d::"):
+            counts.update(v for k, v in kinds.items() if k in e.name)
+    return dict(counts)
+
+
+def autograd_fns(fn, names=("AllGatherMatmul", "MatmulReduceScatter")) -> dict:
+    """Run fn() under torch.profiler; -> {name: forward calls} of our autograd Functions."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {n: sum(1 for e in prof.events() if e.name == n) for n in names}
