@@ -13,6 +13,7 @@ as Megatron's tensor-parallel groups are); default from LOCAL_WORLD_SIZE (capped
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -65,14 +66,17 @@ def all_reduce_stock(x, group, ctx, local_world_size=None):
     return out
 
 
+_schedule = functools.lru_cache(maxsize=256)(all_reduce_schedule)  # pure data: build once per layout
+
+
 def _run(algo: str, x, group, ctx, local_world_size):
     rank, world = group_info(group)
-    sched = all_reduce_schedule(algo, rank, world, local_world_size)
+    sched = _schedule(algo, rank, world, local_world_size)
     blocks = len(sched.final)
     n = x.numel()
-    padded = -(-n // blocks) * blocks
-    flat = torch.zeros(padded, dtype=x.dtype, device=x.device)
+    flat = torch.empty(-(-n // blocks) * blocks, dtype=x.dtype, device=x.device)  # [blocks * size]
     flat[:n].copy_(x.reshape(-1))
+    flat[n:].zero_()  # padding adds nothing
     execute(sched.steps, group, {0: ExchangePass(flat, blocks, ctx)}, ctx)
     return flat[:n].view(x.shape)
 
