@@ -41,6 +41,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--burst", default="512kb")
     p.add_argument("--unshaped", action="store_true", help="run on the host loopback (no root needed), labelled")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one rate, 1 repeat (smoke test)")
+    p.add_argument("--no-megatron", dest="megatron", action="store_false",
+                   help="skip the rows of the real Megatron MLP (stock spec vs ours)")
     p.add_argument("--out", default="results")
     a = p.parse_args(argv)
     if a.quick:
@@ -51,7 +53,8 @@ def parse(argv=None) -> argparse.Namespace:
 def config(a, seqs: list[int]) -> dict:
     return {"kinds": a.kinds.split(","), "seqs": seqs, "batch": a.batch, "hidden": a.hidden, "width": a.width,
             "head_dim": a.head_dim, "repeats": a.repeats, "methods": [m.name for m in METHODS],
-            "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]}}
+            "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]},
+            "megatron": {"seq": seqs[len(seqs) // 2]} if a.megatron else None}
 
 
 def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
@@ -62,6 +65,9 @@ def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
         md += [f"## Sequence sweep, {report.header(run)}", "", report.table(run), "",
                "Cost model's choice per GEMM site (at s = %d):" % run["config"]["trace"]["seq"], ""]
         md += report.site_lines(run, run["config"]["trace"]["seq"]) + [""]
+        if run.get("megatron_rows"):
+            md += ["Real Megatron-Core MLP (TP=2, SP), stock local spec vs our spec (block time only):", "",
+                   report.megatron_table(run), ""]
     md += ["## Verdict (flash vs the bound and vs every slicing k)", ""] + report.VERDICT_HEAD
     for run in seq_runs:
         for kind in run["config"]["kinds"]:
@@ -96,7 +102,7 @@ def main(argv=None) -> int:
         seq_runs = run_rates(config(a, _ints(a.seqs)), a.rates.split(","), tmp, a.burst, a.unshaped)
         rate_runs = []
         if a.rate_sweep and not a.unshaped:
-            rcfg = {**config(a, [a.rate_sweep_seq]), "trace": None}
+            rcfg = {**config(a, [a.rate_sweep_seq]), "trace": None, "megatron": None, "kinds": ["mlp"]}
             rate_runs = run_rates(rcfg, a.rate_sweep.split(","), tmp, a.burst)
     print(write(a, seq_runs, rate_runs, cmd))
     return 0

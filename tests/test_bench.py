@@ -88,12 +88,14 @@ def test_blocks_agree_across_methods(pools):
 def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
     cfg = {"kinds": ["mlp", "attn"], "seqs": [16, 32], "batch": 1, "hidden": 8, "width": 16, "head_dim": 4,
            "repeats": 1, "methods": [m.name for m in METHODS], "label": "smoke",
-           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "flash"]}}
+           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "flash"]}, "megatron": {"seq": 16}}
     out = pools(2).run("tests.mp_bench:harness", cfg, timeout=300)[0]
     out["rate"] = "unshaped (test)"
     assert len(out["rows"]) == 2 * 2 * len(METHODS) * 2  # kinds x seqs x methods x modes
     for r in out["rows"]:
         assert r["block"] > 0 and r["compute"] > 0 and r["comm"] > 0 and math.isfinite(r["hidden"])
+    assert len(out["megatron_rows"]) == 2 * (1 + len(METHODS))  # (Megatron stock + ours per method) x modes
+    assert "megatron stock" in report.megatron_table(out)
     md = report.table(out)
     assert md.count("\n") == 1 + len(out["rows"]) and "flash_bidir" in md
     assert len(report.verdict(out, "mlp", "fwd")) == 2

@@ -43,6 +43,23 @@ def table(run: dict, seqs=None) -> str:
     return "\n".join(lines)
 
 
+def megatron_table(run: dict) -> str:
+    """Block times of the real Megatron MLP: stock spec vs ours per method (block only)."""
+    rows = run.get("megatron_rows") or []
+    if not rows:
+        return ""
+    by = {(r["method"], r["mode"]): r for r in rows}
+    lines = ["| Megatron MLP (s=%d) | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd vs stock | fwd+bwd vs stock |"
+             % rows[0]["seq"], "|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["method"] for r in rows):
+        f, fb = by[(name, "fwd")], by[(name, "fwd+bwd")]
+        sf, sfb = by[("megatron stock", "fwd")]["block"], by[("megatron stock", "fwd+bwd")]["block"]
+        lines.append(f"| {name} | {f['block'] * 1e3:.1f} ({f['spread'][0] * 1e3:.1f}-{f['spread'][1] * 1e3:.1f}) | "
+                     f"{fb['block'] * 1e3:.1f} ({fb['spread'][0] * 1e3:.1f}-{fb['spread'][1] * 1e3:.1f}) | "
+                     f"{sf / f['block']:.2f}x | {sfb / fb['block']:.2f}x |")
+    return "\n".join(lines)
+
+
 def header(run: dict) -> str:
     c, p = run["config"], run["probes"]
     best = max(p["gemm_flops"].values())

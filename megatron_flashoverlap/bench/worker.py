@@ -3,7 +3,8 @@
     python -m megatron_flashoverlap.bench.worker CONFIG.json OUT.json
 
 CONFIG: {"kinds": ["mlp", "attn"], "seqs": [...], "batch", "hidden", "width", "head_dim", "repeats",
-         "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str}
+         "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str,
+         "megatron": {"seq"} or null (adds rows for the real Megatron MLP: stock spec vs ours)}
 OUT (written by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
 rows (one per kind x seq x method x mode with medians and spread), trace events per rank.
 """
@@ -110,9 +111,18 @@ def run(cfg: dict) -> dict | None:
             if tr and tr["kind"] == kind and tr["seq"] == seq:
                 traces = _gathered(_trace(runner, [method_by_name(n) for n in tr["methods"]], fake))
     bar.close()
+    mrows = _megatron(cfg, methods) if cfg.get("megatron") else []
     if rank != 0:
         return None
-    return {"config": cfg, "world": world, "probes": probes, "rows": rows, "traces": traces}
+    return {"config": cfg, "world": world, "probes": probes, "rows": rows, "traces": traces, "megatron_rows": mrows}
+
+
+def _megatron(cfg: dict, methods) -> list[dict]:
+    """Rows for the real Megatron MLP (stock spec vs ours) at cfg["megatron"]["seq"]."""
+    from .megatron_rows import measure_megatron
+
+    return measure_megatron(cfg["megatron"]["seq"], cfg["batch"], cfg["hidden"], cfg["width"], methods,
+                            cfg["repeats"])
 
 
 def main(argv=None) -> None:
