@@ -61,14 +61,16 @@ def chunk_rows(rows: int, world: int, chunks: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------- plain functions (no autograd)
 
 def ar_matmul_reference(x, weight, group, ctx, tail=None):
-    """Unfused: one GEMM, then one blocking `dist.all_reduce` (as stock Megatron); `tail()` runs after."""
+    """Unfused, as stock Megatron: one GEMM, then one `dist.all_reduce`; with `tail` (the column backward's
+    wgrad) the all-reduce is async and the tail runs while it flies (Megatron's `allreduce_dgrad`)."""
     y = F.linear(x, weight)
     rank, world = group_info(group)
-    if world > 1:
-        dist.all_reduce(y, group=group)
+    work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
     if tail is not None:
         for piece in range(tail[0]):
             tail[1](piece)
+    if work is not None:
+        work.wait(ctx.timeout)
     return y
 
 
