@@ -17,7 +17,8 @@ def test_layer_is_a_drop_in(pools, kind, sp, skip_bias_add, site):
     for res in pools(2).run(CONTRACT, kind, sp, skip_bias_add, site, timeout=300):
         assert res["params"] and res["values"], "same parameter names/shapes/TP attributes and init"
         assert res["attrs"], "every attribute of the stock layer, with the same value"
-        assert res["accepts"] and res["sharded"] and res["backward_dw"] == (None, None)
+        assert res["accepts"] and res["sharded"]
+        assert res["backward_dw"] == (None, None)  # ours has it in every version (0.16 stock row lacks it)
         assert res["shapes"][0] == res["shapes"][1]
         assert res["bias_is_param"] == (skip_bias_add, skip_bias_add)  # (output, bias) contract
         assert res["y_err"] == 0.0 and res["dx_err"] == 0.0

@@ -147,6 +147,10 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
                          tp_comm_buffer_name=tp_comm_buffer_name, **kwargs)
         self._flash_init(config, flash_config, tp_comm_buffer_name)
 
+    if not hasattr(RowParallelLinear, "backward_dw"):  # megatron-core 0.16 lacks it on the row layer
+        def backward_dw(self) -> None:
+            """Delayed weight-gradient hook: a no-op, as in the stock layer of 0.17+ (wgrad runs in backward)."""
+
     def forward(self, input_):
         """input_ [s, b, k/P] -> (output [s/P, b, h], bias [h] if skip_bias_add else None).
 
