@@ -29,7 +29,7 @@ def _ints(s: str) -> list[int]:
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="2gbit", help="tbf rates of the sequence sweep (comma list)")
-    p.add_argument("--seqs", default="256,512,1024,2048,4096", help="full sequence lengths (CPU analog of 1K-16K)")
+    p.add_argument("--seqs", default="128,256,512,1024,2048", help="full sequence lengths (CPU analog of 1K-16K)")
     p.add_argument("--rate-sweep", default="250mbit,500mbit,1gbit,2gbit,4gbit", help="'' to skip")
     p.add_argument("--rate-sweep-seq", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=256)
@@ -38,6 +38,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kinds", default="mlp,attn")
+    p.add_argument("--attn-max-seq", type=int, default=1024, help="attention block only up to this length")
     p.add_argument("--burst", default="512kb")
     p.add_argument("--unshaped", action="store_true", help="run on the host loopback (no root needed), labelled")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one rate, 1 repeat (smoke test)")
@@ -52,7 +53,8 @@ def parse(argv=None) -> argparse.Namespace:
 
 def config(a, seqs: list[int]) -> dict:
     return {"kinds": a.kinds.split(","), "seqs": seqs, "batch": a.batch, "hidden": a.hidden, "width": a.width,
-            "head_dim": a.head_dim, "repeats": a.repeats, "methods": [m.name for m in METHODS],
+            "head_dim": a.head_dim, "repeats": a.repeats, "attn_max_seq": a.attn_max_seq,
+            "methods": [m.name for m in METHODS],
             "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]},
             "megatron": {"seq": seqs[len(seqs) // 2]} if a.megatron else None}
 

@@ -58,7 +58,9 @@ def run_rates(cfg: dict, rates: list[str], workdir: str, burst: str = "512kb", u
             cfg_path, out_path = os.path.join(workdir, f"cfg_{tag}.json"), os.path.join(workdir, f"out_{tag}.json")
             with open(cfg_path, "w") as f:
                 json.dump({**cfg, "label": f"link {rate}"}, f)
+            load0 = os.getloadavg()[0]
             _run(torchrun_argv(cfg_path, out_path), ns, timeout)
             with open(out_path) as f:
-                outs.append({**json.load(f), "rate": rate if ns is not None else "unshaped (host loopback)"})
+                outs.append({**json.load(f), "rate": rate if ns is not None else "unshaped (host loopback)",
+                             "loadavg": (load0, os.getloadavg()[0]), "cpus": os.cpu_count()})
     return outs

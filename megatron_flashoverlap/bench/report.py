@@ -65,7 +65,9 @@ def header(run: dict) -> str:
     best = max(p["gemm_flops"].values())
     return (f"link {run['rate']} (measured {p['link_Bps'] / 2 ** 20:.1f} MiB/s per rank under load), "
             f"P={run['world']}, b={c['batch']}, h={c['hidden']}, per-rank width {c['width']}, fp32, "
-            f"{c['repeats']} repeats (medians; block spread min-max), GEMM up to {best / 1e9:.1f} GFLOP/s/rank")
+            f"{c['repeats']} repeats (medians; block spread min-max), GEMM up to {best / 1e9:.1f} GFLOP/s/rank"
+            + (f", 1-min load average {run['loadavg'][0]:.1f} -> {run['loadavg'][1]:.1f} on {run['cpus']} CPUs"
+               if "loadavg" in run else ""))
 
 
 def site_lines(run: dict, seq: int) -> list[str]:

@@ -3,6 +3,7 @@
     python -m megatron_flashoverlap.bench.worker CONFIG.json OUT.json
 
 CONFIG: {"kinds": ["mlp", "attn"], "seqs": [...], "batch", "hidden", "width", "head_dim", "repeats",
+         "attn_max_seq" (optional: the attention block only up to this length; its core is O(s^2)),
          "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str,
          "megatron": {"seq"} or null (adds rows for the real Megatron MLP: stock spec vs ours)}
 OUT (written by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
@@ -87,29 +88,43 @@ def _trace(runner: Runner, methods, fake) -> dict:
     return out
 
 
+def _probes(cfg: dict, world: int) -> dict:
+    """Link bandwidth and latency, GEMM flop/s at every slice row count of the sweep (cost-model inputs)."""
+    b = cfg["batch"]
+    rows_list = sorted({max(1, s * b // (world * k)) for s in cfg["seqs"] for k in (1, 2, 4, 8)}
+                       | {s * b for s in cfg["seqs"]})
+    return {"link_Bps": probe_link(world), "latency_s": probe_latency(world),
+            "gemm_flops": probe_gemm(cfg["hidden"], cfg["width"], rows_list), "middle_s": {}}
+
+
+def _point(cfg: dict, kind: str, seq: int, methods, fake, probes: dict, bar) -> tuple[list, list]:
+    """Rows of one (kind, seq) for every method and mode, plus its trace when cfg asks for it."""
+    world = dist.get_world_size()
+    runner = Runner(kind, Shape(seq, cfg["batch"], cfg["hidden"], cfg["width"], cfg.get("head_dim", 64)), world)
+    full_in = torch.randn(seq, cfg["batch"], runner.full.w_in.shape[0])
+    probes["middle_s"][f"{kind}|{seq}"] = _max_over_ranks(_median_time(lambda: runner.full._middle(full_in)))
+    stats = combine(_gathered(measure(runner, methods, cfg["repeats"], None, fake, bar.tick)))
+    rows = [{"kind": kind, "seq": seq, "method": m.name, "mode": mode, **derived(stats, m.name, mode)}
+            for m in methods for mode in MODES]
+    tr = cfg.get("trace")
+    if tr and tr["kind"] == kind and tr["seq"] == seq:
+        return rows, _gathered(_trace(runner, [method_by_name(n) for n in tr["methods"]], fake))
+    return rows, []
+
+
 def run(cfg: dict) -> dict | None:
+    """The whole configured sweep on this rank; rank 0 returns the output dict, the others None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     fake = fake_group(world)
     methods = [method_by_name(n) for n in cfg["methods"]]
-    shapes = {s: Shape(s, cfg["batch"], cfg["hidden"], cfg["width"], cfg.get("head_dim", 64)) for s in cfg["seqs"]}
-    rows_list = sorted({max(1, s * cfg["batch"] // (world * k)) for s in cfg["seqs"] for k in (1, 2, 4, 8)}
-                       | {s * cfg["batch"] for s in cfg["seqs"]})
-    probes = {"link_Bps": probe_link(world), "latency_s": probe_latency(world), "gemm_flops": probe_gemm(cfg["hidden"], cfg["width"], rows_list),
-              "middle_s": {}}
-    bar = Progress(len(cfg["kinds"]) * len(shapes) * (cfg["repeats"] + 1) * len(methods), cfg.get("label", ""),
-                   enabled=rank == 0)
-    rows, traces = [], {}
-    for kind in cfg["kinds"]:
-        for seq, shape in shapes.items():
-            runner = Runner(kind, shape, world)
-            full_in = torch.randn(seq, cfg["batch"], runner.full.w_in.shape[0])
-            probes["middle_s"][f"{kind}|{seq}"] = _max_over_ranks(_median_time(lambda: runner.full._middle(full_in)))
-            stats = combine(_gathered(measure(runner, methods, cfg["repeats"], None, fake, bar.tick)))
-            rows += [{"kind": kind, "seq": seq, "method": m.name, "mode": mode, **derived(stats, m.name, mode)}
-                     for m in methods for mode in MODES]
-            tr = cfg.get("trace")
-            if tr and tr["kind"] == kind and tr["seq"] == seq:
-                traces = _gathered(_trace(runner, [method_by_name(n) for n in tr["methods"]], fake))
+    probes = _probes(cfg, world)
+    todo = [(k, s) for k in cfg["kinds"] for s in cfg["seqs"] if k != "attn" or s <= cfg.get("attn_max_seq", s)]
+    bar = Progress(len(todo) * (cfg["repeats"] + 1) * len(methods), cfg.get("label", ""), enabled=rank == 0)
+    rows, traces = [], []
+    for kind, seq in todo:
+        more, tr = _point(cfg, kind, seq, methods, fake, probes, bar)
+        rows += more
+        traces = tr or traces
     bar.close()
     mrows = _megatron(cfg, methods) if cfg.get("megatron") else []
     if rank != 0:
