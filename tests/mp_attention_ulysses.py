@@ -51,3 +51,42 @@ def vs_full(rank, world, algo="flash", zigzag=True, padding=False, groups=4, dty
     for n, a, f in zip(("dq", "dk", "dv"), loc, full):
         out[n] = _err(a.grad, f.grad[idx])
     return out
+
+
+def fused_vs_reference(rank, world, s=16, b=2, h=16, heads=4, groups=2, hn=4, dtype="float32", seed=2, bias=True):
+    """Fused Ulysses (QKV/proj inside the a2a steps) vs the unfused stock path on the same shards, and
+    y vs one-process attention of the global tensors. Gradients of the replicated weights are all-reduced
+    over the group (as CP training does) before comparing."""
+    from megatron_flashoverlap.ops.attention import zigzag_positions
+    from megatron_flashoverlap.ops.ulysses_fused import split_mixed, ulysses_fused_attention
+
+    dt = DT[dtype]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(s, b, h, generator=g).to(dt)
+    wq = (torch.randn(groups * (heads // groups + 2) * hn, h, generator=g) / h ** 0.5).to(dt)
+    bq = torch.randn(wq.shape[0], generator=g).to(dt) if bias else None
+    wp = (torch.randn(h, heads * hn, generator=g) / (heads * hn) ** 0.5).to(dt)
+    dy = torch.randn(s, b, h, generator=g).to(dt)
+    idx = shard_rows(s, rank, world, True)
+    res = {}
+    for algo in ("flash", "stock"):
+        leaves = [t.clone().requires_grad_() if t is not None else None for t in (x[idx], wq, bq, wp)]
+        y = ulysses_fused_attention(leaves[0], leaves[1], leaves[3], dist.group.WORLD, heads=heads,
+                                    groups=groups, b_qkv=leaves[2], algo=algo)
+        y.backward(dy[idx])
+        grads = [t.grad for t in leaves if t is not None]
+        for gr in grads[1:]:
+            dist.all_reduce(gr)
+        res[algo] = (y.detach(), grads)
+    mixed = F_linear(x, wq, bq).view(s, b, groups, -1)
+    qf, kf, vf = split_mixed(mixed, heads // groups, hn)
+    ref = F_linear(attention_rows(qf, kf, vf, AttnSpec(scale=hn ** -0.5, causal=True), 0), wp, None)
+    (yf, gf), (ys, gs) = res["flash"], res["stock"]
+    assert zigzag_positions(s, world)[0] == 0
+    return {"y_vs_stock": _err(yf, ys), "grads_vs_stock": max(_err(a, c) for a, c in zip(gf, gs)),
+            "y_vs_full": _err(yf, ref[idx]), "scale": max(ref.abs().max().item(), 1.0),
+            "gscale": max(max(c.abs().max().item() for c in gs), 1.0), "dtype_ok": yf.dtype == dt}
+
+
+def F_linear(x, w, b):
+    return torch.nn.functional.linear(x, w, b)

@@ -46,3 +46,30 @@ def test_ulysses_heads_not_divisible():
 
     with pytest.raises(ValueError, match="tensor_model_parallel_size x context_parallel_size = 4"):
         check_ulysses_heads("x", 3, 3, 2, tp=2)  # 6 heads over TP=2 -> 3 per rank
+
+
+FUSED = "tests.mp_attention_ulysses:fused_vs_reference"
+
+
+@pytest.mark.parametrize("world,kw", [(2, {}), (2, {"bias": False, "groups": 4}), (4, {"heads": 8, "groups": 4})])
+def test_ulysses_fused_projections_match_unfused(pools, world, kw):
+    # the fused op sums the proj over head groups in consume order (fp32-close to one GEMM over all heads)
+    for r in pools(world).run(FUSED, timeout=300, **kw):
+        assert r["dtype_ok"]
+        assert r["y_vs_stock"] <= 2e-6 * r["scale"] and r["y_vs_full"] <= 2e-6 * r["scale"], r
+        assert r["grads_vs_stock"] <= 2e-6 * r["gscale"], r
+
+
+def test_ulysses_fused_bf16(pools):
+    # bf16: fused keeps fp32 partial sums over head groups, the stock path rounds its single GEMM: ulps
+    for r in pools(2).run(FUSED, dtype="bfloat16", heads=8, groups=4, timeout=300):
+        assert r["y_vs_stock"] <= 1e-2 * r["scale"] and r["grads_vs_stock"] <= 1e-2 * r["gscale"], r
+
+
+def test_ulysses_fused_bad_weight_layout():
+    import torch
+
+    from megatron_flashoverlap.ops.ulysses_fused import ulysses_fused_attention
+
+    with pytest.raises(ValueError, match="linear_qkv layout"):
+        ulysses_fused_attention(torch.randn(4, 1, 8), torch.randn(10, 8), torch.randn(8, 8), heads=2)

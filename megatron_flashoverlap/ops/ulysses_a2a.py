@@ -87,20 +87,27 @@ def group_heads(t: torch.Tensor, g: int, world: int) -> torch.Tensor:
     return t[:, :, g * n:(g + 1) * n]
 
 
-def seq_to_heads(xs: Sequence[torch.Tensor], group, ctx, makes=None, stock=False) -> list[torch.Tensor]:
+def seq_to_heads(xs: Sequence[torch.Tensor], group, ctx, stock=False) -> list[torch.Tensor]:
     """[s/P, b, H_i, d] each -> [s, b, H_i/P, d] each, in one walk (one tag per tensor).
 
-    stock: one blocking all_to_all_single per tensor instead (the baseline; no `makes`)."""
+    stock: one blocking all_to_all_single per tensor instead (the baseline)."""
     if stock:
         return [_stock_seq_to_heads(x, group) for x in xs]
+    world = group_info(group)[1]
+    makes = [lambda g, x=x: group_heads(x, g, world) for x in xs]
+    return produce_heads(makes, [tuple(x.shape) for x in xs], xs[0].dtype, xs[0].device, group, ctx)
+
+
+def produce_heads(makes, shapes, dtype, device, group, ctx) -> list[torch.Tensor]:
+    """Like seq_to_heads, but head group g of tensor i is made on demand by makes[i](g) ([s/P, b, H_i/P, d])
+    instead of sliced from a tensor; shapes[i] = [s/P, b, H_i, d] (the tensor that is never built)."""
     rank, world = group_info(group)
     outs, passes = [], {}
-    for i, x in enumerate(xs):
-        shape = (x.shape[0] * world, x.shape[1], x.shape[2] // world) + tuple(x.shape[3:])
-        outs.append(torch.empty(shape, dtype=x.dtype, device=x.device))
-        make = makes[i] if makes else (lambda g, x=x: group_heads(x, g, world))
+    for i, (make, shape) in enumerate(zip(makes, shapes)):
+        out_shape = (shape[0] * world, shape[1], shape[2] // world) + tuple(shape[3:])
+        outs.append(torch.empty(out_shape, dtype=dtype, device=device))
         passes[i] = ProducePass(make, outs[-1], rank, world, i)
-    steps = merge(*(all_to_all_produce(rank, world, tag=i) for i in range(len(xs))))
+    steps = merge(*(all_to_all_produce(rank, world, tag=i) for i in range(len(makes))))
     execute(steps, group, passes, ctx)
     return outs
 
