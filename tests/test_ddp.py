@@ -72,3 +72,19 @@ def test_shared_bucket_falls_back_with_one_log_line(pools):
     for r in pools(2).run("tests.mp_ddp:shared_bucket", timeout=300):
         assert r["accepted"] == 0 and len(r["log"]) == 1 and "shared" in r["log"][0], r["log"]
         assert r["reduced"] == 0  # no bucket group is ever skipped: Megatron's collective ran for all
+
+
+def test_bf16_params_fp32_grad_buffers(pools):
+    # bf16 params, grad_reduce_in_fp32: main_grad is fp32; both paths round the bf16 wgrad GEMM the same
+    # way before the fp32 add; the bf16 parameter copies after the step may differ by one bf16 ulp (2^-8)
+    res = pools(2).run("tests.mp_ddp:train", tp=1, steps=2, micro=2, dtype="bfloat16",
+                       ddp_kw={"grad_reduce_in_fp32": True}, timeout=300)
+    for r in res:
+        assert r["flash"]["fused_calls"] == 2 * r["flash"]["accepted"] > 0
+        assert _close(r["flash"]["params"], r["stock"]["params"], 2 ** -7), "parameters differ from stock"
+
+
+def test_average_in_collective(pools):
+    res = pools(2).run("tests.mp_ddp:train", tp=1, steps=2, micro=2, ddp_kw={"average_in_collective": True},
+                       timeout=300)
+    _check_same(res, 2, 2)
