@@ -85,3 +85,24 @@ def resolve_flash_config(config=None) -> FlashOverlapConfig:
     if isinstance(chosen, FlashOverlapConfig):
         return chosen
     return load_config(chosen)
+
+
+def hybrid_stack_spec(flash_config: FlashOverlapConfig | None = None, stock: bool = False) -> ModuleSpec:
+    """HybridStack spec (megatron-core >= 0.19 HybridModel) for attention ('*') and MLP ('-') layers, made
+    of the same local submodules as `layer_spec`: a real norm before each block (Megatron's stock hybrid
+    spec fuses it into TE's LayerNormColumnParallelLinear instead) and our linears. `stock=True` gives the
+    same stack with Megatron's own linears (the comparison baseline). Mamba/MoE layers are not filled."""
+    try:
+        from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+        from megatron.core.ssm.mlp_layer import MLPLayer
+    except ImportError as err:
+        raise ValueError("hybrid_stack_spec needs megatron-core >= 0.19 (HybridModel); use layer_spec with "
+                         "GPTModel on older versions") from err
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    full = (get_gpt_layer_local_spec() if stock else layer_spec(flash_config)).submodules
+    attention = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
+        input_layernorm=full.input_layernorm, self_attention=full.self_attention, self_attn_bda=full.self_attn_bda))
+    mlp = ModuleSpec(module=MLPLayer, submodules=TransformerLayerSubmodules(
+        pre_mlp_layernorm=full.pre_mlp_layernorm, mlp=full.mlp, mlp_bda=full.mlp_bda))
+    return ModuleSpec(module=HybridStack, submodules=HybridStackSubmodules(attention_layer=attention, mlp_layer=mlp))

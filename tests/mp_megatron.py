@@ -146,3 +146,38 @@ def _sharded_keys(model):
     sd = model.sharded_state_dict(metadata=meta)
     return sorted((k, tuple(getattr(v, "global_shape", ())), tuple(getattr(v, "global_offset", ())))
                   for k, v in sd.items())
+
+
+def hybrid_layers(rank, world, tp):
+    """HybridStack's '*' and '-' layers from hybrid_stack_spec, ours vs stock=True, chained fwd+bwd (SP on).
+    HybridStack itself needs Transformer Engine (its final norm is TENorm), so the layers are built alone."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.spec_utils import build_module
+
+    from megatron_flashoverlap.spec import hybrid_stack_spec
+
+    tm.init_tp(tp)
+    try:
+        cfg = tm.tiny_config(tp, True)
+        runs = []
+        for stock in (True, False):
+            sub = hybrid_stack_spec(stock=stock).submodules
+            torch.manual_seed(7)
+            model_parallel_cuda_manual_seed(7)
+            layers = [build_module(sub.attention_layer, config=cfg, layer_number=1),
+                      build_module(sub.mlp_layer, config=cfg, layer_number=2)]
+            x = torch.randn(tm.SEQ // tp, 2, cfg.hidden_size, generator=torch.Generator().manual_seed(1),
+                            requires_grad=True)
+
+            def step():
+                h = layers[1](layers[0](x, attention_mask=None)[0], attention_mask=None)[0]
+                h.square().sum().backward()
+                runs.append(h.detach())
+
+            fns = tm.autograd_fns(step)
+            runs.append((fns, x.grad, [type(m).__name__ for layer in layers for m in layer.modules()]))
+        (y_s, (fns_s, dx_s, _)), (y_o, (fns_o, dx_o, names)) = runs[0:2], runs[2:4]
+        return {"y_rel": _rel(y_s, y_o), "dx_rel": _rel(dx_s, dx_o), "fns": (fns_s, fns_o),
+                "flash_modules": sorted({n for n in names if n.startswith("Flash")})}
+    finally:
+        tm.destroy()

@@ -71,3 +71,12 @@ def test_checkpoint_stock_to_ours_and_back(pools, sp):
         assert res["differ_before"], "the models must start different, or loading proves nothing"
         stock, ours, back = res["losses"]
         assert abs(stock - ours) <= 1e-6 * abs(stock) and back == stock  # back: the stock code, same weights
+
+
+@pytest.mark.newest_only  # HybridModel's stack arrived after megatron-core 0.16
+def test_hybrid_attention_and_mlp_layers_take_our_linears(pools):
+    for res in pools(2).run("tests.mp_megatron:hybrid_layers", 2, timeout=300):
+        assert res["flash_modules"] == ["FlashColumnParallelLinear", "FlashRowParallelLinear"]
+        assert res["fns"][0] == {"AllGatherMatmul": 0, "MatmulReduceScatter": 0}
+        assert res["fns"][1] == {"AllGatherMatmul": 2, "MatmulReduceScatter": 2}
+        assert res["y_rel"] <= 1e-6 and res["dx_rel"] <= 1e-5  # as for GPTModel (module docstring)
