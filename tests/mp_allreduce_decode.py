@@ -1,6 +1,6 @@
 """Worker-side body of the decode test: greedy generation with Megatron's StaticInferenceContext (KV cache)
 over a tiny GPTModel, TP without SP, stock local spec vs our spec whose row-parallel linears all-reduce
-with `matmul_all_reduce(algo=...)` (the selector for "auto").
+with `all_reduce(algo=...)` after the local GEMM (the selector for "auto").
 
 `DecodeRowParallelLinear._forward_without_sp` is the row-parallel hook this test defines: it is exactly
 what FlashRowParallelLinear's non-SP hook should run (see /work/notes/allreduce.md).
@@ -11,8 +11,9 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from megatron_flashoverlap.ops import matmul_all_reduce
+from megatron_flashoverlap import all_reduce
 from megatron_flashoverlap.ops.all_reduce_select import set_calibration
 from megatron_flashoverlap.testing import megatron as tm
 
@@ -27,8 +28,8 @@ def _decode_row_class():
 
         def _forward_without_sp(self, input_):
             """input_ [s, b, k/P] -> (output [s, b, h], bias or None): GEMM, then our all-reduce."""
-            output = matmul_all_reduce(input_, self.weight, self.tp_group, algo=self.all_reduce_algo,
-                                       context=self.flash_context)
+            output = all_reduce(F.linear(input_, self.weight), self.tp_group, algo=self.all_reduce_algo,
+                                context=self.flash_context)
             if self.skip_bias_add:
                 return output, self.bias
             return (output + self.bias if self.bias is not None else output), None

@@ -141,15 +141,3 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
         check_peers_agree("all_reduce", group, world, tensor.device, tensor.numel(), _FLOATS.index(tensor.dtype))
     return _AllReduce.apply(tensor, group, algo, ctx, g)
 
-
-def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "auto",
-                      local_world_size: int | None = None, context: OverlapContext | None = None) -> torch.Tensor:
-    """Row-parallel GEMM without sequence parallel: x_k [s, b, k/P], weight_k [h, k/P] -> y [s, b, h].
-
-        forward  y = AR(x @ w^T)      all_reduce(algo): "auto" = ours for decode-shaped [1, b, h] outputs
-                                      inside the calibrated window, stock otherwise
-        dgrad    dx = dy @ w          no communication (the all-reduce's backward is the identity)
-        wgrad    dw = dy^T x
-    The reference is algo="stock" (Megatron's reduce_from_tensor_model_parallel_region)."""
-    return all_reduce(torch.nn.functional.linear(x, weight), group, algo=algo, local_world_size=local_world_size,
-                      context=context)
