@@ -87,3 +87,14 @@ def bad_input(rank, world, kind):
         fo.all_reduce(torch.ones(4), algo="tree")
     elif kind == "layout":
         fo.all_reduce(torch.ones(4), algo="hierarchical", local_world_size=world + 1)
+
+
+def calibrate(rank, world, path, sizes, local_world_size=None):
+    """The calibration command's measure + write on the pool's group; rank 0 writes `path`."""
+    from megatron_flashoverlap import calibrate_allreduce as cal
+
+    rows = cal.measure(sizes, local_world_size=local_world_size, dtype=torch.float32, iters=2, warmup=1)
+    if rank == 0:
+        cal.write(path, cal.table(rows, None, local_world_size, torch.float32, 2, note="test"))
+    dist.barrier()
+    return rows
