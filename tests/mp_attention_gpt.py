@@ -7,6 +7,7 @@ Phase 1 (reference): TP=tp, CP=1 (the other ranks are data-parallel replicas fed
     Megatron's own `get_batch_on_this_cp_rank` (zigzag, 2*cp chunks). Grad sync as finalize_model_grads
     does it: sum over the CP (or DP) group of the replicated params, and over TP of the params tagged
     `sequence_parallel`. Plain SGD. Returns both loss curves.
+`query_split_vs_stock`: TP=P with SP, the local spec vs core_attention + linear_proj = the query-split pair.
 """
 from __future__ import annotations
 
@@ -46,13 +47,17 @@ def _init(tp, cp, seed=1234):
     model_parallel_cuda_manual_seed(seed)
 
 
-def _model(tp, cp, ulysses_algo, heads, groups):
+def _model(tp, cp, kind, heads, groups, algo="flash"):
+    """kind: "stock" (local spec), "ulysses" (core_attention = UlyssesDotProductAttention(algo)), "qsa"
+    (core_attention + linear_proj = QuerySplit..., the proj site running `algo`)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from megatron_flashoverlap.layers.attention import UlyssesDotProductAttention
+    from megatron_flashoverlap.config import uniform
+    from megatron_flashoverlap.layers import attention as la
     from megatron_flashoverlap.spec import submodules_of
 
     kw = dict(context_parallel_size=cp, cp_comm_type="a2a") if cp > 1 else {}
@@ -61,11 +66,13 @@ def _model(tp, cp, ulysses_algo, heads, groups):
                             use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
                             attention_dropout=0.0, gradient_accumulation_fusion=False, **kw)
     spec = get_gpt_layer_local_spec()
-    if cp > 1:
-        from megatron.core.transformer.spec_utils import ModuleSpec
-
-        submodules_of(spec.submodules.self_attention).core_attention = ModuleSpec(
-            module=UlyssesDotProductAttention, params={"algo": ulysses_algo})
+    attn = submodules_of(spec.submodules.self_attention)
+    if kind == "ulysses":
+        attn.core_attention = ModuleSpec(module=la.UlyssesDotProductAttention, params={"algo": algo})
+    elif kind == "qsa":
+        fc = uniform(algo="slicing", num_chunks=2) if algo == "slicing" else uniform(algo=algo)
+        attn.core_attention = la.QuerySplitDotProductAttention
+        attn.linear_proj = ModuleSpec(module=la.QuerySplitRowParallelLinear, params={"flash_config": fc})
     torch.manual_seed(7)
     model_parallel_cuda_manual_seed(7)
     return GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
@@ -134,16 +141,37 @@ def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=Tr
 
     _init(tp, 1)
     try:
-        ref = _model(tp, 1, ulysses_algo, heads, groups)
+        ref = _model(tp, 1, "stock", heads, groups)
         init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
         ref_losses = _train(ref, 1, steps, mask)
     finally:
         parallel_state.destroy_model_parallel()
     _init(tp, cp)
     try:
-        model = _model(tp, cp, ulysses_algo, heads, groups)
+        model = _model(tp, cp, "ulysses", heads, groups, ulysses_algo)
         model.load_state_dict(init, strict=False)
         cp_losses = _train(model, cp, steps, mask)
     finally:
         parallel_state.destroy_model_parallel()
     return {"ref": ref_losses, "cp": cp_losses}
+
+
+def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4):
+    """TP=world with SP: the local spec vs the same spec with the query-split core attention + proj."""
+    from megatron.core import parallel_state
+
+    _init(world, 1)
+    try:
+        ref = _model(world, 1, "stock", heads, groups)
+        init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
+        ref_losses = _train(ref, 1, steps, mask)
+        model = _model(world, 1, "qsa", heads, groups, algo)
+        model.load_state_dict(init, strict=False)
+        seen = []
+        for layer in model.decoder.layers:  # prove the fused path ran: the core attention deferred to proj
+            layer.self_attention.core_attention.register_forward_hook(
+                lambda m, i, o: seen.append(type(o).__name__))
+        qs_losses = _train(model, 1, steps, mask)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return {"ref": ref_losses, "cp": qs_losses, "outputs": sorted(set(seen)), "calls": len(seen)}

@@ -38,3 +38,18 @@ def test_gpt_cp2_default_causal_mask_and_gqa(pools):
 
 def test_gpt_tp2_cp2_ulysses_matches_tp2(pools):
     _check(pools(4).run(BODY, tp=2, cp=2, timeout=600))
+
+
+QSA = "tests.mp_attention_gpt:query_split_vs_stock"
+
+
+@pytest.mark.parametrize("algo", ["flash", "flash_bidir", "slicing"])
+def test_gpt_tp2_query_split_matches_local_spec(pools, algo):
+    res = pools(2).run(QSA, algo=algo, timeout=600)
+    _check(res)
+    for r in res:  # every layer's core attention handed q, k, v to linear_proj (2 layers x 20 steps)
+        assert r["outputs"] == ["PendingAttention"] and r["calls"] == 40, r
+
+
+def test_gpt_tp2_query_split_default_mask_gqa(pools):
+    _check(pools(2).run(QSA, mask=False, groups=2, timeout=600))

@@ -1,4 +1,4 @@
-"""Megatron-facing core attention for the local spec: Ulysses context parallelism.
+"""Megatron-facing core attention for the local spec: Ulysses context parallelism and query-split attention.
 
     UlyssesDotProductAttention   q, k, v [s/cp, b, np/tp, hn] -> ctx [s/cp, b, np/tp*hn]
         the same constructor and forward contract as Megatron's local `DotProductAttention` (which asserts
@@ -7,6 +7,13 @@
         (ops/ulysses.py): flash = pairwise steps on our executor, stock = all_to_all_single.
         Megatron's zigzag CP split (get_batch_on_this_cp_rank) is handled by positions, not reorders:
         causal masks and the already applied RoPE stay right. With cp == 1 it is plain local attention.
+
+    QuerySplitDotProductAttention + QuerySplitRowParallelLinear (core_attention + linear_proj, TP with SP)
+        core attention + output projection + reduce-scatter as one operator (ops/attention_query_split.py):
+        the core attention returns a shape-only stand-in carrying q, k, v (`PendingAttention`); linear_proj
+        runs query_split_attention with its own weight, so the RS hides behind attention. The linear keeps
+        RowParallelLinear's parameters, checkpoint keys and return; its site plan ('proj') picks the algo
+        (flash / flash_bidir = query split; slicing / reference / off = attention, then that GEMM+RS).
 
 Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -10000, fp32 softmax for
 bf16/fp16). Dropout draws its keep-masks per query row from a seed taken from the (model-parallel) RNG,
@@ -23,9 +30,11 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
+from ..ops.attention import attention_rows, make_spec
+from ..ops.attention_query_split import query_split_attention
 from ..ops.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
 from ..runtime import group_info
-from .linear import layer_context
+from .linear import FlashRowParallelLinear, layer_context
 
 
 def _groups(pg_collection):
@@ -90,3 +99,92 @@ class UlyssesDotProductAttention(MegatronModule):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         return {}  # no parameters (softmax_type 'vanilla' only)
+
+
+class PendingAttention(torch.Tensor):
+    """What QuerySplitDotProductAttention returns under TP+SP: a shape-only stand-in for ctx [s, b, np/tp*hn]
+    carrying (q, k, v, how to attend). Only QuerySplitRowParallelLinear (linear_proj) may consume it; any
+    other use raises, so a spec that pairs the query-split core attention with another linear_proj fails
+    loudly instead of projecting garbage."""
+
+    _SHAPE_OPS = ("size", "dim", "numel", "__get__", "__repr__", "__format__")
+
+    @staticmethod
+    def __new__(cls, q, k, v, attend: dict):
+        shape = (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=q.dtype, device=q.device)
+        t.qkv, t.attend = (q, k, v), attend
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in cls._SHAPE_OPS:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        raise ValueError(f"the query-split core attention's output was used by {func!r}: with "
+                         f"QuerySplitDotProductAttention as core_attention, linear_proj must be "
+                         f"QuerySplitRowParallelLinear and nothing may transform the attention output in between "
+                         f"(gated attention, packed sequences, offloading are not supported)")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise ValueError(f"the query-split core attention's output reached {func}; see PendingAttention")
+
+
+class QuerySplitDotProductAttention(MegatronModule):
+    """Core attention that, under TP with SP, defers to linear_proj: attention + proj + RS then run as one
+    operator (query_split_attention), block by block in the reduce-scatter's order. Without SP, with TP=1
+    or with CP it is plain local attention (numerically Megatron's DotProductAttention)."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None, **kwargs):
+        super().__init__(config=config)
+        check_attention_config(config, "QuerySplitDotProductAttention")
+        if config.recompute_granularity == "selective" and "core_attn" in (config.recompute_modules or ()):
+            raise ValueError("QuerySplitDotProductAttention recomputes attention per block in backward already; "
+                             "drop 'core_attn' from recompute_modules")
+        self.tp_group, self.cp_group = _groups(pg_collection)
+        if group_info(self.cp_group)[1] > 1:
+            raise ValueError("QuerySplitDotProductAttention: context parallelism is not supported; use "
+                             "UlyssesDotProductAttention (cp_comm_type='a2a') for cp > 1")
+        self.attn_mask_type = attn_mask_type
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self._seed = UlyssesDotProductAttention._seed.__get__(self)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        """query [s, b, np/tp, hn], key/value [s, b, ng/tp, hn] -> ctx [s, b, np/tp*hn] (or its stand-in)."""
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("QuerySplitDotProductAttention: packed sequences and attention bias are not supported")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        attend = dict(causal=attention_mask is None and mask_type == AttnMaskType.causal, attn_mask=attention_mask,
+                      softmax_scale=self.softmax_scale, dropout_p=self.dropout_p if self.training else 0.0,
+                      seed=self._seed())
+        if self.config.sequence_parallel and group_info(self.tp_group)[1] > 1:
+            return PendingAttention(query, key, value, attend)
+        spec = make_spec(query, attend["causal"], attention_mask, self.softmax_scale, attend["dropout_p"],
+                         attend["seed"])
+        return attention_rows(query, key, value, spec, 0)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        return {}
+
+
+class QuerySplitRowParallelLinear(FlashRowParallelLinear):
+    """linear_proj for QuerySplitDotProductAttention: given its stand-in, runs query_split_attention with
+    this layer's weight (same parameters, checkpoint keys and (output, bias) return as RowParallelLinear);
+    given a real tensor, it is FlashRowParallelLinear."""
+
+    def forward(self, input_):
+        if not isinstance(input_, PendingAttention):
+            return super().forward(input_)
+        q, k, v = input_.qkv
+        plan = self.flash_plan
+        algo, chunks = ("reference", None) if plan is None or plan.stock else (plan.algo, plan.num_chunks)
+        output = query_split_attention(q, k, v, self.weight, self.tp_group, algo=algo, num_chunks=chunks,
+                                       context=self.flash_context, **input_.attend)
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None
