@@ -5,7 +5,8 @@
 
 Writes into --out: overlap.md (tables, cost model, verdict), overlap_seq.png (hidden fraction and distance
 to bound vs sequence length), overlap_rates.png (vs link rate), overlap_trace.json (chrome://tracing or
-ui.perfetto.dev: one block per method per rank), overlap_raw.json (every median and spread).
+ui.perfetto.dev: one block per method per rank) and overlap_timeline.png (the same drawn as bars),
+overlap_raw.json (every median and spread).
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
         report.plot_rates(rate_runs, a.rate_sweep_seq, os.path.join(a.out, "overlap_rates.png"))
     report.plot(seq_runs, os.path.join(a.out, "overlap_seq.png"))
     report.trace(seq_runs[0]["traces"], os.path.join(a.out, "overlap_trace.json"))
+    report.timeline_png(seq_runs[0]["traces"], os.path.join(a.out, "overlap_timeline.png"))
     with open(os.path.join(a.out, "overlap_raw.json"), "w") as f:
         json.dump({"seq_runs": [{k: v for k, v in r.items() if k != "traces"} for r in seq_runs],
                    "rate_runs": [{k: v for k, v in r.items() if k != "traces"} for r in rate_runs]}, f)

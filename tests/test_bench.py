@@ -88,7 +88,7 @@ def test_blocks_agree_across_methods(pools):
 def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
     cfg = {"kinds": ["mlp", "attn"], "seqs": [16, 32], "batch": 1, "hidden": 8, "width": 16, "head_dim": 4,
            "repeats": 1, "methods": [m.name for m in METHODS], "label": "smoke",
-           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "flash"]}, "megatron": {"seq": 16}}
+           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "slicing k=2", "flash"]}, "megatron": {"seq": 16}}
     out = pools(2).run("tests.mp_bench:harness", cfg, timeout=300)[0]
     out["rate"] = "unshaped (test)"
     assert len(out["rows"]) == 2 * 2 * len(METHODS) * 2  # kinds x seqs x methods x modes
@@ -103,7 +103,10 @@ def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
     report.trace(out["traces"], str(tmp_path / "trace.json"))
     assert (tmp_path / "seq.png").stat().st_size > 0
     ev = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
-    flash_pid = next(e["pid"] for e in ev if e["ph"] == "M" and e["args"]["name"] == "flash|fwd")
-    for rank in (0, 1):
-        assert any(e["ph"] == "X" and e["pid"] == flash_pid and e["tid"] == 10 * rank + 1 for e in ev)  # slices
-        assert any(e["ph"] == "X" and e["pid"] == flash_pid and e["tid"] == 10 * rank + 2 for e in ev)  # comm
+    for key in ("stock|fwd", "slicing k=2|fwd+bwd", "flash|fwd", "flash|fwd+bwd"):
+        pid = next(e["pid"] for e in ev if e["ph"] == "M" and e["args"]["name"] == key)
+        for rank in (0, 1):
+            assert any(e["ph"] == "X" and e["pid"] == pid and e["tid"] == 10 * rank + 1 for e in ev), key  # slices
+            assert any(e["ph"] == "X" and e["pid"] == pid and e["tid"] == 10 * rank + 2 for e in ev), key  # comm
+    report.timeline_png(out["traces"], str(tmp_path / "timeline.png"))
+    assert (tmp_path / "timeline.png").stat().st_size > 0

@@ -197,3 +197,33 @@ def verdict(run: dict, kind: str, mode: str) -> list[str]:
 
 VERDICT_HEAD = ["| link | block | seq | comm/compute (stock) | flash hidden | flash to bound | flash ms | "
                 "best slicing ms | flash beats every k |", "|---|---|---|---|---|---|---|---|---|"]
+
+
+def timeline_png(traces: list[dict], path: str, mode: str = "fwd") -> None:
+    """The trace drawn as bars: per method a row per rank with compute slices, exposed waits and the
+    transfers in flight (the tail is the wait after the last slice)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in traces[0] if k.endswith("|" + mode)]
+    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 1.6 * len(keys) * len(traces)), squeeze=False)
+    colors = {"op": "#cccccc", "compute": "#4c72b0", "wait": "#dd4444", "comm": "#55a868"}
+    for ax, key in zip(axes[:, 0], keys):
+        t0 = min(min(s[1] for s in tr[key]["spans"]) for tr in traces)
+        for rank, tr in enumerate(traces):
+            y = 3 * (len(traces) - 1 - rank)
+            bars = [("op", y + 2, a, b) for _, a, b in tr[key]["spans"]]
+            bars += [(w, y + 1, a, b) for w, _, a, b in tr[key]["events"] if w in ("compute", "wait")]
+            bars += [("comm", y, a, b) for _, a, b in _comm_intervals(tr[key]["events"])]
+            for what, yy, a, b in bars:
+                ax.barh(yy, (b - a) * 1e3, left=(a - t0) * 1e3, height=0.8, color=colors[what],
+                        edgecolor="white", linewidth=0.5)
+        ax.set_yticks([3 * (len(traces) - 1 - r) + i for r in range(len(traces)) for i in range(3)],
+                      [f"r{r} {n}" for r in range(len(traces)) for n in ("in flight", "slices/waits", "operators")],
+                      fontsize=7)
+        ax.set_title(f"{key}: blue = GEMM slice, red = exposed wait, green = transfer in flight", fontsize=9)
+    axes[-1, 0].set_xlabel("ms since block start")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

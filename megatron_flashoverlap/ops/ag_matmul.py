@@ -14,6 +14,8 @@ functions.py holds the autograd.Function and the public wrapper; backward.py the
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -33,8 +35,14 @@ def gather_reference(x_shard, group):
 
 def ag_matmul_reference(x_shard, weight, bias, group, ctx, keep_gathered=False):
     """Unfused: one all-gather, then one GEMM. Returns (y, gathered x or None)."""
+    t = time.perf_counter()
     full = gather_reference(x_shard, group)
-    return F.linear(full, weight, bias), (full if keep_gathered else None)
+    ctx.record("post", "all-gather", t)  # trace: the blocking collective is in flight and waited on at once
+    ctx.record("wait", "all-gather", t)
+    t = time.perf_counter()
+    y = F.linear(full, weight, bias)
+    ctx.record("compute", "whole GEMM", t)
+    return y, (full if keep_gathered else None)
 
 
 def ag_matmul_flash(x_shard, weight, bias, group, ctx, keep_gathered=False, bidirectional=False):
@@ -63,11 +71,18 @@ def ag_matmul_slicing(x_shard, weight, bias, group, ctx, num_chunks, keep_gather
     y_blocks = y.view(world, rows, *y.shape[1:])  # [P, s/P, b, n/P]
     chunks = [x_shard[a:b] for a, b in chunk_bounds(rows, num_chunks)]
     bufs = [torch.empty((world,) + tuple(c.shape), dtype=c.dtype, device=c.device) for c in chunks]
+    t = time.perf_counter()
     works = [all_gather_into(b.view(-1, *tail), c.contiguous(), group, async_op=True) for b, c in zip(bufs, chunks)]
+    for j in range(len(works)):
+        ctx.record("post", f"chunk {j}", t)
     start = 0
-    for buf, c, w in zip(bufs, chunks, works):
+    for j, (buf, c, w) in enumerate(zip(bufs, chunks, works)):
+        t = time.perf_counter()
         w.wait(ctx.timeout)
+        ctx.record("wait", f"chunk {j}", t)
+        t = time.perf_counter()
         y_blocks[:, start:start + c.shape[0]] = F.linear(buf, weight, bias)  # [P, c, b, n/P]
+        ctx.record("compute", f"chunk {j}", t)
         start += c.shape[0]
     if not keep_gathered:
         return y, None

@@ -11,6 +11,8 @@ All plain functions share one signature: (x, weight, group, ctx, ...) -> y_s.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -27,9 +29,14 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 def rs_matmul_reference(x, weight, group, ctx):
     """Unfused: one GEMM, then one reduce-scatter (in the accumulation dtype)."""
     rank, world = group_info(group)
+    t = time.perf_counter()
     partial = F.linear(x, weight).to(acc_dtype(x.dtype))  # [s, b, h]
+    ctx.record("compute", "whole GEMM", t)
     out = torch.empty((x.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype, device=x.device)
+    t = time.perf_counter()
     reduce_scatter_into(out, partial.contiguous(), group)
+    ctx.record("post", "reduce-scatter", t)  # trace: the blocking collective, in flight and waited on at once
+    ctx.record("wait", "reduce-scatter", t)
     return out.to(x.dtype)
 
 
@@ -50,12 +57,18 @@ def rs_matmul_slicing(x, weight, group, ctx, num_chunks):
     rows = x.shape[0] // world
     xb = x.view(world, rows, *x.shape[1:])  # [P, s/P, b, k/P]: block d goes to rank d
     outs, works = [], []
-    for a, b in chunk_bounds(rows, num_chunks):
+    for j, (a, b) in enumerate(chunk_bounds(rows, num_chunks)):
+        t = time.perf_counter()
         partial = F.linear(xb[:, a:b], weight).to(acc_dtype(x.dtype)).contiguous()  # [P, c, b, h]
+        ctx.record("compute", f"chunk {j}", t)
         out = torch.empty(partial.shape[1:], dtype=partial.dtype, device=x.device)
+        t = time.perf_counter()
         works.append(reduce_scatter_into(out, partial.view(-1, *partial.shape[2:]), group, async_op=True))
+        ctx.record("post", f"chunk {j}", t)
         outs.append(out)
-    for w in works:
+    for j, w in enumerate(works):
+        t = time.perf_counter()
         w.wait(ctx.timeout)
+        ctx.record("wait", f"chunk {j}", t)
     return torch.cat(outs, dim=0).to(x.dtype)
 
