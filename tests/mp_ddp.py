@@ -7,9 +7,9 @@ Data differ per DP rank and agree across the TP ranks of one DP rank.
 """
 from __future__ import annotations
 
-import logging
-
 import torch
+
+from tests.mp_tp_nosp import _Count as _Lines  # a logging handler that keeps the lines
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -97,15 +97,6 @@ class _null:
 
     def __exit__(self, *a):
         return False
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, lr=10.0, adam_eps=100.0,
