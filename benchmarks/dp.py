@@ -13,6 +13,11 @@ Rows (every sample: max over ranks after a barrier; medians over --repeats, min-
   [s, b, h] replicated activations: stock (GEMM, all_reduce; dgrad all-reduce async under the wgrad, as
   Megatron), data slicing k=2/4, flash with C sequence chunks (ops/all_reduce_matmul.py). compute/comm as
   the harness: fake group / inner width 1.
+- "megatron ddp": a real Megatron-Core MLP (`--ddp-layers` x column+row, TP=1, DP=2) under
+  DistributedDataParallel (distributed optimizer, overlap_grad_reduce): forward + backward +
+  finish_grad_sync. stock (default 40M-param bucket: one bucket, reduced after the backward), stock with
+  one bucket per weight, flash on every linear, flash on the first block only (the buckets reduced last).
+  Block time only (the DP group cannot be faked inside Megatron): compare against stock.
 exposed = block - compute; hidden = 1 - exposed / comm.
 """
 from __future__ import annotations
@@ -116,6 +121,71 @@ def tp_rows(cfg: dict, fake) -> list[dict]:
     return out
 
 
+def ddp_rows(cfg: dict) -> list[dict]:
+    """Megatron DDP fwd+bwd+finish_grad_sync per variant (block time only)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron_flashoverlap import cpu
+    from megatron_flashoverlap.ddp.cpu_optimizer import enable_cpu_optimizer
+    from megatron_flashoverlap.ddp.linear import wrap_with_dp_overlap
+
+    cpu.enable()
+    enable_cpu_optimizer()  # also the CUDA-stream shim of 0.19's start_grad_sync
+    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    model_parallel_cuda_manual_seed(1)
+    h, f, layers, tokens = cfg["hidden"], cfg["width"], cfg["ddp_layers"], cfg["dp_tokens"]
+    tcfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=1, use_cpu_initialization=True)
+    init = torch.nn.init.xavier_normal_
+
+    def module():
+        return torch.nn.Sequential(*[m for _ in range(layers) for m in (
+            ColumnParallelLinear(h, f, config=tcfg, init_method=init, bias=False, gather_output=False),
+            RowParallelLinear(f, h, config=tcfg, init_method=init, bias=False, input_is_parallel=True,
+                              skip_bias_add=False))])
+
+    def build(variant):
+        torch.manual_seed(0)
+        m = module()
+        kw = {"bucket_size": h * f} if variant == "stock, bucket per weight" else {}
+        dcfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **kw)
+        if variant.startswith("stock"):
+            return m, DistributedDataParallel(tcfg, dcfg, m)
+        chosen = list(m) if variant == "flash, every linear" else list(m)[:2]
+        return m, wrap_with_dp_overlap(tcfg, dcfg, m, linears=chosen)[0]
+
+    x = torch.randn(tokens, 1, h)
+    variants = ("stock", "stock, bucket per weight", "flash, every linear", "flash, first block")
+    models = {v: build(v) for v in variants}
+
+    def step(v):
+        m, ddp = models[v]
+        ddp.zero_grad_buffer()
+        y = x
+        for i in range(0, len(m), 2):
+            y = m[i + 1](m[i](y)[0])[0]
+        y.sum().backward()
+        ddp.finish_grad_sync()
+    samples: dict = {}
+    for r in range(cfg["repeats"] + 1):
+        for v in variants:
+            t = _timed(lambda: step(v))
+            if r:
+                samples.setdefault(v, []).append(t)
+    ps.destroy_model_parallel()
+    per_rank = _gathered(samples)
+    rows = []
+    for v in variants:
+        ts = [max(vals) for vals in zip(*(d[v] for d in per_rank))]
+        med = sorted(ts)[len(ts) // 2]
+        rows.append({"kind": "megatron ddp", "seq": tokens, "method": v, "mode": "fwd+bwd", "block": med,
+                     "compute": float("nan"), "comm": float("nan"), "exposed": float("nan"),
+                     "hidden": float("nan"), "spread": (min(ts), max(ts))})
+    return rows
+
+
 def worker(cfg_path: str, out_path: str) -> None:
     cfg = json.loads(open(cfg_path).read())
     torch.set_num_threads(1)
@@ -123,7 +193,7 @@ def worker(cfg_path: str, out_path: str) -> None:
     dist.init_process_group("gloo")
     try:
         fake = timing.fake_group(dist.get_world_size())
-        rows = dp_rows(cfg, fake) + tp_rows(cfg, fake)
+        rows = dp_rows(cfg, fake) + ddp_rows(cfg) + tp_rows(cfg, fake)
         if dist.get_rank() == 0:
             with open(out_path, "w") as f:
                 json.dump({"config": cfg, "world": dist.get_world_size(), "rows": rows}, f)
@@ -162,11 +232,11 @@ def table(run: dict) -> str:
     lines = [COLS]
     for r in run["rows"]:
         lo, hi = r["spread"]
-        size = f"{r['seq']} tokens" if r["kind"].startswith("dp") else f"s={r['seq']}"
+        size = f"{r['seq']} tokens" if "dp" in r["kind"] else f"s={r['seq']}"
         lines.append(f"| {r['kind']} | {r['mode']} | {size} | {r['method']} | {r['block'] * 1e3:.1f} "
                      f"({lo * 1e3:.1f}-{hi * 1e3:.1f}) | {r['compute'] * 1e3:.1f} | {r['comm'] * 1e3:.1f} | "
                      f"{r['exposed'] * 1e3:.1f} | {r['hidden'] * 100:.0f}% | "
-                     f"{stock[(r['kind'], r['seq'], r['mode'])] / r['block']:.2f}x |")
+                     f"{stock[(r['kind'], r['seq'], r['mode'])] / r['block']:.2f}x |".replace("nan%", "-").replace("nan", "-"))
     return "\n".join(lines)
 
 
@@ -181,6 +251,7 @@ def parse(argv=None):
     p.add_argument("--dp-n", type=int, default=1024, help="DP weight rows (W [n, k])")
     p.add_argument("--dp-k", type=int, default=512)
     p.add_argument("--dp-tokens", type=int, default=2048, help="tokens of the wgrad GEMM")
+    p.add_argument("--ddp-layers", type=int, default=2, help="column+row blocks of the Megatron DDP rows")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--unshaped", action="store_true", help="host loopback, no root; labelled 'unshaped'")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat (smoke test)")
@@ -201,7 +272,7 @@ def main(argv=None) -> int:
         print(f"cannot shape the link: {why_not_shaped()}. Rerun with --unshaped (labelled).", file=sys.stderr)
         return 2
     cfg = {"seqs": [int(s) for s in a.seqs.split(",")], "hidden": a.hidden, "width": a.width, "batch": a.batch,
-           "dp_n": a.dp_n, "dp_k": a.dp_k, "dp_tokens": a.dp_tokens, "repeats": a.repeats, "burst": a.burst}
+           "dp_n": a.dp_n, "dp_k": a.dp_k, "dp_tokens": a.dp_tokens, "ddp_layers": a.ddp_layers, "repeats": a.repeats, "burst": a.burst}
     runs = []
     with tempfile.TemporaryDirectory(prefix="flashoverlap-dp-") as tmp:
         if a.unshaped:
