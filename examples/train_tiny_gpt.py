@@ -123,8 +123,21 @@ def sites(model) -> dict:
     return {site: "/".join(sorted(algos)) for site, algos in sorted(ran.items())}
 
 
+def _quiet() -> None:
+    """Megatron-Core on CPU warns at import and build time (no apex / TE / CUDA runtime, GPTModel deprecated
+    in favour of HybridModel); the demo's output is the curves. --verbose keeps them."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("megatron", "torch.utils.cpp_extension"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def train(rank: int, world: int, opts: dict) -> dict:
     """Rank body: both arms, interleaved step by step (same batch), so machine noise hits both alike."""
+    if not opts["verbose"]:
+        _quiet()
     from megatron_flashoverlap.testing.megatron import destroy, init_tp
 
     init_tp(opts["tp"], seed=opts["seed"])
@@ -215,6 +228,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--verbose", action="store_true", help="keep Megatron's import/build warnings")
     p.add_argument("--timeout", type=float, default=600, help="seconds before the ranks are killed")
     return p.parse_args(argv)
 

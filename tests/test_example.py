@@ -19,7 +19,9 @@ STEPS = 4
 
 def test_example_curves_match(pools, tmp_path, capsys):
     plot, js = tmp_path / "curves.png", tmp_path / "curves.json"
-    out = train_tiny_gpt.main(["--steps", str(STEPS), "--plot", str(plot), "--json", str(js)], pool=pools(2))
+    out = train_tiny_gpt.main(["--steps", str(STEPS), "--plot", str(plot), "--json", str(js),
+                                "--verbose"],  # --verbose: leave the shared pool's log levels alone
+                               pool=pools(2))
     printed = capsys.readouterr().out
     assert out["init_equal"], "both arms must start from the same weights"
     assert out["sites"] == {s: "flash" for s in ("fc1", "fc2", "proj", "qkv")}, out["sites"]  # ours ran
