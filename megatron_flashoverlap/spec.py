@@ -27,6 +27,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from .config import FlashOverlapConfig, load_config
 from .layers import FlashColumnParallelLinear, FlashRowParallelLinear
+from .layers.attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 
 ENV_CONFIG = "FLASHOVERLAP_CONFIG"
 
@@ -72,9 +73,12 @@ def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> ModuleSpec:
     if getattr(config, "multi_latent_attention", False):
         raise ValueError("flashoverlap_layer_spec: multi-latent attention is not supported yet; drop "
                          "--multi-latent-attention or use the stock spec")
-    return layer_spec(resolve_flash_config(config), qk_layernorm=bool(getattr(config, "qk_layernorm", False)),
+    flash_config = resolve_flash_config(config)
+    spec = layer_spec(flash_config, qk_layernorm=bool(getattr(config, "qk_layernorm", False)),
                       normalization=getattr(config, "normalization", None),
                       qk_l2_norm=bool(getattr(config, "qk_l2_norm", False)))
+    select_attention(submodules_of(spec.submodules.self_attention), config, flash_config)
+    return spec
 
 
 def resolve_flash_config(config=None) -> FlashOverlapConfig:

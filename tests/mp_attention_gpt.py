@@ -65,7 +65,13 @@ def _model(tp, cp, kind, heads, groups, algo="flash"):
                             ffn_hidden_size=64, tensor_model_parallel_size=tp, sequence_parallel=tp > 1,
                             use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
                             attention_dropout=0.0, gradient_accumulation_fusion=False, **kw)
-    spec = get_gpt_layer_local_spec()
+    if kind == "spec":
+        from megatron_flashoverlap.spec import flashoverlap_layer_spec
+
+        cfg.flash_query_split = algo == "query_split"
+        spec = flashoverlap_layer_spec(cfg)
+    else:
+        spec = get_gpt_layer_local_spec()
     attn = submodules_of(spec.submodules.self_attention)
     if kind == "ulysses":
         attn.core_attention = ModuleSpec(module=la.UlyssesDotProductAttention, params={"algo": algo})
@@ -135,7 +141,8 @@ def _train(model, cp, steps, mask, lr=0.5):
     return losses
 
 
-def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=True, heads=4, groups=4):
+def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=True, heads=4, groups=4,
+                kind="ulysses"):
     """-> {"ref": losses without CP, "cp": losses with Ulysses CP, "zero_init_diff": max|param diff|}."""
     from megatron.core import parallel_state
 
@@ -148,7 +155,7 @@ def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=Tr
         parallel_state.destroy_model_parallel()
     _init(tp, cp)
     try:
-        model = _model(tp, cp, "ulysses", heads, groups, ulysses_algo)
+        model = _model(tp, cp, kind, heads, groups, ulysses_algo)
         model.load_state_dict(init, strict=False)
         cp_losses = _train(model, cp, steps, mask)
     finally:
@@ -156,7 +163,7 @@ def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=Tr
     return {"ref": ref_losses, "cp": cp_losses}
 
 
-def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4):
+def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4, kind="qsa"):
     """TP=world with SP: the local spec vs the same spec with the query-split core attention + proj."""
     from megatron.core import parallel_state
 
@@ -165,7 +172,7 @@ def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4
         ref = _model(world, 1, "stock", heads, groups)
         init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
         ref_losses = _train(ref, 1, steps, mask)
-        model = _model(world, 1, "qsa", heads, groups, algo)
+        model = _model(world, 1, kind, heads, groups, algo)
         model.load_state_dict(init, strict=False)
         seen = []
         for layer in model.decoder.layers:  # prove the fused path ran: the core attention deferred to proj

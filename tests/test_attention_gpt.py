@@ -53,3 +53,14 @@ def test_gpt_tp2_query_split_matches_local_spec(pools, algo):
 
 def test_gpt_tp2_query_split_default_mask_gqa(pools):
     _check(pools(2).run(QSA, mask=False, groups=2, timeout=600))
+
+
+def test_spec_selects_ulysses_for_tp2_cp2(pools):
+    # flashoverlap_layer_spec(config) with context_parallel_size=2: our linears (flash, SP) + Ulysses
+    _check(pools(4).run(BODY, tp=2, cp=2, kind="spec", timeout=600))
+
+
+def test_spec_selects_query_split_when_asked(pools):
+    res = pools(2).run(QSA, algo="query_split", kind="spec", timeout=600)
+    _check(res)
+    assert all(r["outputs"] == ["PendingAttention"] for r in res)

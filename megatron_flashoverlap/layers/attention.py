@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..ops.attention import attention_rows, make_spec
 from ..ops.attention_query_split import query_split_attention
@@ -188,3 +190,28 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
+
+
+ENV_QUERY_SPLIT = "FLASHOVERLAP_QUERY_SPLIT"  # "1": query-split attention on (TP with SP, cp == 1)
+ENV_ULYSSES = "FLASHOVERLAP_ULYSSES"  # "flash" (default) or "stock": the a2a of UlyssesDotProductAttention
+
+
+def select_attention(attn_submodules, config, flash_config=None) -> None:
+    """Spec hook (spec.flashoverlap_layer_spec): choose core_attention / linear_proj of SelfAttentionSubmodules.
+
+    - context_parallel_size > 1: UlyssesDotProductAttention (the local DotProductAttention refuses CP),
+      a2a algo from config.flash_ulysses_algo or $FLASHOVERLAP_ULYSSES (default flash);
+    - else, when config.flash_query_split or $FLASHOVERLAP_QUERY_SPLIT=1: the query-split pair (needs SP);
+    - else: unchanged (Megatron's DotProductAttention, our FlashRowParallelLinear for proj)."""
+    if getattr(config, "context_parallel_size", 1) > 1:
+        algo = getattr(config, "flash_ulysses_algo", None) or os.environ.get(ENV_ULYSSES, "flash")
+        attn_submodules.core_attention = ModuleSpec(module=UlyssesDotProductAttention, params={"algo": algo})
+        return
+    if not (getattr(config, "flash_query_split", False) or os.environ.get(ENV_QUERY_SPLIT) == "1"):
+        return
+    if not getattr(config, "sequence_parallel", False):
+        raise ValueError("query-split attention needs sequence parallelism (its reduce-scatter is what it hides); "
+                         "set --sequence-parallel, or unset flash_query_split / FLASHOVERLAP_QUERY_SPLIT")
+    attn_submodules.core_attention = QuerySplitDotProductAttention
+    attn_submodules.linear_proj = ModuleSpec(module=QuerySplitRowParallelLinear,
+                                             params={"flash_config": flash_config})
