@@ -73,7 +73,7 @@ def contract(rank, world, kind, sp, skip_bias_add, site):
 
 
 def _run(stock, ours, kind, sp, world):
-    """Forward + backward on the same input; -> shapes, bias identity, max abs errors."""
+    """Forward + backward on the same input; -> shapes, bias identity, max abs errors (param grads: relative)."""
     g = torch.Generator().manual_seed(11)
     s = tm.SEQ // world if (sp and kind == "column") else tm.SEQ
     width = stock.input_size if kind == "column" else stock.input_size_per_partition
@@ -90,7 +90,7 @@ def _run(stock, ours, kind, sp, world):
     res["bias_is_param"] = (bs is stock.bias, bo is ours.bias)
     res["y_err"] = (ys - yo).abs().max().item()
     res["dx_err"] = (dxs - dxo).abs().max().item()
-    res["grad_err"] = max((a - b).abs().max().item() for a, b in zip(gs, go))
+    res["grad_rel"] = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(gs, go))
     return res
 
 
