@@ -54,27 +54,15 @@ def _specs(config, config_path: str) -> dict:
     return {"local": get_gpt_layer_local_spec(), "flash": flashoverlap_layer_spec(config)}
 
 
-def _sync_sequence_parallel_grads(model) -> None:
-    """All-reduce over TP the grads of params tagged `sequence_parallel` (norms, row biases): each rank saw
-    only its sequence shard. Replaces Megatron's finalize_model_grads (which needs the DDP wrapper)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    group = parallel_state.get_tensor_model_parallel_group()
-    for p in model.parameters():
-        if getattr(p, "sequence_parallel", False) and p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-
-
 def _step(model, opt, decay, data) -> tuple:
     """One optimizer step; (mean token loss, seconds)."""
-    from megatron_flashoverlap.testing.megatron import gpt_loss
+    from megatron_flashoverlap.testing.megatron import allreduce_sequence_parallel_grads, gpt_loss
 
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     loss = gpt_loss(model, data)
     loss.backward()
-    _sync_sequence_parallel_grads(model)
+    allreduce_sequence_parallel_grads(model)  # finalize_model_grads' SP part (no DDP wrapper here)
     opt.step()
     decay.step()
     return loss.item(), time.perf_counter() - t0
