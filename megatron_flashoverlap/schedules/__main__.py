@@ -1,10 +1,14 @@
-"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume} P [--bidir]`."""
+"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume,ar-ring,ar-rd,ar-hier} P [--bidir] [--local G]`."""
 import argparse
 
-from . import all_gather_ring, all_to_all_consume, all_to_all_produce, grid, reduce_scatter_ring, validate
+from . import (
+    all_gather_ring, all_reduce_hierarchical, all_reduce_recursive_doubling, all_reduce_ring, all_to_all_consume,
+    all_to_all_produce, grid, reduce_scatter_ring, validate,
+)
 
 BUILDERS = {"ag": all_gather_ring, "rs": reduce_scatter_ring, "a2a-produce": all_to_all_produce,
-            "a2a-consume": all_to_all_consume}
+            "a2a-consume": all_to_all_consume, "ar-ring": all_reduce_ring, "ar-rd": all_reduce_recursive_doubling,
+            "ar-hier": all_reduce_hierarchical}
 
 
 def main(argv=None) -> None:
@@ -12,9 +16,11 @@ def main(argv=None) -> None:
     ap.add_argument("op", choices=sorted(BUILDERS))
     ap.add_argument("world_size", type=int)
     ap.add_argument("--bidir", action="store_true", help="bidirectional ring (ag, rs)")
+    ap.add_argument("--local", type=int, default=None, help="ranks per node (ar-hier; default: one node)")
     a = ap.parse_args(argv)
     kw = {"bidirectional": True} if a.bidir else {}
-    scheds = [BUILDERS[a.op](r, a.world_size, **kw) for r in range(a.world_size)]
+    args = (a.local or a.world_size,) if a.op == "ar-hier" else ()
+    scheds = [BUILDERS[a.op](r, a.world_size, *args, **kw) for r in range(a.world_size)]
     validate(scheds)
     print(grid(scheds))
     print("validated: every send matched, no deadlock, every slice computed once, sums complete")
