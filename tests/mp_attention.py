@@ -105,3 +105,28 @@ def dropout_vs_reference(rank, world, p=0.25, s=8, b=2, heads=4, hn=4, h=8, seed
     (yf, gf), (yr, gr) = res["flash"], res["reference"]
     return {"y": _err(yf, yr), "grads": max(_err(a, c) for a, c in zip(gf, gr)),
             "changed": _err(yf, y0.detach())}
+
+
+def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, padding=True, seed=4):
+    """query_split_attention(zigzag=True): rank d's output rows are chunks (d, 2P-1-d) of 2P; errors vs
+    the float64 dense formula on the global tensors (one process), output and input gradients."""
+    import torch.distributed as dist
+
+    from megatron_flashoverlap.ops.attention import AttnSpec, attention_rows
+
+    q, k, v, w, dy, pad = _globals(seed, s, b, heads, groups, hn, h, torch.float32)
+    c = s // (2 * world)
+    idx = torch.cat([torch.arange(j * c, (j + 1) * c) for j in (rank, 2 * world - 1 - rank)])
+    loc, _ = _shards(rank, world, q, k, v, w, dy)
+    y = query_split_attention(*loc, dist.group.WORLD, causal=True, attn_mask=pad if padding else None,
+                              zigzag=True)
+    y.backward(dy[idx])
+    full = [t.double().requires_grad_() for t in (q, k, v, w)]
+    spec = AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None)
+    y_full = F.linear(attention_rows(*full[:3], spec, 0), full[3])
+    (y_full * dy.double()).sum().backward()
+    ref_loc, _ = _shards(rank, world, *(t.grad for t in full[:3]), full[3].grad, dy)
+    out = {"y": _err(y, y_full[idx]), "scale": y_full.abs().max().item()}
+    for n, a, r in zip(("dq", "dk", "dv", "dw"), loc, ref_loc):
+        out[n] = _err(a.grad, r)
+    return out

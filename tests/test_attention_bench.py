@@ -8,8 +8,9 @@ BODY = "tests.mp_attention_bench:blocks_agree"
 def test_query_split_block_methods_agree(pools):
     methods = [("stock", "reference", None), ("slicing k=2", "slicing", 2), ("flash", "flash", None),
                ("flash_bidir", "flash_bidir", None)]
-    for r in pools(2).run(BODY, "qsa", methods, timeout=300):
-        assert max(r.values()) <= 1e-4, r  # fp32, reordered sums (RS ring order, per-block GEMMs)
+    for kind in ("qsa", "qsa_zigzag"):
+        for r in pools(2).run(BODY, kind, methods, timeout=300):
+            assert max(r.values()) <= 1e-4, r  # fp32, reordered sums (RS ring order, per-block GEMMs)
 
 
 def test_ulysses_block_methods_agree(pools):

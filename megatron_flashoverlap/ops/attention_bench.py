@@ -8,6 +8,7 @@ method, ctx, spans)); this module does not import the harness. Register with
                query_split_attention: method "flash"/"flash_bidir" = query split in Flash-RS order (the RS
                hides behind attention), "stock" = attention then GEMM then stock RS, "slicing k" =
                attention then the sliced GEMM+RS. width w = local heads * head_dim (heads = w // head_dim).
+    "qsa_zigzag" the same with zigzag-balanced causal blocks (every RS block the same attention work).
     "ulysses"  CP (Ulysses) attention block, x_s [s/P, b, h] -> y_s [s/P, b, h], no TP: width w = all heads *
                head_dim (heads divisible by P). method "flash" = ulysses_fused_attention (QKV / proj GEMMs
                inside the pairwise a2a steps), "stock" = QKV GEMM, all_to_all_single, attention,
@@ -43,6 +44,7 @@ class _Span:
 
 class QuerySplitBlock:
     kind = "qsa"
+    zigzag = False
 
     def __init__(self, shape, world: int, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
@@ -66,7 +68,14 @@ class QuerySplitBlock:
             qkv = all_gather_matmul(x_shard, self.w_in, group, **kw)  # [s, b, 3w]
         q, k, v = (t.reshape(t.shape[0], t.shape[1], self.heads, self.head_dim) for t in qkv.chunk(3, dim=-1))
         with _Span(spans, "attention+proj+RS"):
-            return query_split_attention(q, k, v, self.w_out, group, causal=True, **kw)
+            return query_split_attention(q, k, v, self.w_out, group, causal=True, zigzag=self.zigzag, **kw)
+
+
+class ZigzagQuerySplitBlock(QuerySplitBlock):
+    """"qsa" with zigzag-balanced causal blocks (sequence divisible by 2P; the SP layout is zigzag)."""
+
+    kind = "qsa_zigzag"
+    zigzag = True
 
 
 class UlyssesBlock:
@@ -107,4 +116,4 @@ class UlyssesBlock:
         return heads_to_seq([h[..., :self.head_dim].contiguous()], group, ctx, stock=stock)[0]
 
 
-ATTENTION_BLOCKS = {"qsa": QuerySplitBlock, "ulysses": UlyssesBlock}
+ATTENTION_BLOCKS = {"qsa": QuerySplitBlock, "qsa_zigzag": ZigzagQuerySplitBlock, "ulysses": UlyssesBlock}

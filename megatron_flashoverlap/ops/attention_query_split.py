@@ -14,7 +14,11 @@
              so no [b, np, s, s] probs tensor is kept between forward and backward.
 
 Causal cost: block d sees (d + 1/2) * s/P keys on average, so step costs differ (block 0 is the cheapest);
-a hop is exposed where it is slower than the block computed beside it (see `exposed_hops`).
+a hop is exposed where it is slower than the block computed beside it. `exposed_hops` is the cost model:
+for P = 4 and block costs 1, 3, 5, 7 (unit = cost of block 0), a hop of 2 units leaves 1 unit exposed, a hop
+of 4 units 4 units (uniform blocks of 4 would hide both entirely). `zigzag=True` makes the blocks uniform:
+block d = chunks (d, 2P-1-d) of 2P, each costing 4 units, so a hop is exposed only once it exceeds the
+average block, as for non-causal attention.
 dk, dv and dw are summed across blocks in fp32 for bf16/fp16.
 """
 from __future__ import annotations
@@ -25,7 +29,8 @@ import torch.nn.functional as F
 from ..runtime import OverlapContext, default_context, execute, group_info
 from ..schedules import all_gather_ring, reduce_scatter_ring
 from .algo import resolve
-from .attention import AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec
+from .attention import (AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec,
+                        zigzag_positions)
 from .backward import _wgrad
 from .checks import check_divisible, check_peers_agree
 from .functions import matmul_reduce_scatter
@@ -96,9 +101,13 @@ class QuerySplitAttention(torch.autograd.Function):
 def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, group=None, *,
                           causal: bool = True, attn_mask: torch.Tensor | None = None,
                           softmax_scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
-                          algo: str = "flash", num_chunks: int | None = None,
+                          algo: str = "flash", num_chunks: int | None = None, zigzag: bool = False,
                           context: OverlapContext | None = None) -> torch.Tensor:
     """y_s [s/P, b, h] = RS(attention(q, k, v) @ weight^T), with autograd.
+
+    zigzag: balance causal work: the sequence is cut in 2P chunks and output block d is chunks (d, 2P-1-d)
+    (every block then costs the same, see `causal_block_costs`), so y_s holds those rows: the layout of a
+    model whose sequence-parallel shards are zigzag (tokens are permuted once at the input, positions kept).
 
     q [s, b, np/P, hn], k/v [s, b, ng/P, hn] (the full sequence, this rank's heads), weight [h, np/P*hn]
     (linear_proj's local shard), attn_mask bool [b|1, 1|np, s, s] (True = masked) OR-ed with `causal`.
@@ -107,10 +116,16 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     (seed, row), so every algo and every P gives the same mask."""
     algo, num_chunks = resolve("query_split_attention", algo, num_chunks)
     check_attention_operands("query_split_attention", q, k, v, weight)
-    spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed)
     octx = context or default_context()
     rank, world = group_info(group)
     check_divisible("query_split_attention", q.shape[0], world)
+    positions = None
+    if zigzag and world > 1:  # rows in zigzag order; the causal rule and the mask follow the true positions
+        positions = zigzag_positions(q.shape[0], world, q.device)
+        q, k, v = (t.index_select(0, positions) for t in (q, k, v))
+        if attn_mask is not None:
+            attn_mask = attn_mask.index_select(-2, positions).index_select(-1, positions)
+    spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions)
     if world > 1 and octx.check_peers:
         check_peers_agree("query_split_attention", group, world, q.device, *q.shape, *k.shape, *weight.shape)
     if algo in ("flash", "flash_bidir") and world > 1:
@@ -129,3 +144,13 @@ def exposed_hops(block_costs: list[float], hop: float, world: int) -> float:
     for i in range(1, world):
         done = [max(done[r] + block_costs[(r - 1 - i) % world], done[(r - 1) % world] + hop) for r in range(world)]
     return max(done) - sum(block_costs)
+
+
+def causal_block_costs(seq: int, world: int, zigzag: bool = False) -> list[float]:
+    """Causal attention work of each RS block (query row at position t sees t+1 keys), in key-row units.
+
+    plain: block d = rows [d s/P, (d+1) s/P): cost grows with d (block 0 ~ 1/(2P-1) of block P-1);
+    zigzag: block d = chunks (d, 2P-1-d) of 2P: every block costs the same (s^2/(2P) + s/2)."""
+    pos = zigzag_positions(seq, world).tolist() if zigzag else list(range(seq))
+    n = seq // world
+    return [float(sum(t + 1 for t in pos[d * n:(d + 1) * n])) for d in range(world)]
