@@ -84,7 +84,7 @@ def run_layout(ns, world, local, args, shim, out_json) -> None:
     argv = [sys.executable, "-m", "megatron_flashoverlap.calibrate_allreduce", "--out", out_json,
             "--local-world-size", str(local), "--dtype", args.dtype, "--iters", str(args.iters),
             "--note", f"{world // local} nodes x {local} ranks, inter-node htb {args.inter_rate} per node, "
-                      f"intra-node unshaped loopback"]
+                      f"intra-node unshaped loopback, host load average {os.getloadavg()[0]:.1f} at start"]
     if args.sizes:
         argv += ["--sizes", *map(str, args.sizes)]
     port = 29700 + world * 10 + local
