@@ -56,10 +56,18 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
         return args
     _check_compatible(args)
     args.spec = list(SPEC)
-    where = activate_config(path)
-    if int(os.environ.get("RANK", "0")) == 0:  # at parse time torch.distributed is not up yet
-        print(f"> {FLAG}: --spec {' '.join(SPEC)}; per-site config: {where}", flush=True)
+    _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-site config: {activate_config(path)}")
     return args
+
+
+_LOGGED: set = set()
+
+
+def _log_once(line: str) -> None:
+    """Rank 0 only (from $RANK: torch.distributed is not up at parse time); Megatron parses up to 3 times."""
+    if line not in _LOGGED and int(os.environ.get("RANK", "0")) == 0:
+        _LOGGED.add(line)
+        print(line, flush=True)
 
 
 def _check_compatible(args: argparse.Namespace) -> None:
