@@ -77,18 +77,23 @@ def measure(runner: Runner, methods, repeats: int, real, fake, tick=None) -> dic
 
 
 def combine(per_rank: list[dict]) -> dict:
-    """Max over ranks per repeat, then {key: {"median", "lo", "hi", "n"}} (lo/hi: min and max of repeats)."""
+    """Max over ranks per repeat -> {key: {"median", "lo", "hi", "n", "samples"}} (lo/hi: min, max)."""
     res = {}
     for key in per_rank[0]:
         samples = [max(vals) for vals in zip(*(d[key] for d in per_rank))]
-        res[key] = {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "n": len(samples)}
+        res[key] = {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "n": len(samples),
+                    "samples": samples}
     return res
 
 
 def derived(stats: dict, method: str, mode: str) -> dict:
-    """block, compute, comm medians -> exposed, hidden fraction, distance to bound."""
-    b, c, m = (stats[(method, mode, k)]["median"] for k in MEASURES)
-    exposed = b - c
-    return {"block": b, "compute": c, "comm": m, "exposed": exposed,
-            "hidden": 1.0 - exposed / m if m > 0 else float("nan"), "bound": b / max(c, m),
-            "spread": (stats[(method, mode, "block")]["lo"], stats[(method, mode, "block")]["hi"])}
+    """Medians of block, compute, comm; exposed and distance to bound as medians of per-repeat paired values
+    (block_i - compute_i, block_i / max(compute_i, comm_i): a load burst hits both halves of a pair alike);
+    hidden = 1 - exposed / median(comm)."""
+    b, c, m = (stats[(method, mode, k)]["samples"] for k in MEASURES)
+    exposed = statistics.median(bi - ci for bi, ci in zip(b, c))
+    comm = statistics.median(m)
+    return {"block": statistics.median(b), "compute": statistics.median(c), "comm": comm, "exposed": exposed,
+            "hidden": 1.0 - exposed / comm if comm > 0 else float("nan"),
+            "bound": statistics.median(bi / max(ci, mi) for bi, ci, mi in zip(b, c, m)),
+            "spread": (min(b), max(b))}
