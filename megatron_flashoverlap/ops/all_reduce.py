@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..runtime import OverlapContext, default_context, execute, group_info
 from ..schedules import ALL_REDUCE_ALGOS, Slice, Transfer, all_reduce_schedule
+from .all_reduce_select import choose
 from .checks import check_peers_agree
 
 AR_ALGOS = ("auto", "stock") + ALL_REDUCE_ALGOS
@@ -127,14 +128,13 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
     algo: "auto" (ours only for decode-shaped inputs inside the calibrated window, stock otherwise: see
     ops/all_reduce_select.py), "stock", "ring", "recursive_doubling", "hierarchical".
     """
-    from .all_reduce_select import choose  # the selector reads the calibration table
-
     _check(tensor, algo)
     rank, world = group_info(group)
     if world == 1:
         return tensor.clone()
     ctx = context or default_context()
-    g = resolve_local_world_size(world, local_world_size)
+    # the node layout matters to hierarchical and to the table lookup of auto only
+    g = resolve_local_world_size(world, local_world_size) if algo in ("auto", "hierarchical") else world
     if algo == "auto":
         algo = choose(tensor, world, g)
     if ctx.check_peers and algo != "stock":
