@@ -157,7 +157,7 @@ def _progress(step: int, steps: int, out: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------ parent
-def report(out: dict) -> str:
+def report(out: dict, ranks: int) -> str:
     """The side-by-side table and the summary lines."""
     rows = [f"{'step':>4}  {'loss local':>10}  {'loss flash':>10}  {'|diff|':>8}  {'ms local':>8}  {'ms flash':>8}"]
     for i, (a, b) in enumerate(zip(out["loss_local"], out["loss_flash"])):
@@ -171,7 +171,7 @@ def report(out: dict) -> str:
              f"flash {out['loss_flash'][0]:.4f} -> {out['loss_flash'][-1]:.4f}",
              f"max |loss local - loss flash| over {len(out['loss_local'])} steps: {max_diff(out):.2e}",
              f"median time per step: local {ms['local']:.1f} ms, flash {ms['flash']:.1f} ms "
-             f"(2 ranks on a shared CPU over loopback gloo: timings are noisy, not a speed claim)"]
+             f"({ranks} ranks on a shared CPU over loopback gloo: timings are noisy, not a speed claim)"]
     return "\n".join(rows)
 
 
@@ -238,7 +238,7 @@ def main(argv=None, pool=None) -> dict:
     finally:
         if own:
             pool.close()
-    print(report(out))
+    print(report(out, args.tp))
     plot(out, args.plot, f"tiny GPTModel, TP={args.tp} + SP, {args.tp} CPU ranks")
     print(f"plot: {args.plot}   (total {time.perf_counter() - t0:.0f} s)")
     if args.json:
