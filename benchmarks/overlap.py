@@ -72,6 +72,9 @@ def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
         if run.get("megatron_rows"):
             md += ["Real Megatron-Core MLP (TP=2, SP), stock local spec vs our spec (block time only):", "",
                    report.megatron_table(run), ""]
+    md += ["\\* model: the cost model's prediction from link bandwidth + GEMM throughput, both calibrated on the "
+           "stock forward row of the same point (its compute alone and comm alone); every other row is predicted.",
+           "", report.model_error(seq_runs + rate_runs), ""]
     md += ["## Verdict (flash vs the bound and vs every slicing k)", ""] + report.VERDICT_HEAD
     for run in seq_runs:
         for kind in run["config"]["kinds"]:

@@ -122,3 +122,20 @@ def sites(shape: Shape, probes: dict, world: int, methods) -> list[tuple[str, st
     spec = [("fc1_fprop", "ag", h, w), ("fc2_fprop", "rs", w, h), ("qkv_fprop", "ag", h, 3 * w),
             ("proj_fprop", "rs", w, h)]
     return [choose_site(name, side, rows, k, n, shard, probes, world, methods) for name, side, k, n in spec]
+
+
+def calibrate(probes: dict, kind: str, shape: Shape, world: int, compute_s: float, comm_s: float) -> dict:
+    """Probes rescaled so the model reproduces the stock method's measured forward compute alone and comm
+    alone of this point (interleaved with the other methods, so the load they saw is the same): the GEMM
+    flop/s keep their probed shape over row counts, the link keeps its latency. Other methods are then
+    predicted from these two primitives."""
+    stock = Method("stock", "reference")
+    no_link = {**probes, "link_Bps": float("inf"), "latency_s": 0.0}
+    mid = probes["middle_s"].get(f"{kind}|{shape.seq}", 0.0)
+    pred_gemm = predict(kind, shape, stock, no_link, world, "fwd") - mid
+    scale = pred_gemm / max(compute_s - mid, 1e-9)
+    hops = 2  # stock forward: one all-gather + one reduce-scatter of one shard each
+    shard = shape.seq // world * shape.batch * shape.hidden * 4.0
+    per_hop = max(comm_s / hops - probes.get("latency_s", 0.0), 1e-9)
+    return {**probes, "gemm_flops": {k: v * scale for k, v in probes["gemm_flops"].items()},
+            "link_Bps": shard / per_hop}

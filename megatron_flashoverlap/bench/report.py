@@ -7,15 +7,24 @@ from __future__ import annotations
 import json
 
 from .blocks import Shape, method_by_name
-from .costmodel import predict, sites
+from .costmodel import calibrate, predict, sites
 
 COLS = "| block | mode | seq | method | block ms (min-max) | compute ms | comm ms | exposed ms | hidden | " \
-       "to bound | vs stock | model ms |"
+       "to bound | vs stock | model ms* |"
 
 
 def _shape(run: dict, seq: int) -> Shape:
     c = run["config"]
     return Shape(seq, c["batch"], c["hidden"], c["width"], c.get("head_dim", 64))
+
+
+def probes_at(run: dict, kind: str, seq: int) -> dict:
+    """The run's probes calibrated on the stock forward row of (kind, seq) (see costmodel.calibrate)."""
+    st = next((r for r in run["rows"] if r["kind"] == kind and r["seq"] == seq and r["method"] == "stock"
+               and r["mode"] == "fwd"), None)
+    if st is None:
+        return run["probes"]
+    return calibrate(run["probes"], kind, _shape(run, seq), run["world"], st["compute"], st["comm"])
 
 
 def rows_with_model(run: dict) -> list[dict]:
@@ -24,7 +33,8 @@ def rows_with_model(run: dict) -> list[dict]:
     out = []
     for r in run["rows"]:
         m = method_by_name(r["method"])
-        pred = predict(r["kind"], _shape(run, r["seq"]), m, run["probes"], run["world"], r["mode"])
+        pred = predict(r["kind"], _shape(run, r["seq"]), m, probes_at(run, r["kind"], r["seq"]), run["world"],
+                       r["mode"])
         out.append({**r, "model": pred, "speedup": stock.get((r["kind"], r["seq"], r["mode"]), float("nan")) / r["block"]})
     return out
 
@@ -70,9 +80,17 @@ def header(run: dict) -> str:
                if "loadavg" in run else ""))
 
 
+def model_error(runs: list[dict]) -> str:
+    """One line: how far the cost model's predictions fall from the measured medians."""
+    import statistics
+    errs = [abs(r["model"] / r["block"] - 1.0) for run in runs for r in rows_with_model(run)]
+    return (f"Cost model vs measurement over {len(errs)} rows: median |predicted/measured - 1| = "
+            f"{100 * statistics.median(errs):.0f}%, 90th percentile {100 * sorted(errs)[int(0.9 * (len(errs) - 1))]:.0f}%")
+
+
 def site_lines(run: dict, seq: int) -> list[str]:
     methods = [method_by_name(n) for n in run["config"]["methods"]]
-    return [f"- {reason}" for _, reason in sites(_shape(run, seq), run["probes"], run["world"], methods)]
+    return [f"- {reason}" for _, reason in sites(_shape(run, seq), probes_at(run, "mlp", seq), run["world"], methods)]
 
 
 def plot(runs: list[dict], path: str, kind: str = "mlp") -> None:
