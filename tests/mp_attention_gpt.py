@@ -47,7 +47,7 @@ def _init(tp, cp, seed=1234):
     model_parallel_cuda_manual_seed(seed)
 
 
-def _model(tp, cp, kind, heads, groups, algo="flash"):
+def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
     """kind: "stock" (local spec), "ulysses" (core_attention = UlyssesDotProductAttention(algo)), "qsa"
     (core_attention + linear_proj = QuerySplit..., the proj site running `algo`)."""
     from megatron.core.models.gpt import GPTModel
@@ -64,7 +64,7 @@ def _model(tp, cp, kind, heads, groups, algo="flash"):
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=heads, num_query_groups=groups,
                             ffn_hidden_size=64, tensor_model_parallel_size=tp, sequence_parallel=tp > 1,
                             use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
-                            attention_dropout=0.0, gradient_accumulation_fusion=False, **kw)
+                            attention_dropout=dropout, gradient_accumulation_fusion=False, **kw)
     if kind == "spec":
         from megatron_flashoverlap.spec import flashoverlap_layer_spec
 
@@ -182,3 +182,20 @@ def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4
     finally:
         parallel_state.destroy_model_parallel()
     return {"ref": ref_losses, "cp": qs_losses, "outputs": sorted(set(seen)), "calls": len(seen)}
+
+
+def query_split_dropout(rank, world, steps=5, p=0.2):
+    """Attention dropout through the Megatron layer: query split flash vs reference from the same RNG state
+    (the layer draws one seed per call; masks are per query row), and the curve without dropout."""
+    from megatron.core import parallel_state
+
+    curves = {}
+    _init(world, 1)
+    try:
+        for name, algo, drop in (("flash", "flash", p), ("reference", "reference", p), ("off", "flash", 0.0)):
+            model = _model(world, 1, "qsa", 4, 4, algo, dropout=drop)
+            torch.manual_seed(3)
+            curves[name] = _train(model, 1, steps, True)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return curves

@@ -64,3 +64,10 @@ def test_spec_selects_query_split_when_asked(pools):
     res = pools(2).run(QSA, algo="query_split", kind="spec", timeout=600)
     _check(res)
     assert all(r["outputs"] == ["PendingAttention"] for r in res)
+
+
+def test_gpt_query_split_dropout_is_deterministic(pools):
+    for r in pools(2).run("tests.mp_attention_gpt:query_split_dropout", timeout=600):
+        # same seeds and per-row masks: flash and reference differ only by sum order
+        assert max(_rel(a, b) for a, b in zip(r["flash"], r["reference"])) <= 1e-5, r
+        assert max(abs(a - b) for a, b in zip(r["flash"], r["off"])) > 1e-3, r  # dropout did act
