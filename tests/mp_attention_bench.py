@@ -1,7 +1,6 @@
 """Worker body: the benchmark attention blocks run every method and agree with the stock method."""
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 
