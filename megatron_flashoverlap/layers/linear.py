@@ -24,6 +24,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 
 from ..config import LAYERS, FlashOverlapConfig, LayerPlan
 from ..ops import all_gather_matmul, matmul_reduce_scatter
+from ..ops.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from ..ops.checks import check_peers_agree
 from ..runtime import OverlapContext, group_info
 
@@ -133,9 +134,16 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         return super().forward(input_, weight, runtime_gather_output)
 
     def _forward_without_sp(self, input_, weight, runtime_gather_output):
-        """Hook for a non-SP overlap (identity forward, all-reduce of dgrad): today the stock path."""
-        _log_once(type(self).__name__, "no sequence parallel")
-        return super().forward(input_, weight, runtime_gather_output)
+        """No SP: identity forward; the dgrad all-reduce runs decomposed (Flash-RS + Flash-AG, wgrad in its
+        tail) by matmul_allreduce_dgrad. Stock where Megatron would not all-reduce the dgrad either."""
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        if (weight is not None or gather or not self.allreduce_dgrad or self.explicit_expert_comm
+                or getattr(self, "gtp_remat_size", 1) != 1):
+            _log_once(type(self).__name__, "no sequence parallel")
+            return super().forward(input_, weight, runtime_gather_output)
+        bias = None if self.skip_bias_add else self.bias
+        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, **self._ops_kwargs(input_))
+        return output, (self.bias if self.skip_bias_add else None)
 
 
 class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
@@ -171,6 +179,12 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         return super().forward(input_)
 
     def _forward_without_sp(self, input_):
-        """Hook for a non-SP overlap of the output all-reduce (RS + AG): today the stock path."""
-        _log_once(type(self).__name__, "no sequence parallel")
-        return super().forward(input_)
+        """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce;
+        the bias is added after it, as in the stock layer."""
+        if self.explicit_expert_comm or not self.input_is_parallel or getattr(self, "gtp_remat_size", 1) != 1:
+            _log_once(type(self).__name__, "no sequence parallel")
+            return super().forward(input_)
+        output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_))
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None
