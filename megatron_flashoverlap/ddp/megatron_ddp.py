@@ -177,8 +177,9 @@ def dp_wgrad(weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, wgrad) -> 
                               .view(weight.main_grad.shape).to(weight.main_grad.dtype))
     else:
         if getattr(site.bucket_group, "_flashoverlap_reduced", False):
-            raise RuntimeError("flash DP overlap: this weight's gradient was already reduce-scattered in this "
-                               "micro-batch (a weight used twice per step); disable the DP overlap for it")
+            raise RuntimeError("flash DP overlap: this weight's bucket is already reduce-scattered and not yet "
+                               "consumed: either the weight is used twice per step (disable the DP overlap for "
+                               "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
         matmul_wgrad_reduce_scatter(dy, x, site.grad_flat, site.offset, site.group, scale=site.scale,
                                     algo=site.algo, context=site.context)
         site.bucket_group._flashoverlap_reduced = True
