@@ -12,7 +12,7 @@ import torch
 from megatron_flashoverlap.bench import report
 from megatron_flashoverlap.bench.blocks import METHODS
 from megatron_flashoverlap.bench.costmodel import ag_pipeline, rs_pipeline
-from megatron_flashoverlap.bench.netns import parse_rate, shaped_namespace, why_not_shaped
+from megatron_flashoverlap.bench.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,6 +23,14 @@ def test_parse_rate():
     assert parse_rate("12kbit") == 12e3
     with pytest.raises(ValueError, match="e.g. '1gbit'"):
         parse_rate("fast")
+
+
+def test_parse_bytes_and_burst_floor():
+    assert parse_bytes("512kb") == 512 * 1024 and parse_bytes("2mb") == 2 * 1024 ** 2 and parse_bytes("100") == 100
+    with pytest.raises(ValueError, match="e.g. '512kb'"):
+        parse_bytes("lots")
+    with pytest.raises(ValueError, match="MTU"):
+        Namespace("never-created").shape_lo("1gbit", burst="64kb")  # refused before any tc call
 
 
 def test_pipelines_by_hand():

@@ -40,6 +40,18 @@ def parse_rate(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: write a number and a unit among {sorted(_UNITS)}, e.g. '1gbit'")
 
 
+def parse_bytes(size: str) -> float:
+    """tc size string -> bytes ("512kb" -> 524288; tc's k/kb = 1024 bytes, m/mb = 1024**2, b = 1)."""
+    units = {"kb": 1024, "k": 1024, "mb": 1024 ** 2, "m": 1024 ** 2, "gb": 1024 ** 3, "g": 1024 ** 3, "b": 1}
+    s = size.strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if s.endswith(unit) and s[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(s[: -len(unit)]) * units[unit]
+    if s.isdigit():
+        return float(s)
+    raise ValueError(f"size {size!r}: write a number and a unit among b, kb, mb, gb, e.g. '512kb'")
+
+
 def why_not_shaped() -> str | None:
     """None when namespaces + tc can be used here, else the reason (not root, tool missing)."""
     if os.geteuid() != 0:
@@ -84,6 +96,9 @@ class Namespace:
     def shape_lo(self, rate: str, burst: str = "512kb", latency: str = "100ms") -> None:
         """Replace lo's root qdisc by tbf(rate, burst, latency)."""
         parse_rate(rate)
+        if parse_bytes(burst) <= 65536 + 1024:
+            raise ValueError(f"burst {burst!r} must exceed lo's 64 KiB MTU (+ headers) or full-size packets are "
+                             f"dropped and the ranks hang; use e.g. '256kb' or '512kb'")
         self.tc("qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate, "burst", burst, "latency", latency)
 
     def qdisc(self) -> str:
