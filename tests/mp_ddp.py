@@ -171,3 +171,27 @@ def shared_bucket(rank, world, h=16, f=24):
     finally:
         megatron_ddp.log.removeHandler(lines)
         ps.destroy_model_parallel()
+
+
+def weight_used_twice(rank, world, h=8, f=8):
+    """A flash weight used twice in one micro-batch: the second wgrad must refuse, naming the fix."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron_flashoverlap.ddp.linear import wrap_with_dp_overlap
+
+    ps = _setup(1)
+    try:
+        cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, use_cpu_initialization=True)
+        module = MLP(cfg, h, f, 1)
+        fc1, fc2 = module.blocks[0]
+        ddp, accepted = wrap_with_dp_overlap(cfg, DistributedDataParallelConfig(
+            use_distributed_optimizer=True, overlap_grad_reduce=True), module, linears=[fc2])
+        x = torch.randn(4, 2, f)
+        try:
+            (fc2(fc2(x)[0])[0]).sum().backward()  # fc2 [h, f] with h == f: reused on its own output
+        except RuntimeError as err:
+            return {"accepted": len(accepted), "error": str(err)}
+        return {"accepted": len(accepted), "error": None}
+    finally:
+        ps.destroy_model_parallel()

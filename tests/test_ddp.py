@@ -88,3 +88,8 @@ def test_average_in_collective(pools):
     res = pools(2).run("tests.mp_ddp:train", tp=1, steps=2, micro=2, ddp_kw={"average_in_collective": True},
                        timeout=300)
     _check_same(res, 2, 2)
+
+
+def test_weight_used_twice_per_step_is_refused(pools):
+    for r in pools(2).run("tests.mp_ddp:weight_used_twice", timeout=300):
+        assert r["accepted"] == 1 and r["error"] and "used twice" in r["error"], r
