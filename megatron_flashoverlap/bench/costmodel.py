@@ -93,7 +93,8 @@ def predict(kind: str, shape: Shape, method: Method, probes: dict, world: int, m
     # backward: row (AG of dy; dgrad + wgrad per slice), middle, column (dgrad RS + wgrad on gathered x)
     t += op_time("ag", method, rows, w, 2 * h, shard, probes, world) + 2 * mid
     if method.algo == "slicing" or method.algo == "reference":  # RS of dgrad, then a blocking gather of x
-        t += op_time("rs", method, rows, n_in, h, shard, probes, world) + shard / probes["link_Bps"] + probes.get("latency_s", 0.0) \
+        t += op_time("rs", method, rows, n_in, h, shard, probes, world) \
+            + shard / probes["link_Bps"] + probes.get("latency_s", 0.0) \
             + gemm_time(rows, n_in, h, probes["gemm_flops"])
     else:  # one walk: dgrad RS + wgrad AG hops together, dgrad + wgrad slice per step
         t += op_time("rs", method, rows, n_in, 2 * h, shard, probes, world, hop_factor=2.0)

@@ -59,7 +59,8 @@ def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: lis
     world = dist.get_world_size()
     init_tp(world)
     try:
-        config = tiny_config(world, True, num_layers=1, hidden=hidden, heads=2 * world,  # unused by the MLP; must divide by TP
+        # heads: unused by the MLP, but TransformerConfig wants them divisible by TP
+        config = tiny_config(world, True, num_layers=1, hidden=hidden, heads=2 * world,
                              ffn=width * world, add_bias_linear=False)
         mlps = {name: _build(config, spec, seed=11) for name, spec in _specs(methods).items()}
         g = torch.Generator().manual_seed(5)

@@ -35,7 +35,8 @@ def rows_with_model(run: dict) -> list[dict]:
         m = method_by_name(r["method"])
         pred = predict(r["kind"], _shape(run, r["seq"]), m, probes_at(run, r["kind"], r["seq"]), run["world"],
                        r["mode"])
-        out.append({**r, "model": pred, "speedup": stock.get((r["kind"], r["seq"], r["mode"]), float("nan")) / r["block"]})
+        base = stock.get((r["kind"], r["seq"], r["mode"]), float("nan"))
+        out.append({**r, "model": pred, "speedup": base / r["block"]})
     return out
 
 
@@ -85,7 +86,8 @@ def model_error(runs: list[dict]) -> str:
     import statistics
     errs = [abs(r["model"] / r["block"] - 1.0) for run in runs for r in rows_with_model(run)]
     return (f"Cost model vs measurement over {len(errs)} rows: median |predicted/measured - 1| = "
-            f"{100 * statistics.median(errs):.0f}%, 90th percentile {100 * sorted(errs)[int(0.9 * (len(errs) - 1))]:.0f}%")
+            f"{100 * statistics.median(errs):.0f}%, "
+            f"90th percentile {100 * sorted(errs)[int(0.9 * (len(errs) - 1))]:.0f}%")
 
 
 def site_lines(run: dict, seq: int) -> list[str]:
