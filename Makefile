@@ -1,18 +1,25 @@
 # Two commands on a fresh machine:  `make demo` (the main job) and `make test` (the suite, both lanes).
-PY312 ?= $(shell command -v python3.12 || echo $(HOME)/.pyenv/versions/3.12.1/bin/python)
-PY311 ?= $(shell command -v python3.11 || echo $(HOME)/.pyenv/versions/3.11.7/bin/python)
+# The first interpreter of that version that actually runs (a pyenv shim for an inactive version does not).
+find_py = $(shell for p in python$(1) $(HOME)/.pyenv/versions/$(1).*/bin/python$(1); do \
+            $$p -c 'import sys; assert sys.version_info[:2] == ($(subst .,$(comma),$(1)))' 2>/dev/null \
+            && { command -v $$p; break; }; done)
+comma := ,
+PY312 ?= $(call find_py,3.12)
+PY311 ?= $(call find_py,3.11)
 VENV := .venv
 OLD := .venv-oldest
 
 .PHONY: demo test test-newest test-oldest clean
 
 $(VENV)/.ok: requirements/newest.txt
+	@test -n "$(PY312)" || { echo "Python 3.12 not found: install it or pass PY312=/path/to/python3.12" >&2; exit 1; }
 	$(PY312) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r requirements/newest.txt
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 $(OLD)/.ok: requirements/oldest.txt
+	@test -n "$(PY311)" || { echo "Python 3.11 not found: install it or pass PY311=/path/to/python3.11" >&2; exit 1; }
 	$(PY311) -m venv $(OLD)
 	$(OLD)/bin/pip install -q -r requirements/oldest.txt
 	$(OLD)/bin/pip install -q --no-deps -e .

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from ..runtime import OverlapContext, default_context, execute, group_info
 from ..schedules import Schedule, Slice, Step, all_gather_ring, merge, reduce_scatter_ring
 from .algo import resolve
+from .all_reduce import all_reduce
+from .all_reduce_select import is_decode_shaped
 from .backward import _wgrad
 from .checks import check_operands, check_peers_agree
 from .matmul_rs import acc_dtype
@@ -149,6 +151,8 @@ def ar_matmul_forward(x, weight, group, ctx, algo, num_chunks, tail=None):
     """Dispatch to the plain function of `algo` (falls back to the reference, logged once, when the
     sequence does not divide by the group)."""
     rank, world = group_info(group)
+    if tail is None and is_decode_shaped(x):  # x [1, b, k/P]: decode; "auto" = ours only where calibrated faster
+        return all_reduce(F.linear(x, weight), group, algo="auto", context=ctx)
     if algo != "reference" and x.shape[0] % world:
         _log_once(("ar", x.shape[0], world), f"matmul_all_reduce: sequence length {x.shape[0]} is not "
                   f"divisible by the group size {world}; using the reference (GEMM + all_reduce)")
