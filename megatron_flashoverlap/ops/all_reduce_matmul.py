@@ -34,13 +34,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..runtime import OverlapContext, default_context, execute, group_info
+from ..runtime import OverlapContext, execute, group_info
 from ..schedules import Schedule, Slice, Step, all_gather_ring, merge, reduce_scatter_ring
 from .algo import resolve
 from .all_reduce import all_reduce
 from .all_reduce_select import is_decode_shaped
 from .backward import _wgrad
-from .checks import check_operands, check_peers_agree
+from .checks import checked_context
 from .matmul_rs import acc_dtype
 from .passes import GatherPass, ScatterPass, chunk_bounds
 
@@ -233,13 +233,9 @@ def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo
 
     num_chunks: sequence chunks C (flash: the exposed tail is 1/C of an all-gather; slicing: chunks)."""
     algo, chunks = _resolve_chunks("matmul_all_reduce", algo, num_chunks)
-    check_operands("matmul_all_reduce", x, weight)
-    ctx = context or default_context()
-    rank, world = group_info(group)
-    if world == 1:
+    ctx = checked_context("matmul_all_reduce", x, weight, None, group, context)
+    if ctx is None:
         return F.linear(x, weight)
-    if ctx.check_peers:
-        check_peers_agree("matmul_all_reduce", group, world, x.device, *x.shape, *weight.shape)
     return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks)
 
 
@@ -249,11 +245,7 @@ def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *,
     """y [s, b, n/P] = x [s, b, h] @ weight[n/P, h]^T (+ bias), whose input gradient is all-reduced over
     `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`)."""
     algo, chunks = _resolve_chunks("matmul_allreduce_dgrad", algo, num_chunks)
-    check_operands("matmul_allreduce_dgrad", x, weight, bias)
-    ctx = context or default_context()
-    rank, world = group_info(group)
-    if world == 1:
+    ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context)
+    if ctx is None:
         return F.linear(x, weight, bias)
-    if ctx.check_peers:
-        check_peers_agree("matmul_allreduce_dgrad", group, world, x.device, *x.shape, *weight.shape)
     return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks)

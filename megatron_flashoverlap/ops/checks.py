@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..runtime import OverlapContext, default_context, group_info
+
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
@@ -48,3 +50,19 @@ def check_peers_agree(op: str, group, world: int, device: torch.device, *facts: 
     if any(r != rows[0] for r in rows):
         raise ValueError(f"{op}: ranks of the group disagree on the operand shapes {rows}; every rank of a "
                          f"tensor-parallel group must pass the same sequence length, batch and hidden size")
+
+
+def checked_context(op: str, x: torch.Tensor, weight: torch.Tensor, bias, group, context: OverlapContext | None,
+                    divisible: bool = False) -> OverlapContext | None:
+    """The checks every public wrapper runs first. -> the context to run with, or None for a group of
+    size 1 (the caller then runs the plain GEMM)."""
+    check_operands(op, x, weight, bias)
+    ctx = context or default_context()
+    rank, world = group_info(group)
+    if world == 1:
+        return None
+    if divisible:
+        check_divisible(op, x.shape[0], world)
+    if ctx.check_peers:
+        check_peers_agree(op, group, world, x.device, *x.shape, *weight.shape)
+    return ctx

@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runtime import OverlapContext, default_context, group_info
+from ..runtime import OverlapContext
 from .ag_matmul import ag_matmul_flash, ag_matmul_reference, ag_matmul_slicing
 from .algo import resolve
 from .backward import column_backward, row_backward
-from .checks import check_divisible, check_operands, check_peers_agree
+from .checks import checked_context
 from .matmul_rs import rs_matmul_flash, rs_matmul_reference, rs_matmul_slicing
 
 
@@ -79,13 +79,9 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
     keep_gathered: keep AG(x) from forward for the weight gradient (memory for time) instead of
     re-gathering it with Flash-AG in backward."""
     algo, num_chunks = resolve("all_gather_matmul", algo, num_chunks)
-    check_operands("all_gather_matmul", x_shard, weight, bias)
-    ctx = context or default_context()
-    rank, world = group_info(group)
-    if world == 1:
+    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context)
+    if ctx is None:
         return F.linear(x_shard, weight, bias)
-    if ctx.check_peers:
-        check_peers_agree("all_gather_matmul", group, world, x_shard.device, *x_shard.shape, *weight.shape)
     return AllGatherMatmul.apply(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered)
 
 
@@ -93,12 +89,7 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
                           num_chunks: int | None = None, context: OverlapContext | None = None) -> torch.Tensor:
     """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), with autograd; fp32 partial sums for bf16/fp16."""
     algo, num_chunks = resolve("matmul_reduce_scatter", algo, num_chunks)
-    check_operands("matmul_reduce_scatter", x, weight)
-    ctx = context or default_context()
-    rank, world = group_info(group)
-    if world == 1:
+    ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, divisible=True)
+    if ctx is None:
         return F.linear(x, weight)
-    check_divisible("matmul_reduce_scatter", x.shape[0], world)
-    if ctx.check_peers:
-        check_peers_agree("matmul_reduce_scatter", group, world, x.device, *x.shape, *weight.shape)
     return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks)
