@@ -77,7 +77,7 @@ class Schedule:
         return len(self.steps)
 
 
-def merge(*schedules: Schedule, name: str = "") -> tuple[Step, ...]:
+def merge(*schedules: Schedule) -> tuple[Step, ...]:
     """Zip several schedules of one rank step by step (their slices must carry distinct tags)."""
     n = max(len(s.steps) for s in schedules)
     out = []
