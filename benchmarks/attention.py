@@ -56,7 +56,7 @@ def worker(cfg: dict) -> None:
 
     from megatron_flashoverlap.bench.blocks import Shape, comm_only, method_by_name
     from megatron_flashoverlap.bench.timing import fake_group
-    from megatron_flashoverlap.ops.attention_bench import ATTENTION_BLOCKS
+    from megatron_flashoverlap.bench.attention_blocks import ATTENTION_BLOCKS
     from megatron_flashoverlap.runtime import OverlapContext
 
     torch.set_num_threads(1)

@@ -41,8 +41,8 @@ sys.path.insert(0, ROOT)
 from megatron_flashoverlap.bench import blocks, timing  # noqa: E402
 from megatron_flashoverlap.bench.blocks import Block, Method, Shape  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
-from megatron_flashoverlap.ddp.wgrad_rs import matmul_wgrad_reduce_scatter  # noqa: E402
-from megatron_flashoverlap.ops.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad  # noqa: E402
+from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter  # noqa: E402
+from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad  # noqa: E402
 from megatron_flashoverlap.runtime import OverlapContext  # noqa: E402
 
 TP_METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2), Method("slicing k=4", "slicing", 4),
@@ -128,9 +128,9 @@ def ddp_rows(cfg: dict) -> list[dict]:
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap import cpu
-    from megatron_flashoverlap.ddp.cpu_optimizer import enable_cpu_optimizer
-    from megatron_flashoverlap.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron import cpu
+    from megatron_flashoverlap.megatron.cpu_optimizer import enable_cpu_optimizer
+    from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
 
     cpu.enable()
     enable_cpu_optimizer()  # also the CUDA-stream shim of 0.19's start_grad_sync

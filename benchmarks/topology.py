@@ -13,7 +13,7 @@ Ranks bind to their node's address: GLOO_SOCKET_IFNAME=lo:<node+1> puts gloo's l
 gloo connects without binding a source (checked with `ss -tn`: both ends showed the listener's address),
 so an LD_PRELOAD shim (benchmarks/bind_source.c, built here with gcc) binds each outgoing connection to
 the rank's node address. The per-class byte counters printed at the end show the inter-node traffic
-went through the shaped classes. Every rank runs `python -m megatron_flashoverlap.calibrate_allreduce`,
+went through the shaped classes. Every rank runs `python -m megatron_flashoverlap.bench.calibrate_allreduce`,
 so the JSON written here is also a calibration table for `all_reduce(algo="auto")` on that topology.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _rank_env(rank, world, local, port, shim) -> dict:
 
 def run_layout(ns, world, local, args, shim, out_json) -> None:
     """All ranks of one layout, each `calibrate_allreduce` bound to its node address."""
-    argv = [sys.executable, "-m", "megatron_flashoverlap.calibrate_allreduce", "--out", out_json,
+    argv = [sys.executable, "-m", "megatron_flashoverlap.bench.calibrate_allreduce", "--out", out_json,
             "--local-world-size", str(local), "--dtype", args.dtype, "--iters", str(args.iters),
             "--note", f"{world // local} nodes x {local} ranks, inter-node htb {args.inter_rate} per node, "
                       f"intra-node unshaped loopback, host load average {os.getloadavg()[0]:.1f} at start"]

@@ -12,7 +12,7 @@ Prints both loss curves per step, time per step of each arm, the max loss differ
 
     python examples/train_tiny_gpt.py [--steps 40] [--config configs/flash.yaml] [--plot PATH] [--json PATH]
 
-Runs on CPU over gloo (megatron_flashoverlap.cpu.enable()); 2 spawned ranks, about a minute on 2 cores.
+Runs on CPU over gloo (megatron_flashoverlap.megatron.cpu.enable()); 2 spawned ranks, about a minute on 2 cores.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _specs(config, config_path: str) -> dict:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from megatron_flashoverlap.config import load_config
-    from megatron_flashoverlap.spec import flashoverlap_layer_spec
+    from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
     config.flash_overlap_config = load_config(config_path)
     return {"local": get_gpt_layer_local_spec(), "flash": flashoverlap_layer_spec(config)}
@@ -56,7 +56,7 @@ def _specs(config, config_path: str) -> dict:
 
 def _step(model, opt, decay, data) -> tuple:
     """One optimizer step; (mean token loss, seconds)."""
-    from megatron_flashoverlap.testing.megatron import allreduce_sequence_parallel_grads, gpt_loss
+    from megatron_flashoverlap.megatron.models import allreduce_sequence_parallel_grads, gpt_loss
 
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
@@ -72,7 +72,7 @@ def _build(opts: dict) -> dict:
     """Both models, the flash one loaded with the local one's weights; returns {arm: (model, optimizer)}."""
     import torch
 
-    from megatron_flashoverlap.testing.megatron import build_gpt, copy_weights, tiny_config
+    from megatron_flashoverlap.megatron.models import build_gpt, copy_weights, tiny_config
 
     config = tiny_config(opts["tp"], sp=True, num_layers=opts["layers"], hidden=opts["hidden"],
                          heads=opts["heads"], ffn=4 * opts["hidden"])
@@ -126,7 +126,7 @@ def train(rank: int, world: int, opts: dict) -> dict:
     """Rank body: both arms, interleaved step by step (same batch), so machine noise hits both alike."""
     if not opts["verbose"]:
         _quiet()
-    from megatron_flashoverlap.testing.megatron import destroy, init_tp
+    from megatron_flashoverlap.megatron.models import destroy, init_tp
 
     init_tp(opts["tp"], seed=opts["seed"])
     try:

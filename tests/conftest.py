@@ -1,9 +1,30 @@
-"""Session fixtures: one persistent gloo pool per world size (see megatron_flashoverlap/testing/pool.py)."""
+"""Session fixtures and tiers.
+
+Tiers are folders, cheapest first; each test is marked by its folder (`-m pure`, `-m gloo`, ...):
+    tests/pure/      schedules, config, import layering: no processes, seconds
+    tests/gloo/      operators and the benchmark harness on 2-8 gloo CPU processes
+    tests/megatron/  Megatron-Core layers, models, launcher and training loop on gloo
+    tests/gpu/       CUDA only: skipped, with the reason, where no GPU is present
+One persistent gloo pool per world size (see megatron_flashoverlap/testing/pool.py).
+"""
+import pathlib
+
 import pytest
 
 from megatron_flashoverlap.testing import Pool
 
+TIERS = ("pure", "gloo", "megatron", "gpu")
+_ROOT = pathlib.Path(__file__).parent
 _POOLS: dict = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = pathlib.Path(str(item.fspath)).resolve().relative_to(_ROOT.resolve())
+        tier = rel.parts[0] if len(rel.parts) > 1 else None
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{rel}: every test lives in a tier folder {TIERS}")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import all_gather_matmul, matmul_reduce_scatter
+from ..ops import all_gather_matmul, matmul_reduce_scatter
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def _build(config, mlp_spec, seed: int):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.mlp import MLP
 
-    from ..spec import submodules_of
+    from ..megatron.spec import submodules_of
 
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
@@ -31,7 +31,7 @@ def _specs(methods):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from ..config import uniform
-    from ..spec import layer_spec
+    from ..megatron.spec import layer_spec
 
     out = {"megatron stock": get_gpt_layer_local_spec().submodules.mlp}
     for m in methods:
@@ -54,7 +54,7 @@ def _time(mlp, x, dy, mode: str) -> float:
 
 def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: list[Method], repeats: int) -> list[dict]:
     """Rows {kind: "megatron mlp", seq, method, mode, block, spread} (rank-max per repeat, then median)."""
-    from ..testing.megatron import destroy, init_tp, tiny_config
+    from ..megatron.models import destroy, init_tp, tiny_config
 
     world = dist.get_world_size()
     init_tp(world)

@@ -1,0 +1,217 @@
+"""Megatron-facing core attention for the local spec: Ulysses context parallelism and query-split attention.
+
+    UlyssesDotProductAttention   q, k, v [s/cp, b, np/tp, hn] -> ctx [s/cp, b, np/tp*hn]
+        the same constructor and forward contract as Megatron's local `DotProductAttention` (which asserts
+        context_parallel_size == 1: this is the separate class a spec selects for cp > 1,
+        cp_comm_type="a2a"). The a2a exchanges sequence shards for head shards over the CP group
+        (ops/ulysses.py): flash = pairwise steps on our executor, stock = all_to_all_single.
+        Megatron's zigzag CP split (get_batch_on_this_cp_rank) is handled by positions, not reorders:
+        causal masks and the already applied RoPE stay right. With cp == 1 it is plain local attention.
+
+    QuerySplitDotProductAttention + QuerySplitRowParallelLinear (core_attention + linear_proj, TP with SP)
+        core attention + output projection + reduce-scatter as one operator (ops/attention_query_split.py):
+        the core attention returns a shape-only stand-in carrying q, k, v (`PendingAttention`); linear_proj
+        runs query_split_attention with its own weight, so the RS hides behind attention. The linear keeps
+        RowParallelLinear's parameters, checkpoint keys and return; its site plan ('proj') picks the algo
+        (flash / flash_bidir = query split; slicing / reference / off = attention, then that GEMM+RS).
+
+Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -10000, fp32 softmax for
+bf16/fp16). Dropout draws its keep-masks per query row from a seed taken from the (model-parallel) RNG,
+so a recompute reproduces them. Not supported (ValueError naming the fix): packed sequences, attention
+bias, sliding windows, softmax_type != "vanilla", apply_query_key_layer_scaling.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from ..ops.attention.core import attention_rows, make_spec
+from ..ops.attention.query_split import query_split_attention
+from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
+from ..runtime import group_info
+from .linear import FlashRowParallelLinear, layer_context
+
+
+def _groups(pg_collection):
+    """(tp group, cp group) from the collection Megatron passes, else from parallel_state."""
+    tp = getattr(pg_collection, "tp", None) or parallel_state.get_tensor_model_parallel_group()
+    cp = getattr(pg_collection, "cp", None) or parallel_state.get_context_parallel_group()
+    return tp, cp
+
+
+def check_attention_config(config, op: str) -> None:
+    """What our core attentions do not implement: say so up front."""
+    if getattr(config, "softmax_type", "vanilla") != "vanilla":
+        raise ValueError(f"{op}: softmax_type={config.softmax_type!r} is not supported; use 'vanilla'")
+    if getattr(config, "window_size", None) is not None:
+        raise ValueError(f"{op}: sliding-window attention is not supported; unset window_size")
+    if getattr(config, "apply_query_key_layer_scaling", False):
+        raise ValueError(f"{op}: apply_query_key_layer_scaling is not supported; set it False "
+                         f"(with fp32 softmax it only rescales the scores)")
+
+
+class UlyssesDotProductAttention(MegatronModule):
+    """Ulysses (a2a) context-parallel core attention; drop-in for the local spec's `core_attention`."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None, algo: str = "flash", **kwargs):
+        super().__init__(config=config)
+        if cp_comm_type not in (None, "a2a"):
+            raise ValueError(f"UlyssesDotProductAttention: cp_comm_type={cp_comm_type!r} is not supported; set "
+                             f"--cp-comm-type a2a (Ulysses), or use the Transformer Engine spec for p2p/all_gather")
+        if algo not in ULYSSES_ALGOS:
+            raise ValueError(f"UlyssesDotProductAttention: unknown algo {algo!r}; choose one of {ULYSSES_ALGOS}")
+        check_attention_config(config, "UlyssesDotProductAttention")
+        self.tp_group, self.cp_group = _groups(pg_collection)
+        tp, cp = group_info(self.tp_group)[1], group_info(self.cp_group)[1]
+        check_ulysses_heads("UlyssesDotProductAttention", config.num_attention_heads // tp,
+                            max(config.num_query_groups or config.num_attention_heads, tp) // tp, cp, tp)
+        self.layer_number, self.attn_mask_type, self.attention_type = max(1, layer_number), attn_mask_type, attention_type
+        self.algo = algo
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def _seed(self) -> int:
+        if not (self.training and self.dropout_p > 0):
+            return 0
+        fork = (contextlib.nullcontext() if self.config.sequence_parallel
+                else tensor_parallel.get_cuda_rng_tracker().fork())
+        with fork:  # the same stream Megatron's DotProductAttention dropout draws from
+            return int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        """query [s/cp, b, np/tp, hn], key/value [s/cp, b, ng/tp, hn] -> [s/cp, b, np/tp*hn]."""
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("UlyssesDotProductAttention: packed sequences and attention bias are not supported")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        causal = attention_mask is None and mask_type == AttnMaskType.causal  # as Megatron: a mask wins
+        p = self.dropout_p if self.training else 0.0
+        return ulysses_attention(query, key, value, self.cp_group, causal=causal, zigzag=True,
+                                 attn_mask=attention_mask, softmax_scale=self.softmax_scale, dropout_p=p,
+                                 seed=self._seed(), algo=self.algo, context=layer_context())
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        return {}  # no parameters (softmax_type 'vanilla' only)
+
+
+class PendingAttention(torch.Tensor):
+    """What QuerySplitDotProductAttention returns under TP+SP: a shape-only stand-in for ctx [s, b, np/tp*hn]
+    carrying (q, k, v, how to attend). Only QuerySplitRowParallelLinear (linear_proj) may consume it; any
+    other use raises, so a spec that pairs the query-split core attention with another linear_proj fails
+    loudly instead of projecting garbage."""
+
+    _SHAPE_OPS = ("size", "dim", "numel", "__get__", "__repr__", "__format__")
+
+    @staticmethod
+    def __new__(cls, q, k, v, attend: dict):
+        shape = (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=q.dtype, device=q.device)
+        t.qkv, t.attend = (q, k, v), attend
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in cls._SHAPE_OPS:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        raise ValueError(f"the query-split core attention's output was used by {func!r}: with "
+                         f"QuerySplitDotProductAttention as core_attention, linear_proj must be "
+                         f"QuerySplitRowParallelLinear and nothing may transform the attention output in between "
+                         f"(gated attention, packed sequences, offloading are not supported)")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise ValueError(f"the query-split core attention's output reached {func}; see PendingAttention")
+
+
+class QuerySplitDotProductAttention(MegatronModule):
+    """Core attention that, under TP with SP, defers to linear_proj: attention + proj + RS then run as one
+    operator (query_split_attention), block by block in the reduce-scatter's order. Without SP, with TP=1
+    or with CP it is plain local attention (numerically Megatron's DotProductAttention)."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None, **kwargs):
+        super().__init__(config=config)
+        check_attention_config(config, "QuerySplitDotProductAttention")
+        if config.recompute_granularity == "selective" and "core_attn" in (config.recompute_modules or ()):
+            raise ValueError("QuerySplitDotProductAttention recomputes attention per block in backward already; "
+                             "drop 'core_attn' from recompute_modules")
+        self.tp_group, self.cp_group = _groups(pg_collection)
+        if group_info(self.cp_group)[1] > 1:
+            raise ValueError("QuerySplitDotProductAttention: context parallelism is not supported; use "
+                             "UlyssesDotProductAttention (cp_comm_type='a2a') for cp > 1")
+        self.attn_mask_type = attn_mask_type
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self._seed = UlyssesDotProductAttention._seed.__get__(self)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        """query [s, b, np/tp, hn], key/value [s, b, ng/tp, hn] -> ctx [s, b, np/tp*hn] (or its stand-in)."""
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("QuerySplitDotProductAttention: packed sequences and attention bias are not supported")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        attend = dict(causal=attention_mask is None and mask_type == AttnMaskType.causal, attn_mask=attention_mask,
+                      softmax_scale=self.softmax_scale, dropout_p=self.dropout_p if self.training else 0.0,
+                      seed=self._seed())
+        if self.config.sequence_parallel and group_info(self.tp_group)[1] > 1:
+            return PendingAttention(query, key, value, attend)
+        spec = make_spec(query, attend["causal"], attention_mask, self.softmax_scale, attend["dropout_p"],
+                         attend["seed"])
+        return attention_rows(query, key, value, spec, 0)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        return {}
+
+
+class QuerySplitRowParallelLinear(FlashRowParallelLinear):
+    """linear_proj for QuerySplitDotProductAttention: given its stand-in, runs query_split_attention with
+    this layer's weight (same parameters, checkpoint keys and (output, bias) return as RowParallelLinear);
+    given a real tensor, it is FlashRowParallelLinear."""
+
+    def forward(self, input_):
+        if not isinstance(input_, PendingAttention):
+            return super().forward(input_)
+        q, k, v = input_.qkv
+        plan = self.flash_plan
+        algo, chunks = ("reference", None) if plan is None or plan.stock else (plan.algo, plan.num_chunks)
+        output = query_split_attention(q, k, v, self.weight, self.tp_group, algo=algo, num_chunks=chunks,
+                                       context=self.flash_context, **input_.attend)
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None
+
+
+ENV_QUERY_SPLIT = "FLASHOVERLAP_QUERY_SPLIT"  # "1": query-split attention on (TP with SP, cp == 1)
+ENV_ULYSSES = "FLASHOVERLAP_ULYSSES"  # "flash" (default) or "stock": the a2a of UlyssesDotProductAttention
+
+
+def select_attention(attn_submodules, config, flash_config=None) -> None:
+    """Spec hook (spec.flashoverlap_layer_spec): choose core_attention / linear_proj of SelfAttentionSubmodules.
+
+    - context_parallel_size > 1: UlyssesDotProductAttention (the local DotProductAttention refuses CP),
+      a2a algo from config.flash_ulysses_algo or $FLASHOVERLAP_ULYSSES (default flash);
+    - else, when config.flash_query_split or $FLASHOVERLAP_QUERY_SPLIT=1: the query-split pair (needs SP);
+    - else: unchanged (Megatron's DotProductAttention, our FlashRowParallelLinear for proj)."""
+    if getattr(config, "context_parallel_size", 1) > 1:
+        algo = getattr(config, "flash_ulysses_algo", None) or os.environ.get(ENV_ULYSSES, "flash")
+        attn_submodules.core_attention = ModuleSpec(module=UlyssesDotProductAttention, params={"algo": algo})
+        return
+    if not (getattr(config, "flash_query_split", False) or os.environ.get(ENV_QUERY_SPLIT) == "1"):
+        return
+    if not getattr(config, "sequence_parallel", False):
+        raise ValueError("query-split attention needs sequence parallelism (its reduce-scatter is what it hides); "
+                         "set --sequence-parallel, or unset flash_query_split / FLASHOVERLAP_QUERY_SPLIT")
+    attn_submodules.core_attention = QuerySplitDotProductAttention
+    attn_submodules.linear_proj = ModuleSpec(module=QuerySplitRowParallelLinear,
+                                             params={"flash_config": flash_config})

@@ -1,0 +1,188 @@
+"""Every Megatron-Core DDP internal this plugin touches, in one place (checked: megatron-core 0.16.1, 0.19.2).
+
+What the data-parallel overlap needs from Megatron's `DistributedDataParallel` (distributed optimizer):
+a selected weight's gradient is reduce-scattered INSIDE its wgrad GEMM (ddp/wgrad_rs.py), so Megatron
+must (a) give that weight a bucket of its own, and (b) not reduce-scatter that bucket a second time.
+
+    (a) layout   `isolated_buckets(params)`: while DDP (and, on 0.19, its param layout) is built, the
+                 weights carry `shared_embedding = True`, the one attribute both versions' layout code
+                 (`_does_param_require_new_bucket`) honours to close the bucket before and after a param.
+                 The attribute is removed afterwards (it also steers muP LR scaling on 0.19).
+    (b) sync     `_ParamAndGradBucketGroup.start_grad_sync` is wrapped (class-level, once): for a bucket
+                 group marked `_flashoverlap_reduced` this iteration it runs the NaN/large-grad check,
+                 then installs a completed handle instead of issuing the collective; `finish_grad_sync`
+                 then waits on it as usual. Every other bucket group runs the original method.
+
+Bookkeeping it relies on (read, never written except the two items above and the documented
+`param.grad_added_to_main_grad = True`, the same flag Megatron's fused-wgrad path sets):
+`ddp.param_to_bucket_group`, `bucket_group.buckets / is_last_microbatch / ddp_config /
+intra_distributed_optimizer_instance_group`, `bucket.grad_data / params_list /
+gradient_scaling_factor`, `param.main_grad` (a view into `bucket.grad_data`).
+Falls back to stock (one log line names every refused weight) when: DP group of size 1; no distributed opt.;
+`overlap_grad_reduce` off; several distributed-optimizer instances; `reduce_scatter_with_fp32_accumulation`;
+or the weight does not own its bucket and bucket group (e.g. `disable_bucketing`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from ..runtime import OverlapContext, default_context
+from ..ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+
+log = logging.getLogger(__name__)
+SUPPORTED = ("0.16", "0.17", "0.18", "0.19")
+_PATCHED = False
+
+
+def megatron_version() -> str:
+    import megatron.core
+    return getattr(megatron.core, "__version__", "0")
+
+
+def check_version() -> None:
+    v = megatron_version()
+    if not v.startswith(SUPPORTED):
+        raise RuntimeError(f"megatron_flashoverlap.ops.dp patches DDP internals checked on megatron-core 0.16.1 and "
+                           f"0.19.2; found {v}. Pin megatron-core>=0.16.1,<0.20 or disable the DP overlap")
+
+
+@contextlib.contextmanager
+def isolated_buckets(params):
+    """Build DDP inside this block: each of `params` gets a bucket of its own (see module docstring)."""
+    tagged = [p for p in params if not getattr(p, "shared_embedding", False)]
+    for p in tagged:
+        p.shared_embedding = True
+    try:
+        yield
+    finally:
+        for p in tagged:
+            del p.shared_embedding
+
+
+class _Done:
+    """A completed communication handle: the reduce-scatter already ran inside the wgrad GEMM."""
+
+    def wait(self, *args, **kwargs) -> None:
+        return None
+
+
+def _patch_start_grad_sync() -> None:
+    global _PATCHED
+    if _PATCHED:
+        return
+    check_version()
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup as G
+
+    original = G.start_grad_sync
+
+    def start_grad_sync(self, force_all_reduce=False):
+        if not getattr(self, "_flashoverlap_reduced", False):
+            return original(self, force_all_reduce=force_all_reduce)
+        if force_all_reduce:
+            raise RuntimeError("a bucket reduce-scattered by the flash DP overlap cannot be all-reduced again "
+                               "(force_all_reduce); disable the DP overlap for this model")
+        if self.ddp_config.check_for_nan_in_grad or self.ddp_config.check_for_large_grads:
+            self.check_grads(check_for_nan_or_inf=self.ddp_config.check_for_nan_in_grad,
+                             check_for_large=self.ddp_config.check_for_large_grads)
+        self._flashoverlap_reduced = False
+        self.grad_reduce_handle = _Done()
+
+    start_grad_sync._flashoverlap_original = original
+    G.start_grad_sync = start_grad_sync
+    _PATCHED = True
+
+
+@dataclass
+class DPSite:
+    """Where a weight's gradient lives in Megatron's buffers, and the DP group that reduces it."""
+
+    bucket_group: object
+    grad_flat: torch.Tensor  # the bucket's grad_data [L]
+    offset: int  # W's main_grad starts at grad_flat[offset]
+    group: object
+    scale: float  # gradient_scaling_factor, or 1/D under average_in_collective
+    algo: str = "flash"
+    context: OverlapContext = field(default_factory=default_context)
+    fused_calls: int = 0  # last-micro-batch wgrads reduce-scattered in the GEMM (tests read it)
+
+
+def _refuse(ddp, param, bucket_group) -> str | None:
+    """Why this weight cannot use the fused reduce-scatter, or None."""
+    cfg = ddp.ddp_config
+    group = bucket_group.intra_distributed_optimizer_instance_group if cfg.use_distributed_optimizer else None
+    if not cfg.use_distributed_optimizer:
+        return "no distributed optimizer (gradients are all-reduced, not reduce-scattered)"
+    if group.size() == 1:
+        return "the data-parallel group has size 1"
+    if not cfg.overlap_grad_reduce:
+        return "overlap_grad_reduce is off"
+    if cfg.num_distributed_optimizer_instances > 1 or getattr(cfg, "reduce_scatter_with_fp32_accumulation", False):
+        return "several distributed-optimizer instances or reduce_scatter_with_fp32_accumulation"
+    if len(bucket_group.buckets) != 1 or len(bucket_group.buckets[0].params_list) != 1:
+        return ("its bucket is shared with other parameters (build DDP inside isolated_buckets(...); "
+                "disable_bucketing merges all buckets)")
+    return None
+
+
+def _site(ddp, param, algo, context) -> DPSite:
+    bucket_group = ddp.param_to_bucket_group[param]
+    bucket = bucket_group.buckets[0]
+    grad_flat = bucket.grad_data
+    offset = (param.main_grad.data_ptr() - grad_flat.data_ptr()) // grad_flat.element_size()
+    group = bucket_group.intra_distributed_optimizer_instance_group
+    scale = bucket.gradient_scaling_factor / (group.size() if ddp.ddp_config.average_in_collective else 1)
+    return DPSite(bucket_group, grad_flat, offset, group, scale, algo, context or default_context())
+
+
+def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapContext | None = None) -> list:
+    """Mark `weights` of a Megatron DDP model for the fused wgrad reduce-scatter; returns the ones accepted
+    (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py)."""
+    _patch_start_grad_sync()
+    accepted, refused = [], []
+    for w in weights:
+        bucket_group = ddp.param_to_bucket_group.get(w)
+        why = "it is not a DDP parameter with a gradient" if bucket_group is None else _refuse(ddp, w, bucket_group)
+        if why:
+            refused.append(f"{tuple(w.shape)}: {why}")
+            continue
+        w._flashoverlap_dp = _site(ddp, w, algo, context)
+        accepted.append(w)
+    if refused:
+        log.warning("flash DP overlap: %d weight(s) stay on Megatron's bucketed reduce-scatter: %s",
+                    len(refused), "; ".join(sorted(set(refused))))
+    return accepted
+
+
+def _dummy_grad(weight: torch.Tensor) -> torch.Tensor:
+    # DDP's hook asserts param.grad is not None under overlap_grad_reduce and skips adding it when
+    # grad_added_to_main_grad is set (Megatron's gradient_accumulation_fusion does the same)
+    return torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+
+
+def dp_wgrad(weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, wgrad) -> torch.Tensor:
+    """The gradient to hand autograd for `weight` [n, k], given dy [.., n] and x [.., k].
+
+    Stock weight: `wgrad()` (the layer's own dW). Flash weight: non-last micro-batch -> main_grad += dW
+    locally; last micro-batch -> dW is produced shard by shard inside the DP reduce-scatter of its bucket.
+    Either way main_grad holds the result and a zero placeholder goes to autograd."""
+    site = getattr(weight, "_flashoverlap_dp", None)
+    if site is None:
+        return wgrad()
+    if not site.bucket_group.is_last_microbatch:
+        weight.main_grad.add_(torch.mm(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
+                              .view(weight.main_grad.shape).to(weight.main_grad.dtype))
+    else:
+        if getattr(site.bucket_group, "_flashoverlap_reduced", False):
+            raise RuntimeError("flash DP overlap: this weight's bucket is already reduce-scattered and not yet "
+                               "consumed: either the weight is used twice per step (disable the DP overlap for "
+                               "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
+        matmul_wgrad_reduce_scatter(dy, x, site.grad_flat, site.offset, site.group, scale=site.scale,
+                                    algo=site.algo, context=site.context)
+        site.bucket_group._flashoverlap_reduced = True
+        site.fused_calls += 1
+    weight.grad_added_to_main_grad = True
+    return _dummy_grad(weight)

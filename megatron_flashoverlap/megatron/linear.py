@@ -1,0 +1,190 @@
+"""Drop-in Megatron-Core linears that run the overlap operators under sequence parallelism.
+
+    FlashColumnParallelLinear   x_shard_s [s/P, b, h] -> (y [s, b, n/P], bias or None)
+        forward  y = AG(x) @ w^T (+ b)        all_gather_matmul: Flash-AG, local shard first
+        dgrad    dx = RS(dy @ w)              the dual Flash-RS, own block last
+        wgrad    dw = AG(x)^T dy              re-gathered on the same ring walk (or kept: keep_gathered)
+    FlashRowParallelLinear      x [s, b, k/P] -> (y_s [s/P, b, h], bias or None)
+        forward  y = RS(x @ w^T)              matmul_reduce_scatter: Flash-RS; bias added after (or returned)
+        dgrad    dx = AG(dy) @ w              Flash-AG of dy
+        wgrad    dw = AG(dy)^T x
+
+Same constructor, parameters, attributes, sharded_state_dict, backward_dw and (output, bias) return as
+the stock classes (they ARE the stock classes, only `forward` differs). The site (`tp_comm_buffer_name`:
+qkv, proj, fc1, fc2) picks its LayerPlan from the `flash_config` the spec passes in. Where the overlap does
+not apply (no SP, TP=1, site `off`, another buffer name, gather_output, an explicit weight, experts) the
+stock forward runs, logged once per layer kind and reason. Without SP that is Megatron's blocking
+all-reduce: `_forward_without_sp` is the hook where a non-SP all-reduce overlap plugs in.
+"""
+from __future__ import annotations
+
+import logging
+
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+from ..config import LAYERS, FlashOverlapConfig, LayerPlan
+from ..ops import all_gather_matmul, matmul_reduce_scatter
+from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
+from ..ops.checks import check_peers_agree
+from ..runtime import OverlapContext, group_info
+
+log = logging.getLogger(__name__)
+_LOGGED: set = set()
+_CONTEXT: OverlapContext | None = None
+
+
+def layer_context() -> OverlapContext:
+    """The context all Flash layers share (buffers, timeout). Its per-call peer check is off: a layer
+    checks its peers once per input shape instead (one small all-gather on the first call), so steady-state
+    steps issue no collective besides the P2P ring."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = OverlapContext(check_peers=False)
+    return _CONTEXT
+
+
+def _log_once(kind: str, why: str) -> None:
+    if (kind, why) not in _LOGGED:
+        _LOGGED.add((kind, why))
+        log.info("%s: stock Megatron forward (%s)", kind, why)
+
+
+def _site_plan(flash_config: FlashOverlapConfig | None, buffer_name: str | None) -> LayerPlan | None:
+    """The plan of this layer's site, or None when the name is not one of qkv/proj/fc1/fc2."""
+    if buffer_name not in LAYERS:
+        return None
+    return (flash_config or FlashOverlapConfig()).plan(buffer_name)
+
+
+class _FlashMixin:
+    """Shared set-up and the stock/overlap decision; the subclasses keep Megatron's own ctor."""
+
+    def _flash_init(self, config, flash_config, tp_comm_buffer_name) -> None:
+        if flash_config is not None and not isinstance(flash_config, FlashOverlapConfig):
+            raise ValueError(f"flash_config must be a FlashOverlapConfig (see megatron_flashoverlap.config), "
+                             f"got {type(flash_config).__name__}")
+        self.flash_config = flash_config
+        self.flash_site = tp_comm_buffer_name
+        self.flash_plan = _site_plan(flash_config, tp_comm_buffer_name)
+        self.flash_context = layer_context()
+        self._flash_checked: set = set()
+        if config.gradient_accumulation_fusion and self._overlap_possible():
+            raise ValueError(
+                f"{type(self).__name__} ({tp_comm_buffer_name}): gradient_accumulation_fusion=True is not supported "
+                f"by the overlap operators (they return the weight gradient in .grad); set "
+                f"gradient_accumulation_fusion=False (Megatron's DDP then adds .grad into main_grad), or set this "
+                f"site to algo 'off'")
+
+    def _overlap_possible(self) -> bool:
+        return self._stock_reason() is None
+
+    def _stock_reason(self) -> str | None:
+        """Why this layer runs the stock forward, or None when it runs the overlap operator."""
+        if self.flash_plan is None:
+            return f"tp_comm_buffer_name={self.flash_site!r} is not a site {LAYERS}"
+        if self.flash_plan.stock:
+            return f"site {self.flash_site} is 'off'"
+        if group_info(self.tp_group)[1] == 1:
+            return "tensor-parallel size 1"
+        if not self.sequence_parallel:
+            return "no sequence parallel"
+        if self.explicit_expert_comm or getattr(self, "gtp_remat_size", 1) != 1:
+            return "expert / GTP-remat layer"
+        return None
+
+    def _ops_kwargs(self, input_) -> dict:
+        """The site's operator arguments; checks once per input shape that all TP peers agree on it."""
+        shape = tuple(input_.shape)
+        if shape not in self._flash_checked:
+            world = group_info(self.tp_group)[1]
+            check_peers_agree(f"{type(self).__name__}({self.flash_site})", self.tp_group, world, input_.device,
+                              *shape, *self.weight.shape)
+            self._flash_checked.add(shape)
+        plan = self.flash_plan
+        return {"algo": plan.algo, "num_chunks": plan.num_chunks, "context": self.flash_context}
+
+
+class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
+    """ColumnParallelLinear whose SP forward is all_gather_matmul (Flash-AG + GEMM) with the site's plan."""
+
+    def __init__(self, input_size, output_size, *, config, init_method, flash_config=None,
+                 tp_comm_buffer_name=None, **kwargs):
+        super().__init__(input_size, output_size, config=config, init_method=init_method,
+                         tp_comm_buffer_name=tp_comm_buffer_name, **kwargs)
+        self._flash_init(config, flash_config, tp_comm_buffer_name)
+
+    def forward(self, input_, weight=None, runtime_gather_output=None):
+        """input_ [s/P, b, h] -> (output [s, b, n/P], bias [n/P] if skip_bias_add else None)."""
+        why = self._stock_reason()
+        if why is None and weight is not None:
+            why = "explicit weight argument"
+        if why is None and (self.gather_output if runtime_gather_output is None else runtime_gather_output):
+            why = "gather_output"
+        if why is not None:
+            return self._forward_stock(why, input_, weight, runtime_gather_output)
+        bias = None if self.skip_bias_add else self.bias
+        output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias,
+                                   keep_gathered=self.flash_plan.keep_gathered, **self._ops_kwargs(input_))
+        return output, (self.bias if self.skip_bias_add else None)
+
+    def _forward_stock(self, why, input_, weight, runtime_gather_output):
+        if why == "no sequence parallel":
+            return self._forward_without_sp(input_, weight, runtime_gather_output)
+        _log_once(type(self).__name__, why)
+        return super().forward(input_, weight, runtime_gather_output)
+
+    def _forward_without_sp(self, input_, weight, runtime_gather_output):
+        """No SP: identity forward; the dgrad all-reduce runs decomposed (Flash-RS + Flash-AG, wgrad in its
+        tail) by matmul_allreduce_dgrad. Stock where Megatron would not all-reduce the dgrad either."""
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        if (weight is not None or gather or not self.allreduce_dgrad or self.explicit_expert_comm
+                or getattr(self, "gtp_remat_size", 1) != 1):
+            _log_once(type(self).__name__, "no sequence parallel")
+            return super().forward(input_, weight, runtime_gather_output)
+        bias = None if self.skip_bias_add else self.bias
+        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, **self._ops_kwargs(input_))
+        return output, (self.bias if self.skip_bias_add else None)
+
+
+class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
+    """RowParallelLinear whose SP forward is matmul_reduce_scatter (GEMM + Flash-RS) with the site's plan."""
+
+    def __init__(self, input_size, output_size, *, config, init_method, flash_config=None,
+                 tp_comm_buffer_name=None, **kwargs):
+        super().__init__(input_size, output_size, config=config, init_method=init_method,
+                         tp_comm_buffer_name=tp_comm_buffer_name, **kwargs)
+        self._flash_init(config, flash_config, tp_comm_buffer_name)
+
+    if not hasattr(RowParallelLinear, "backward_dw"):  # megatron-core 0.16 lacks it on the row layer
+        def backward_dw(self) -> None:
+            """Delayed weight-gradient hook: a no-op, as in the stock layer of 0.17+ (wgrad runs in backward)."""
+
+    def forward(self, input_):
+        """input_ [s, b, k/P] -> (output [s/P, b, h], bias [h] if skip_bias_add else None).
+
+        The bias stays outside the reduce-scatter (added once, after it), as in the stock layer; it is
+        tagged `sequence_parallel` by the stock ctor so finalize_model_grads all-reduces its grad."""
+        why = self._stock_reason()
+        if why is not None:
+            return self._forward_stock(why, input_)
+        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, **self._ops_kwargs(input_))
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None
+
+    def _forward_stock(self, why, input_):
+        if why == "no sequence parallel":
+            return self._forward_without_sp(input_)
+        _log_once(type(self).__name__, why)
+        return super().forward(input_)
+
+    def _forward_without_sp(self, input_):
+        """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce;
+        the bias is added after it, as in the stock layer."""
+        if self.explicit_expert_comm or not self.input_is_parallel or getattr(self, "gtp_remat_size", 1) != 1:
+            _log_once(type(self).__name__, "no sequence parallel")
+            return super().forward(input_)
+        output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_))
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None

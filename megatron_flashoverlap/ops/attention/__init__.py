@@ -1,0 +1,1 @@
+"""Attention: core math, query-split attention + projection + reduce-scatter, Ulysses all-to-all."""

@@ -1,0 +1,156 @@
+"""Query-split attention: core attention + output projection + reduce-scatter, one query block at a time.
+
+    q [s, b, np/P, hn]    k, v [s, b, ng/P, hn]    w_proj [h, np/P*hn]    y_s [s/P, b, h]
+
+    forward  y = RS(attn(q, k, v) @ w^T)
+             the RS is Flash-RS (reduce_scatter_ring): step i produces the partial of output block
+             d = r-1-i, i.e. ATTENTION of query rows d plus their projection, while the partial of the
+             previous block flies; own block last. The hop hides behind attention, not only the GEMM:
+                 comm    |        | hop d0 -> next | hop d1 -> next | ...
+                 compute | attn(q[d0]) @ w | attn(q[d1]) @ w | ... | attn(q[r]) @ w
+    backward (the dual): Flash-AG of dy (all_gather_ring, own shard first); each arrived dy block d
+             recomputes attention of query rows d and gives
+                 dw += dy_d^T ctx_d,   dctx_d = dy_d @ w,   (dq_d, dk += , dv += ) = attn_vjp(dctx_d)
+             so no [b, np, s, s] probs tensor is kept between forward and backward.
+
+Causal cost: block d sees (d + 1/2) * s/P keys on average, so step costs differ (block 0 is the cheapest);
+a hop is exposed where it is slower than the block computed beside it. `exposed_hops` is the cost model:
+for P = 4 and block costs 1, 3, 5, 7 (unit = cost of block 0), a hop of 2 units leaves 1 unit exposed, a hop
+of 4 units 4 units (uniform blocks of 4 would hide both entirely). `zigzag=True` makes the blocks uniform:
+block d = chunks (d, 2P-1-d) of 2P, each costing 4 units, so a hop is exposed only once it exceeds the
+average block, as for non-causal attention.
+dk, dv and dw are summed across blocks in fp32 for bf16/fp16.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime import OverlapContext, default_context, execute, group_info
+from ...schedules import all_gather_ring, reduce_scatter_ring
+from ..registry import resolve
+from .core import (AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec,
+                        zigzag_positions)
+from ..tp_sp.backward import _wgrad
+from ..checks import check_divisible, check_peers_agree
+from ..tp_sp.functions import matmul_reduce_scatter
+from ..tp_sp.matmul_rs import acc_dtype, rs_matmul_reference
+from ...runtime.handlers import GatherPass, ScatterPass
+
+
+def query_split_flash(q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
+    """Plain forward (no autograd): y_s [s/P, b, h] with attention computed per RS block."""
+    rank, world = group_info(group)
+    rows = q.shape[0] // world
+
+    def produce(span):
+        return F.linear(attention_rows(q[span[0]:span[1]], k, v, spec, span[0]), weight)  # [n, b, h]
+
+    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional)
+    rs = ScatterPass(rows, rank, sched.parts, produce, (q.shape[1], weight.shape[0]), acc_dtype(q.dtype),
+                     q.dtype, q.device, ctx, name="qsa.rs")
+    execute(sched.steps, group, {0: rs}, ctx)
+    return rs.result()
+
+
+def query_split_reference(q, k, v, weight, group, ctx, spec: AttnSpec):
+    """Unfused, same signature: full attention, one GEMM, one stock reduce-scatter."""
+    return rs_matmul_reference(attention_reference(q, k, v, spec), weight, group, ctx)
+
+
+def query_split_backward_flash(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
+    """-> (dq, dk, dv, dw): Flash-AG of dy_s [s/P, b, h], attention recomputed per arrived block."""
+    rank, world = group_info(group)
+    acc = acc_dtype(q.dtype)
+    dq = torch.empty_like(q)
+    dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
+    dw = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+    k_, v_ = k.detach().requires_grad_(), v.detach().requires_grad_()
+
+    def consume(span, dys):  # dys [n, b, h]: dy rows of query block span
+        a, b = span
+        q_ = q[a:b].detach().requires_grad_()
+        with torch.enable_grad():
+            c = attention_rows(q_, k_, v_, spec, a)  # recompute: [n, b, np*hn]
+        dw.add_(_wgrad(dys, c.detach()))
+        gq, gk, gv = torch.autograd.grad(c, (q_, k_, v_), F.linear(dys, weight.t()))
+        dq[a:b] = gq
+        dk.add_(gk)
+        dv.add_(gv)
+
+    sched = all_gather_ring(rank, world, bidirectional=bidirectional)
+    execute(sched.steps, group, {0: GatherPass(dy_s.contiguous(), rank, world, sched.parts, consume, ctx,
+                                               name="qsa.ag")}, ctx)
+    return dq, dk.to(k.dtype), dv.to(v.dtype), dw.to(weight.dtype)
+
+
+class QuerySplitAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, weight, group, octx, spec, bidirectional):
+        ctx.save_for_backward(q, k, v, weight)
+        ctx.group, ctx.octx, ctx.spec, ctx.bidir = group, octx, spec, bidirectional
+        return query_split_flash(q, k, v, weight, group, octx, spec, bidirectional)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, weight = ctx.saved_tensors
+        dq, dk, dv, dw = query_split_backward_flash(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.spec, ctx.bidir)
+        return dq, dk, dv, dw, None, None, None, None
+
+
+def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, group=None, *,
+                          causal: bool = True, attn_mask: torch.Tensor | None = None,
+                          softmax_scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
+                          algo: str = "flash", num_chunks: int | None = None, zigzag: bool = False,
+                          context: OverlapContext | None = None) -> torch.Tensor:
+    """y_s [s/P, b, h] = RS(attention(q, k, v) @ weight^T), with autograd.
+
+    zigzag: balance causal work: the sequence is cut in 2P chunks and output block d is chunks (d, 2P-1-d)
+    (every block then costs the same, see `causal_block_costs`), so y_s holds those rows: the layout of a
+    model whose sequence-parallel shards are zigzag (tokens are permuted once at the input, positions kept).
+
+    q [s, b, np/P, hn], k/v [s, b, ng/P, hn] (the full sequence, this rank's heads), weight [h, np/P*hn]
+    (linear_proj's local shard), attn_mask bool [b|1, 1|np, s, s] (True = masked) OR-ed with `causal`.
+    algo: "flash"/"flash_bidir" (query split in Flash-RS order), "slicing" (attention, then the sliced
+    GEMM+RS baseline), "reference" (attention, GEMM, stock RS). Dropout masks are drawn per query row from
+    (seed, row), so every algo and every P gives the same mask."""
+    algo, num_chunks = resolve("query_split_attention", algo, num_chunks)
+    check_attention_operands("query_split_attention", q, k, v, weight)
+    octx = context or default_context()
+    rank, world = group_info(group)
+    check_divisible("query_split_attention", q.shape[0], world)
+    positions = None
+    if zigzag and world > 1:  # rows in zigzag order; the causal rule and the mask follow the true positions
+        positions = zigzag_positions(q.shape[0], world, q.device)
+        q, k, v = (t.index_select(0, positions) for t in (q, k, v))
+        if attn_mask is not None:
+            attn_mask = attn_mask.index_select(-2, positions).index_select(-1, positions)
+    spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions)
+    if world > 1 and octx.check_peers:
+        check_peers_agree("query_split_attention", group, world, q.device, *q.shape, *k.shape, *weight.shape)
+    if algo in ("flash", "flash_bidir") and world > 1:
+        return QuerySplitAttention.apply(q, k, v, weight, group, octx, spec, algo == "flash_bidir")
+    ctx_full = attention_reference(q, k, v, spec)  # plain autograd from here on
+    return matmul_reduce_scatter(ctx_full, weight, group, algo="slicing" if algo == "slicing" else "reference",
+                                 num_chunks=num_chunks, context=octx)
+
+
+def exposed_hops(block_costs: list[float], hop: float, world: int) -> float:
+    """Cost model of the Flash-RS ring with per-block compute costs: time past the pure compute.
+
+    done_i(r) = max(done_{i-1}(r) + cost[r-1-i], done_{i-1}(r-1) + hop)  (the partial arrives one hop after
+    the previous rank finished the step before). Returns max_r done_{P-1}(r) - sum(costs)."""
+    done = [block_costs[(r - 1) % world] for r in range(world)]
+    for i in range(1, world):
+        done = [max(done[r] + block_costs[(r - 1 - i) % world], done[(r - 1) % world] + hop) for r in range(world)]
+    return max(done) - sum(block_costs)
+
+
+def causal_block_costs(seq: int, world: int, zigzag: bool = False) -> list[float]:
+    """Causal attention work of each RS block (query row at position t sees t+1 keys), in key-row units.
+
+    plain: block d = rows [d s/P, (d+1) s/P): cost grows with d (block 0 ~ 1/(2P-1) of block P-1);
+    zigzag: block d = chunks (d, 2P-1-d) of 2P: every block costs the same (s^2/(2P) + s/2)."""
+    pos = zigzag_positions(seq, world).tolist() if zigzag else list(range(seq))
+    n = seq // world
+    return [float(sum(t + 1 for t in pos[d * n:(d + 1) * n])) for d in range(world)]

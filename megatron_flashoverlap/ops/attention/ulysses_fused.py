@@ -1,0 +1,166 @@
+"""Ulysses with the projections fused into the all-to-all: QKV GEMM -> a2a -> attention -> a2a -> proj GEMM.
+
+    x_s [s/P, b, h]   w_qkv [ng*(np/ng+2)*hn, h] (Megatron's linear_qkv layout: per kv group g, its np/ng
+    query heads, then k, then v)   b_qkv [same rows] or None   w_proj [h, np*hn]   y_s [s/P, b, h]
+
+    forward  produce (all_to_all_produce): step i computes the QKV projection of head group d = r+i+1
+             (the rows of w_qkv of kv groups [d*ng/P, (d+1)*ng/P): contiguous) while the group of step i
+             flies to its peer; the own group last, into its rows of the gathered tensor:
+                 comm    |          | qkv_(r+1) -> r+1 | qkv_(r+2) -> r+2 | ...
+                 compute | x@W_(r+1) | x@W_(r+2)        | x@W_(r+3)        | ... | x@W_r (own)
+             attention of head group r over the full sequence (zigzag positions: Megatron's CP split)
+             consume (all_to_all_consume): the own ctx piece first, then each arrived head group src is
+             multiplied by the proj columns of group src and accumulated (fp32 for bf16/fp16):
+                 comm    | ctx -> r+1 | ctx -> r+2 | ...
+                 compute | acc += c_r @ Wp_r^T | acc += c_(r-1) @ Wp_(r-1)^T | ...
+    backward the duals on the same two schedules, reversed in role:
+             produce: dctx for head group d = dy_s @ Wp_d (sent to d), own last; dWp_d = dy_s^T ctx_s[group d]
+             attention backward of head group r (graph kept from forward)
+             consume: each arrived d(qkv) piece of group src gives dx += piece @ W_src, dW_src, db_src
+RoPE is not applied inside (the fused path is for models whose positions enter elsewhere); the
+Megatron-facing UlyssesDotProductAttention covers RoPE models (projections unfused).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime import OverlapContext, default_context, group_info
+from .core import AttnSpec, attention_rows, make_spec, zigzag_positions
+from ..tp_sp.backward import _wgrad
+from ..tp_sp.matmul_rs import acc_dtype
+from .ulysses import check_ulysses_heads, ulysses_attention
+from .ulysses_a2a import heads_to_seq, produce_heads
+
+
+def _rows(n_rows: int, d: int, world: int) -> slice:
+    n = n_rows // world
+    return slice(d * n, (d + 1) * n)
+
+
+def split_mixed(mixed: torch.Tensor, per_group: int, hn: int):
+    """mixed [s, b, g, (per_group+2)*hn] -> q [s, b, g*per_group, hn], k, v [s, b, g, hn]."""
+    s, b, g, _ = mixed.shape
+    q, k, v = torch.split(mixed, [per_group * hn, hn, hn], dim=3)
+    return q.reshape(s, b, g * per_group, hn), k, v
+
+
+def join_mixed(dq, dk, dv, per_group: int) -> torch.Tensor:
+    """The inverse layout of split_mixed: -> [s, b, g, (per_group+2)*hn]."""
+    s, b, g, hn = dk.shape
+    return torch.cat([dq.reshape(s, b, g, per_group * hn), dk, dv], dim=3)
+
+
+def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
+    rank, world = group_info(group)
+    hn = w_proj.shape[1] // heads
+    per_group, gl = heads // groups, groups // world
+
+    def make(d):
+        rows = _rows(w_qkv.shape[0], d, world)
+        y = F.linear(x_s, w_qkv[rows], None if b_qkv is None else b_qkv[rows])
+        return y.view(x_s.shape[0], x_s.shape[1], gl, -1)  # [s/P, b, ng/P, (np/ng+2)*hn]
+
+    shape = (x_s.shape[0], x_s.shape[1], groups, (per_group + 2) * hn)
+    (mixed,) = produce_heads([make], [shape], x_s.dtype, x_s.device, group, octx)  # [s, b, ng/P, .]
+    q, k, v = (t.detach().requires_grad_() for t in split_mixed(mixed, per_group, hn))
+    with torch.enable_grad():
+        ctx_h = attention_rows(q, k, v, spec, 0)  # [s, b, np/P*hn]
+    ctx_pieces = ctx_h.detach().view(ctx_h.shape[0], ctx_h.shape[1], heads // world, hn)
+    acc = torch.zeros(x_s.shape[:2] + (w_proj.shape[0],), dtype=acc_dtype(x_s.dtype), device=x_s.device)
+    ctx_s = torch.empty(x_s.shape[:2] + (w_proj.shape[1],), dtype=x_s.dtype, device=x_s.device)
+
+    def use(src, piece):  # piece [s/P, b, np/P, hn]: this rank's rows, head group src
+        flat = piece.reshape(piece.shape[0], piece.shape[1], -1)
+        cols = _rows(w_proj.shape[1], src, world)
+        ctx_s[:, :, cols] = flat
+        acc.add_(F.linear(flat, w_proj[:, cols]))
+
+    heads_to_seq([ctx_pieces], group, octx, uses=[use])
+    return acc.to(x_s.dtype), (q, k, v, ctx_h, ctx_s)
+
+
+def _backward(dy_s, x_s, w_qkv, w_proj, group, octx, saved, heads, groups, has_bias):
+    rank, world = group_info(group)
+    q, k, v, ctx_h, ctx_s = saved
+    acc = acc_dtype(x_s.dtype)
+    dwp = torch.zeros(w_proj.shape, dtype=acc, device=w_proj.device)
+
+    def make(d):  # dctx of head group d for this rank's rows; dWp of group d as a side product
+        cols = _rows(w_proj.shape[1], d, world)
+        dwp[:, cols] = _wgrad(dy_s, ctx_s[:, :, cols])
+        return F.linear(dy_s, w_proj[:, cols].t()).view(dy_s.shape[0], dy_s.shape[1], heads // world, -1)
+
+    shape = (dy_s.shape[0], dy_s.shape[1], heads, q.shape[3])
+    (dctx_h,) = produce_heads([make], [shape], dy_s.dtype, dy_s.device, group, octx)
+    dq, dk, dv = torch.autograd.grad(ctx_h, (q, k, v), dctx_h.reshape(ctx_h.shape))
+    dmixed = join_mixed(dq, dk, dv, heads // groups)  # [s, b, ng/P, (np/ng+2)*hn]
+    dx = torch.zeros(x_s.shape, dtype=acc, device=x_s.device)
+    dw = torch.zeros(w_qkv.shape, dtype=acc, device=w_qkv.device)
+    db = torch.zeros(w_qkv.shape[0], dtype=acc, device=w_qkv.device) if has_bias else None
+
+    def use(src, piece):  # piece [s/P, b, ng/P, .]: d(qkv) of head group src for this rank's rows
+        rows = _rows(w_qkv.shape[0], src, world)
+        flat = piece.reshape(piece.shape[0], piece.shape[1], -1)
+        dx.add_(F.linear(flat, w_qkv[rows].t()))
+        dw[rows] = _wgrad(flat, x_s)
+        if db is not None:
+            db[rows] = flat.sum(dim=(0, 1))
+
+    heads_to_seq([dmixed.contiguous()], group, octx, uses=[use])
+    return dx.to(x_s.dtype), dw.to(w_qkv.dtype), None if db is None else db.to(w_qkv.dtype), dwp.to(w_proj.dtype)
+
+
+class UlyssesFused(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
+        y, saved = _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+        ctx.saved = saved  # q, k, v are detached leaves with the attention graph: kept off save_for_backward
+        ctx.save_for_backward(x_s, w_qkv, w_proj)
+        ctx.group, ctx.octx, ctx.heads, ctx.groups, ctx.has_bias = group, octx, heads, groups, b_qkv is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_s, w_qkv, w_proj = ctx.saved_tensors
+        dx, dw, db, dwp = _backward(dy.contiguous(), x_s, w_qkv, w_proj, ctx.group, ctx.octx, ctx.saved,
+                                    ctx.heads, ctx.groups, ctx.has_bias)
+        ctx.saved = None
+        return dx, dw, db, dwp, None, None, None, None, None
+
+
+def ulysses_fused_reference(x_s, w_qkv, b_qkv, w_proj, group, octx, spec: AttnSpec, heads, groups):
+    """Unfused, same signature: QKV GEMM, stock all_to_all, attention, stock all_to_all, proj GEMM."""
+    hn = w_proj.shape[1] // heads
+    mixed = F.linear(x_s, w_qkv, b_qkv).view(x_s.shape[0], x_s.shape[1], groups, -1)
+    q, k, v = split_mixed(mixed, heads // groups, hn)
+    ctx_s = ulysses_attention(q, k, v, group, causal=spec.causal, zigzag=spec.positions is not None,
+                              softmax_scale=spec.scale, algo="stock", context=octx)
+    return F.linear(ctx_s, w_proj)
+
+
+def ulysses_fused_attention(x_s: torch.Tensor, w_qkv: torch.Tensor, w_proj: torch.Tensor, group=None, *,
+                            heads: int, groups: int | None = None, b_qkv: torch.Tensor | None = None,
+                            causal: bool = True, zigzag: bool = True, softmax_scale: float | None = None,
+                            algo: str = "flash", context: OverlapContext | None = None) -> torch.Tensor:
+    """y_s [s/P, b, h] = proj(Ulysses-attention(QKV(x_s))) over the CP `group`, with autograd.
+
+    heads/groups: query heads and kv groups of w_qkv (this tensor-parallel rank's); both divisible by P.
+    algo: "flash" (projections fused into the pairwise a2a steps) or "stock" (ulysses_fused_reference)."""
+    groups = groups or heads
+    rank, world = group_info(group)
+    hn = w_proj.shape[1] // heads
+    if w_qkv.shape != (groups * (heads // groups + 2) * hn, x_s.shape[-1]) or heads % groups:
+        raise ValueError(f"ulysses_fused_attention: w_qkv must be [{groups}*({heads}//{groups}+2)*{hn}, "
+                         f"{x_s.shape[-1]}] (Megatron's linear_qkv layout) and groups must divide heads; got "
+                         f"{tuple(w_qkv.shape)} with heads={heads}, groups={groups}")
+    check_ulysses_heads("ulysses_fused_attention", heads, groups, world)
+    octx = context or default_context()
+    q_like = x_s.new_empty((1, 1, 1, hn))
+    positions = zigzag_positions(x_s.shape[0] * world, world, x_s.device) if zigzag and world > 1 else None
+    spec = make_spec(q_like, causal, None, softmax_scale, 0.0, 0, positions)
+    if algo == "stock" or world == 1:
+        return ulysses_fused_reference(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+    if algo != "flash":
+        raise ValueError(f"ulysses_fused_attention: unknown algo {algo!r}; choose 'flash' or 'stock'")
+    return UlyssesFused.apply(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)

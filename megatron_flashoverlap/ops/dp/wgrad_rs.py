@@ -1,0 +1,107 @@
+"""Weight-gradient GEMM fused with the data-parallel reduce-scatter of a flat gradient bucket.
+
+    dy [s, b, n]    x [s, b, k]    dW [n, k] = dy^T x  (the wgrad of a linear whose weight is [n, k])
+    grad_flat [L]   the bucket's gradient buffer, L = D * S (D = DP group size, S = shard size);
+                    W's gradient occupies grad_flat[offset : offset + n*k] (row-major); the rest of the
+                    bucket is padding (or gradients accumulated earlier: they are reduced too)
+    result: grad_flat[r*S : (r+1)*S] = scale * sum over DP ranks q of (grad_flat_q + dW_q)[r*S : (r+1)*S]
+            (what Megatron's `start_grad_sync` computes: scale the bucket, reduce-scatter it)
+
+"flash": the Flash-RS ring over the D shards (`reduce_scatter_ring`, own shard last). The partial of
+shard d is produced when the ring needs it: the rows of dW that cover shard d (one GEMM slice; a row
+cut by a shard boundary is computed for both shards), plus the gradient already accumulated there, times
+`scale`; it goes to the next rank at once while the GEMM slice of the next shard runs:
+
+    comm     |            | shard r-1 -> next  | shard r-2 -> next  | ... | shard r+1 -> next
+    compute  | GEMM r-1   | GEMM r-2 (+ add)   | GEMM r-3 (+ add)   | ... | GEMM r (own, + add)
+
+Only the last add is exposed; the whole bucket's reduce-scatter hides under the wgrad GEMM of this layer
+(stock Megatron starts it after the GEMM and the last bucket of the backward stays exposed).
+Partials travel in fp32 when the buffer is bf16/fp16. "reference": add dW into the buffer, scale, one
+stock reduce-scatter (Megatron's own order of operations).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..tp_sp.matmul_rs import acc_dtype
+from ...runtime.handlers import ScatterPass
+from ...runtime import OverlapContext, execute, group_info, reduce_scatter_into
+from ...schedules import reduce_scatter_ring
+
+
+def _flat2(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])  # [s, b, c] -> [s*b, c]
+
+
+def wgrad_rows(dy: torch.Tensor, x: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """dW[r0:r1] [r1-r0, k] = dy[..., r0:r1]^T x, in the GEMM's dtype."""
+    return torch.mm(_flat2(dy)[:, r0:r1].t(), _flat2(x))
+
+
+def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> None:
+    """out [b-a] += dW.flatten()[a-offset : b-offset] over the part of [a, b) that W covers."""
+    k = x.shape[-1]
+    numel = dy.shape[-1] * k
+    lo, hi = max(a - offset, 0), min(b - offset, numel)
+    if hi <= lo:
+        return
+    r0, r1 = lo // k, -(-hi // k)  # rows that cover flat [lo, hi)
+    rows = wgrad_rows(dy, x, r0, r1).reshape(-1)[lo - r0 * k:hi - r0 * k]
+    out[lo + offset - a:hi + offset - a].add_(rows.to(out.dtype))
+
+
+def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx) -> None:
+    """Megatron's order: grad_flat[W] += dW; grad_flat *= scale; reduce-scatter into the own shard."""
+    rank, world = group_info(group)
+    w_view = grad_flat[offset:offset + dy.shape[-1] * x.shape[-1]]
+    w_view.add_(torch.mm(_flat2(dy).t(), _flat2(x)).reshape(-1).to(grad_flat.dtype))
+    if scale != 1.0:
+        grad_flat.mul_(scale)
+    shard = grad_flat.numel() // world
+    out = grad_flat[rank * shard:(rank + 1) * shard]
+    if world > 1:
+        reduce_scatter_into(out, grad_flat, group)
+
+
+def wgrad_reduce_scatter_flash(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext,
+                               bidirectional: bool = False) -> None:
+    """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard; own shard last."""
+    rank, world = group_info(group)
+    shard = grad_flat.numel() // world
+    acc = acc_dtype(grad_flat.dtype)
+
+    def produce(span):
+        a, b = span
+        part = grad_flat[a:b].to(acc, copy=True)
+        wgrad_flat_span(dy, x, offset, a, b, part)
+        return part.mul_(scale) if scale != 1.0 else part
+
+    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional)
+    rs = ScatterPass(shard, rank, sched.parts, produce, (), acc, grad_flat.dtype, grad_flat.device, ctx,
+                     name="dp.rs")
+    execute(sched.steps, group, {0: rs}, ctx)
+    grad_flat[rank * shard:(rank + 1) * shard].copy_(rs.result())
+
+
+def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
+                                group, *, scale: float = 1.0, algo: str = "flash",
+                                context: OverlapContext | None = None) -> None:
+    """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
+    `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset."""
+    from ...runtime import default_context
+    rank, world = group_info(group)
+    n, k = dy.shape[-1], x.shape[-1]
+    if grad_flat.dim() != 1 or grad_flat.numel() % world:
+        raise ValueError(f"matmul_wgrad_reduce_scatter: grad_flat must be 1-D with a length divisible by the "
+                         f"DP group size {world}; got shape {tuple(grad_flat.shape)} (pad the bucket)")
+    if offset < 0 or offset + n * k > grad_flat.numel():
+        raise ValueError(f"matmul_wgrad_reduce_scatter: W [{n}, {k}] at offset {offset} does not fit in a "
+                         f"bucket of {grad_flat.numel()} elements; pass the offset of W's main_grad in it")
+    ctx = context or default_context()
+    if algo == "reference" or world == 1:
+        return wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx)
+    if algo not in ("flash", "flash_bidir"):
+        raise ValueError(f"matmul_wgrad_reduce_scatter: unknown algo {algo!r}; use 'flash', 'flash_bidir' "
+                         f"or 'reference'")
+    return wgrad_reduce_scatter_flash(dy, x, grad_flat, offset, scale, group, ctx, algo == "flash_bidir")

@@ -1,0 +1,1 @@
+"""Tensor parallel without sequence parallel: GEMM + all-reduce (row forward, column dgrad)."""

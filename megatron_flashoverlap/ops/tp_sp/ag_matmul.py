@@ -1,0 +1,89 @@
+"""All-gather + GEMM (column-parallel under sequence parallel), and its backward.
+
+    x_shard_s [s/P, b, h]    weight_n [n/P, h]    bias_n [n/P]    y [s, b, n/P]
+
+    forward  y = AG(x) @ w^T + bias
+    dgrad    dx = RS(dy @ w)            (the dual of the forward gather: Flash-RS, own block last)
+    wgrad    dw = AG(x)^T @ dy          (x re-gathered with Flash-AG, dw summed slice by slice as shards
+                                         arrive, fused into the same ring walk as the dgrad RS; or from the
+                                         gathered x kept in forward: `keep_gathered`, memory for time)
+    bgrad    db = sum_{s,b} dy
+
+This file: the forward plain functions (no autograd), one per algorithm, all with one signature.
+functions.py holds the autograd.Function and the public wrapper; backward.py the backward passes.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime import all_gather_into, execute, group_info
+from ...schedules import all_gather_ring
+from ...runtime.handlers import GatherPass, chunk_bounds
+
+
+def gather_reference(x_shard, group):
+    """Stock all-gather along dim 0: [s/P, ...] -> [s, ...]."""
+    rank, world = group_info(group)
+    full = torch.empty((x_shard.shape[0] * world,) + tuple(x_shard.shape[1:]), dtype=x_shard.dtype,
+                       device=x_shard.device)
+    all_gather_into(full, x_shard.contiguous(), group)
+    return full
+
+
+def ag_matmul_reference(x_shard, weight, bias, group, ctx, keep_gathered=False):
+    """Unfused: one all-gather, then one GEMM. Returns (y, gathered x or None)."""
+    t = time.perf_counter()
+    full = gather_reference(x_shard, group)
+    ctx.record("post", "all-gather", t)  # trace: the blocking collective is in flight and waited on at once
+    ctx.record("wait", "all-gather", t)
+    t = time.perf_counter()
+    y = F.linear(full, weight, bias)
+    ctx.record("compute", "whole GEMM", t)
+    return y, (full if keep_gathered else None)
+
+
+def ag_matmul_flash(x_shard, weight, bias, group, ctx, keep_gathered=False, bidirectional=False):
+    """Flash-AG: the ring of all_gather_ring; each arrived shard is multiplied while the next one flies."""
+    rank, world = group_info(group)
+    rows = x_shard.shape[0]
+    y = torch.empty((rows * world,) + tuple(x_shard.shape[1:-1]) + (weight.shape[0],),
+                    dtype=x_shard.dtype, device=x_shard.device)
+
+    def consume(span, xs):
+        y[span[0]:span[1]] = F.linear(xs, weight, bias)
+
+    sched = all_gather_ring(rank, world, bidirectional=bidirectional)
+    ag = GatherPass(x_shard, rank, world, sched.parts, consume, ctx, keep_gathered)
+    execute(sched.steps, group, {0: ag}, ctx)
+    return y, ag.gathered
+
+
+def ag_matmul_slicing(x_shard, weight, bias, group, ctx, num_chunks, keep_gathered=False):
+    """Data slicing (the Megatron/TE pipeline baseline): all-gather chunk j+1.. while chunk j multiplies.
+
+    The first gather is exposed (the head); chunks are cut along the local sequence."""
+    rank, world = group_info(group)
+    rows, tail = x_shard.shape[0], tuple(x_shard.shape[1:])
+    y = torch.empty((rows * world,) + tail[:-1] + (weight.shape[0],), dtype=x_shard.dtype, device=x_shard.device)
+    y_blocks = y.view(world, rows, *y.shape[1:])  # [P, s/P, b, n/P]
+    chunks = [x_shard[a:b] for a, b in chunk_bounds(rows, num_chunks)]
+    bufs = [torch.empty((world,) + tuple(c.shape), dtype=c.dtype, device=c.device) for c in chunks]
+    t = time.perf_counter()
+    works = [all_gather_into(b.view(-1, *tail), c.contiguous(), group, async_op=True) for b, c in zip(bufs, chunks)]
+    for j in range(len(works)):
+        ctx.record("post", f"chunk {j}", t)
+    start = 0
+    for j, (buf, c, w) in enumerate(zip(bufs, chunks, works)):
+        t = time.perf_counter()
+        w.wait(ctx.timeout)
+        ctx.record("wait", f"chunk {j}", t)
+        t = time.perf_counter()
+        y_blocks[:, start:start + c.shape[0]] = F.linear(buf, weight, bias)  # [P, c, b, n/P]
+        ctx.record("compute", f"chunk {j}", t)
+        start += c.shape[0]
+    if not keep_gathered:
+        return y, None
+    return y, torch.cat(bufs, dim=1).view(-1, *tail)  # [P, s/P, b, h] -> [s, b, h]

@@ -1,0 +1,95 @@
+"""The public operators: autograd.Functions whose backward calls the dual pass, and their wrappers.
+
+    all_gather_matmul(x_shard [s/P, b, h], weight [n/P, h], group, bias [n/P]) -> y [s, b, n/P]
+        y = AG(x) @ w^T + bias              backward: dx = RS(dy @ w), dw = AG(x)^T dy, db = sum dy
+    matmul_reduce_scatter(x [s, b, k/P], weight [h, k/P], group) -> y [s/P, b, h]
+        y = RS(x @ w^T)                     backward: dx = AG(dy) @ w, dw = AG(dy)^T x
+
+algo: "flash" (decomposed ring, rank-adaptive), "flash_bidir" (the same on a bidirectional ring),
+"slicing" (data slicing with `num_chunks`, the baseline), "reference" (collective, then GEMM).
+`force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime import OverlapContext
+from .ag_matmul import ag_matmul_flash, ag_matmul_reference, ag_matmul_slicing
+from ..registry import resolve
+from .backward import column_backward, row_backward
+from ..checks import checked_context
+from .matmul_rs import rs_matmul_flash, rs_matmul_reference, rs_matmul_slicing
+
+
+def ag_matmul_forward(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered=False):
+    """Dispatch to the plain function of `algo`: -> (y, gathered x or None)."""
+    if algo == "slicing":
+        return ag_matmul_slicing(x_shard, weight, bias, group, ctx, num_chunks, keep_gathered)
+    if algo == "reference":
+        return ag_matmul_reference(x_shard, weight, bias, group, ctx, keep_gathered)
+    return ag_matmul_flash(x_shard, weight, bias, group, ctx, keep_gathered, algo == "flash_bidir")
+
+
+def rs_matmul_forward(x, weight, group, ctx, algo, num_chunks):
+    if algo == "slicing":
+        return rs_matmul_slicing(x, weight, group, ctx, num_chunks)
+    if algo == "reference":
+        return rs_matmul_reference(x, weight, group, ctx)
+    return rs_matmul_flash(x, weight, group, ctx, algo == "flash_bidir")
+
+
+class AllGatherMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered):
+        y, gathered = ag_matmul_forward(x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered)
+        ctx.save_for_backward(x_shard, weight, gathered)
+        ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_shard, weight, gathered = ctx.saved_tensors
+        dx, dw = column_backward(dy, x_shard, gathered, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
+                                 need_dw=ctx.needs_input_grad[1])
+        db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None, None, None
+
+
+class MatmulReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, group, octx, algo, num_chunks):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.octx, ctx.algo, ctx.num_chunks = group, octx, algo, num_chunks
+        return rs_matmul_forward(x, weight, group, octx, algo, num_chunks)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dw = row_backward(dy, x, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
+                              need_dw=ctx.needs_input_grad[1])
+        return dx, dw, None, None, None, None
+
+
+def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
+                      algo: str = "flash", num_chunks: int | None = None, keep_gathered: bool = False,
+                      context: OverlapContext | None = None) -> torch.Tensor:
+    """y [s, b, n/P] = AG(x_shard [s/P, b, h]) @ weight[n/P, h]^T (+ bias [n/P]), with autograd.
+
+    keep_gathered: keep AG(x) from forward for the weight gradient (memory for time) instead of
+    re-gathering it with Flash-AG in backward."""
+    algo, num_chunks = resolve("all_gather_matmul", algo, num_chunks)
+    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context)
+    if ctx is None:
+        return F.linear(x_shard, weight, bias)
+    return AllGatherMatmul.apply(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered)
+
+
+def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "flash",
+                          num_chunks: int | None = None, context: OverlapContext | None = None) -> torch.Tensor:
+    """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), with autograd; fp32 partial sums for bf16/fp16."""
+    algo, num_chunks = resolve("matmul_reduce_scatter", algo, num_chunks)
+    ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, divisible=True)
+    if ctx is None:
+        return F.linear(x, weight)
+    return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks)

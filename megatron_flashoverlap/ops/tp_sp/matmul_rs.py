@@ -1,0 +1,74 @@
+"""GEMM + reduce-scatter (row-parallel under sequence parallel): forward plain functions.
+
+    x_k [s, b, k/P]    weight_k [h, k/P]    y_s [s/P, b, h]
+
+    forward  y = RS(x @ w^T)       partial sums in fp32 when x is bf16/fp16 (they also travel in fp32),
+                                   rounded once to the input dtype at the end
+    dgrad    dx = AG(dy) @ w       (the dual: Flash-AG of dy, local shard first; backward.py)
+    wgrad    dw = AG(dy)^T @ x     (summed slice by slice as dy shards arrive, in the same ring walk)
+
+All plain functions share one signature: (x, weight, group, ctx, ...) -> y_s.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ...runtime import execute, group_info, reduce_scatter_into
+from ...schedules import reduce_scatter_ring
+from ...runtime.handlers import ScatterPass, chunk_bounds
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype partial sums are kept and sent in: fp32 for bf16/fp16, the input dtype otherwise."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def rs_matmul_reference(x, weight, group, ctx):
+    """Unfused: one GEMM, then one reduce-scatter (in the accumulation dtype)."""
+    rank, world = group_info(group)
+    t = time.perf_counter()
+    partial = F.linear(x, weight).to(acc_dtype(x.dtype))  # [s, b, h]
+    ctx.record("compute", "whole GEMM", t)
+    out = torch.empty((x.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype, device=x.device)
+    t = time.perf_counter()
+    reduce_scatter_into(out, partial.contiguous(), group)
+    ctx.record("post", "reduce-scatter", t)  # trace: the blocking collective, in flight and waited on at once
+    ctx.record("wait", "reduce-scatter", t)
+    return out.to(x.dtype)
+
+
+def rs_matmul_flash(x, weight, group, ctx, bidirectional=False):
+    """Flash-RS: produce the partial of the block the next hop carries; own block last, no tail."""
+    rank, world = group_info(group)
+    rows = x.shape[0] // world
+    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional)
+    rs = ScatterPass(rows, rank, sched.parts, lambda span: F.linear(x[span[0]:span[1]], weight),
+                     tuple(x.shape[1:-1]) + (weight.shape[0],), acc_dtype(x.dtype), x.dtype, x.device, ctx)
+    execute(sched.steps, group, {0: rs}, ctx)
+    return rs.result()
+
+
+def rs_matmul_slicing(x, weight, group, ctx, num_chunks):
+    """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail."""
+    rank, world = group_info(group)
+    rows = x.shape[0] // world
+    xb = x.view(world, rows, *x.shape[1:])  # [P, s/P, b, k/P]: block d goes to rank d
+    outs, works = [], []
+    for j, (a, b) in enumerate(chunk_bounds(rows, num_chunks)):
+        t = time.perf_counter()
+        partial = F.linear(xb[:, a:b], weight).to(acc_dtype(x.dtype)).contiguous()  # [P, c, b, h]
+        ctx.record("compute", f"chunk {j}", t)
+        out = torch.empty(partial.shape[1:], dtype=partial.dtype, device=x.device)
+        t = time.perf_counter()
+        works.append(reduce_scatter_into(out, partial.view(-1, *partial.shape[2:]), group, async_op=True))
+        ctx.record("post", f"chunk {j}", t)
+        outs.append(out)
+    for j, w in enumerate(works):
+        t = time.perf_counter()
+        w.wait(ctx.timeout)
+        ctx.record("wait", f"chunk {j}", t)
+    return torch.cat(outs, dim=0).to(x.dtype)
+

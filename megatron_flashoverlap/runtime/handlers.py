@@ -1,0 +1,117 @@
+"""Executor handlers: the data side of one Flash-AG or Flash-RS pass (see runtime/executor.py).
+
+A pass owns the tensors of one collective and turns the executor's slice callbacks into views:
+- `GatherPass` (consume): shard `x_shard [s/P, ...]`; slice (b, k) is part k of rank b's shard. Arrivals
+  land in `gathered [s, ...]` (kept for reuse) or in two ring slots per direction (memory-lean).
+  `consume(rows, x_slice)` is the GEMM of the arrived rows; rows index the gathered dim 0.
+- `ScatterPass` (produce, accumulate): `produce(rows) -> partial [rows, ...]` for output rows of the
+  full [s, ...] tensor; partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in it;
+  `result()` is this rank's block [s/P, ...] in `out_dtype`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .context import OverlapContext
+from ..schedules import Slice, Transfer
+
+
+def part_bounds(n: int, parts: int, k: int) -> tuple[int, int]:
+    """Rows [start, stop) of part k when n rows are cut in `parts` (torch.tensor_split's rule)."""
+    q, rem = divmod(n, parts)
+    start = k * q + min(k, rem)
+    return start, start + q + (1 if k < rem else 0)
+
+
+def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
+    """The non-empty row ranges of n rows cut in k chunks."""
+    return [(a, b) for a, b in (part_bounds(n, k, i) for i in range(k)) if b > a]
+
+
+def slice_rows(x: Slice, block_rows: int, parts: int) -> tuple[int, int]:
+    """Rows of slice x in the full (gathered / pre-scatter) tensor."""
+    a, b = part_bounds(block_rows, parts, x.part)
+    return x.block * block_rows + a, x.block * block_rows + b
+
+
+class GatherPass:
+    def __init__(self, x_shard: torch.Tensor, rank: int, world: int, parts: int,
+                 consume: Callable[[tuple[int, int], torch.Tensor], None], ctx: OverlapContext,
+                 keep_gathered: bool = False, name: str = "ag", tag: int = 0):
+        self.tag = tag
+        self.x, self.rank, self.parts, self.consume = x_shard.contiguous(), rank, parts, consume
+        self.rows = x_shard.shape[0]
+        full = (self.rows * world,) + tuple(x_shard.shape[1:])
+        self.gathered = torch.empty(full, dtype=x_shard.dtype, device=x_shard.device) if keep_gathered else None
+        if self.gathered is not None:
+            self.gathered[rank * self.rows:(rank + 1) * self.rows].copy_(self.x)
+        self.ctx, self.name = ctx, name
+        self.held: dict[Slice, torch.Tensor] = {}
+        self.turn = [0] * parts
+
+    def _local(self, x: Slice) -> torch.Tensor:
+        a, b = part_bounds(self.rows, self.parts, x.part)
+        return self.x[a:b]
+
+    def view(self, x: Slice) -> torch.Tensor:
+        return self._local(x) if x.block == self.rank else self.held[x]
+
+    def send(self, x: Slice) -> torch.Tensor:
+        return self.view(x)
+
+    def recv(self, x: Slice) -> torch.Tensor:
+        a, b = part_bounds(self.rows, self.parts, x.part)
+        if self.gathered is not None:
+            lo = x.block * self.rows
+            buf = self.gathered[lo + a:lo + b]
+        else:  # two slots per direction: a slot is free again once the next hop forwarded it
+            slot = self.turn[x.part] % 2
+            self.turn[x.part] += 1
+            shape = (b - a,) + tuple(self.x.shape[1:])
+            buf = self.ctx.buffer(f"{self.name}.{x.part}.{slot}", shape, self.x.dtype, self.x.device)
+        self.held[x] = buf
+        return buf
+
+    def compute(self, x: Slice) -> None:
+        self.consume(slice_rows(x, self.rows, self.parts), self.view(x))
+
+    def arrived(self, t: Transfer) -> None:
+        pass
+
+
+class ScatterPass:
+    def __init__(self, block_rows: int, rank: int, parts: int, produce: Callable[[tuple[int, int]], torch.Tensor],
+                 tail_shape: tuple, acc_dtype: torch.dtype, out_dtype: torch.dtype, device, ctx: OverlapContext,
+                 name: str = "rs", tag: int = 0):
+        self.tag = tag
+        self.rows, self.rank, self.parts, self.produce = block_rows, rank, parts, produce
+        self.tail, self.acc_dtype, self.out_dtype, self.device = tuple(tail_shape), acc_dtype, out_dtype, device
+        self.ctx, self.name = ctx, name
+        self.acc: dict[Slice, torch.Tensor] = {}
+        self.turn = [0] * parts
+
+    def _shape(self, x: Slice) -> tuple:
+        a, b = part_bounds(self.rows, self.parts, x.part)
+        return (b - a,) + self.tail
+
+    def compute(self, x: Slice) -> None:
+        slot = self.turn[x.part] % 2  # a partial is sent one step after it is made: two slots suffice
+        self.turn[x.part] += 1
+        buf = self.ctx.buffer(f"{self.name}.acc.{x.part}.{slot}", self._shape(x), self.acc_dtype, self.device)
+        buf.copy_(self.produce(slice_rows(x, self.rows, self.parts)))
+        self.acc[x] = buf
+
+    def send(self, x: Slice) -> torch.Tensor:
+        return self.acc.pop(x)
+
+    def recv(self, x: Slice) -> torch.Tensor:
+        return self.ctx.buffer(f"{self.name}.recv.{x.part}", self._shape(x), self.acc_dtype, self.device)
+
+    def arrived(self, t: Transfer) -> None:
+        self.acc[t.slice].add_(self.recv(t.slice))
+
+    def result(self) -> torch.Tensor:
+        own = [self.acc[Slice(self.rank, k, self.tag)] for k in range(self.parts)]
+        return torch.cat(own, dim=0).to(self.out_dtype) if len(own) > 1 else own[0].to(self.out_dtype, copy=True)

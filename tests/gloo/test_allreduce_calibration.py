@@ -1,0 +1,66 @@
+"""Tier 2 (gloo processes) + pure: the calibration table, the selector reading it, the topology report.
+
+No timing assertions: the table's numbers are whatever this machine measured; the tests check that the
+command measures every algorithm at every size on every rank alike, merges tables by group layout, and
+that "auto" picks exactly what the table says.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import topology  # noqa: E402
+
+ALGOS = ("stock", "ring", "recursive_doubling", "hierarchical")
+
+
+def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
+    path = str(tmp_path / "cal.json")
+    sizes = [64, 4096]
+    per_rank = pools(2).run("tests.gloo.mp_allreduce:calibrate", path, sizes, 1, timeout=240)
+    assert per_rank[0] == per_rank[1]  # one max-over-ranks table, the same on every rank
+    pools(2).run("tests.gloo.mp_allreduce:calibrate", path, sizes, None, timeout=240)  # a second layout
+    tables = json.load(open(path))["tables"]
+    assert sorted((t["world_size"], t["local_world_size"]) for t in tables) == [(2, 1), (2, 2)]
+    t = next(t for t in tables if t["local_world_size"] == 1)
+    assert [r["bytes"] for r in t["rows"]] == sizes
+    for r in t["rows"]:
+        assert all(r[f"{a}_us"] > 0 and r[f"{a}_min_us"] <= r[f"{a}_us"] for a in ALGOS)
+    set_calibration(path)
+    try:
+        for r in t["rows"]:  # auto = the table's argmin where it beats stock, for a decode-shaped tensor
+            x = torch.zeros(1, 1, r["bytes"] // 4)
+            ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])
+            want = ours if r[f"{ours}_us"] < r["stock_us"] else "stock"
+            assert choose(x, 2, 1) == want
+            assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1) == "stock"  # prefill-shaped
+    finally:
+        set_calibration(None)
+
+
+def test_best_at_uses_the_nearest_measured_size_and_never_extrapolates():
+    rows = [{"bytes": 1024, "stock_us": 10.0, "ring_us": 5.0},
+            {"bytes": 1 << 20, "stock_us": 10.0, "ring_us": 50.0}]
+    t = {"rows": rows}
+    assert best_at(t, 1024) == "ring" and best_at(t, 20000) == "ring"  # log-nearest: 1 KB
+    assert best_at(t, 200000) is None and best_at(t, 1 << 20) is None  # nearest 1 MB: stock won
+    assert best_at(t, 512) is None and best_at(t, 2 << 20) is None     # outside the measured sizes
+
+
+def test_set_calibration_rejects_a_foreign_file():
+    with pytest.raises(ValueError, match="calibrate_allreduce"):
+        set_calibration({"rows": []})
+    set_calibration(None)
+
+
+def test_topology_markdown_speedup_column():
+    table = {"world_size": 4, "local_world_size": 2, "dtype": "bfloat16", "iters": 3, "note": "n",
+             "measured_at": "t", "rows": [{"bytes": 8192, "stock_us": 3000.0, "ring_us": 4000.0,
+                                           "recursive_doubling_us": 1500.0, "hierarchical_us": 2000.0}]}
+    line = topology.markdown([table]).splitlines()[4]
+    assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | recursive_doubling | 2.00x |"

@@ -1,0 +1,120 @@
+"""Benchmark harness tests. Tiers: pure (rates, cost-model pipelines, gpu_check import), namespaces (root
+only), and a 2-rank gloo smoke run of the harness on tiny sizes (no timing assertions)."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+
+import pytest
+import torch
+
+from megatron_flashoverlap.bench import report
+from megatron_flashoverlap.bench.blocks import METHODS
+from megatron_flashoverlap.bench.costmodel import ag_pipeline, rs_pipeline
+from megatron_flashoverlap.bench.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_parse_rate():
+    assert parse_rate("1gbit") == 1e9
+    assert parse_rate("250mbit") == 250e6
+    assert parse_rate("12kbit") == 12e3
+    with pytest.raises(ValueError, match="e.g. '1gbit'"):
+        parse_rate("fast")
+
+
+def test_parse_bytes_and_burst_floor():
+    assert parse_bytes("512kb") == 512 * 1024 and parse_bytes("2mb") == 2 * 1024 ** 2 and parse_bytes("100") == 100
+    with pytest.raises(ValueError, match="e.g. '512kb'"):
+        parse_bytes("lots")
+    with pytest.raises(ValueError, match="MTU"):
+        Namespace("never-created").shape_lo("1gbit", burst="64kb")  # refused before any tc call
+
+
+def test_pipelines_by_hand():
+    # flash AG at P=2: local slice (2) overlaps the hop (3), then the arrived slice (2): 3 + 2
+    assert ag_pipeline([(None, 2.0), (0, 2.0)], [3.0]) == 5.0
+    # stock AG: hop then whole GEMM
+    assert ag_pipeline([(0, 4.0)], [3.0]) == 7.0
+    # slicing k=2: chunks of 1.5; chunk 0 at 1.5 -> 3.5, chunk 1 arrived at 3.0 -> 5.5
+    assert ag_pipeline([(0, 2.0), (1, 2.0)], [1.5, 1.5]) == 5.5
+    # flash RS at P=2: peer block (2) then send (3) while own block (2) computes: max(4, 5)
+    assert rs_pipeline([(2.0, 3.0), (2.0, 0.0)]) == 5.0
+    # slicing RS: the last chunk's transfer is the tail
+    assert rs_pipeline([(2.0, 1.5), (2.0, 1.5)]) == 5.5
+
+
+def _ns_list():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(why_not_shaped() is not None, reason="needs root + iproute2 (namespaces and tc)")
+def test_namespace_shaped_then_deleted_even_on_error():
+    with pytest.raises(RuntimeError, match="boom"):
+        with shaped_namespace("1gbit", burst="256kb") as ns:
+            name = ns.name
+            assert "tbf" in ns.qdisc() and "rate 1Gbit" in ns.qdisc()
+            assert "127.0.0.1" in ns.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+            raise RuntimeError("boom")
+    assert name not in _ns_list()
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_importable_and_refuses_without_cuda(capsys):
+    gc = _load_script("gpu_check")
+    assert set(gc.shapes(4)) == {"fc1", "fc2", "qkv", "proj"} and gc.shapes(4)["fc1"] == (4096, 4096)
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the no-CUDA exit path cannot be reached here")
+    assert gc.main(["--out", os.devnull]) == 3
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_overlap_cli_quick_defaults():
+    a = _load_script("overlap").parse(["--quick", "--unshaped"])
+    assert a.unshaped and a.repeats == 1 and a.rate_sweep == ""
+
+
+def test_blocks_agree_across_methods(pools):
+    """Every method's block is the same math: outputs and grads match stock (fp32 sums reordered: close)."""
+    res = pools(2).run("tests.gloo.mp_bench:block_outputs", "mlp", (16, 2, 8, 12, 4), timeout=120)
+    res += pools(2).run("tests.gloo.mp_bench:block_outputs", "attn", (16, 2, 8, 12, 4), timeout=120)
+    for per_method in res:
+        ref = per_method["stock"]
+        for name, got in per_method.items():
+            for a, b in zip(got, ref):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
+    cfg = {"kinds": ["mlp", "attn"], "seqs": [16, 32], "batch": 1, "hidden": 8, "width": 16, "head_dim": 4,
+           "repeats": 1, "methods": [m.name for m in METHODS], "label": "smoke",
+           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "slicing k=2", "flash"]}, "megatron": {"seq": 16}}
+    out = pools(2).run("tests.gloo.mp_bench:harness", cfg, timeout=600)[0]  # generous: the CI box is shared
+    out["rate"] = "unshaped (test)"
+    assert len(out["rows"]) == 2 * 2 * len(METHODS) * 2  # kinds x seqs x methods x modes
+    for r in out["rows"]:
+        assert r["block"] > 0 and r["compute"] > 0 and r["comm"] > 0 and math.isfinite(r["hidden"])
+    assert len(out["megatron_rows"]) == 2 * (1 + len(METHODS))  # (Megatron stock + ours per method) x modes
+    assert "megatron stock" in report.megatron_table(out)
+    md = report.table(out)
+    assert md.count("\n") == 1 + len(out["rows"]) and "flash_bidir" in md
+    assert len(report.verdict(out, "mlp", "fwd")) == 2
+    report.plot([out], str(tmp_path / "seq.png"))
+    report.trace(out["traces"], str(tmp_path / "trace.json"))
+    assert (tmp_path / "seq.png").stat().st_size > 0
+    ev = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    for key in ("stock|fwd", "slicing k=2|fwd+bwd", "flash|fwd", "flash|fwd+bwd"):
+        pid = next(e["pid"] for e in ev if e["ph"] == "M" and e["args"]["name"] == key)
+        for rank in (0, 1):
+            assert any(e["ph"] == "X" and e["pid"] == pid and e["tid"] == 10 * rank + 1 for e in ev), key  # slices
+            assert any(e["ph"] == "X" and e["pid"] == pid and e["tid"] == 10 * rank + 2 for e in ev), key  # comm
+    report.timeline_png(out["traces"], str(tmp_path / "timeline.png"))
+    assert (tmp_path / "timeline.png").stat().st_size > 0

@@ -1,0 +1,132 @@
+"""Worker bodies for the query-split attention tests (run on every gloo rank by the pool).
+
+Every rank builds the same global q, k, v [s, b, np, hn], W_proj [h, np*hn] and dy [s, b, h] from one seed,
+takes its head shard (TP = the whole group), and runs
+  - Megatron: its local `DotProductAttention` (TP = P, SP on), F.linear with the local proj shard and
+    Megatron's `reduce_scatter_to_sequence_parallel_region` (the stock local-spec path), and
+  - ours: `query_split_attention` with the same inputs,
+then returns max errors of y and of the input gradients (dq, dk, dv, dw); the test asserts on them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from megatron_flashoverlap.ops.attention.query_split import query_split_attention
+
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def _globals(seed, s, b, heads, groups, hn, h, dtype):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(s, b, heads, hn, generator=g)
+    k = torch.randn(s, b, groups, hn, generator=g)
+    v = torch.randn(s, b, groups, hn, generator=g)
+    w = torch.randn(h, heads * hn, generator=g) / (heads * hn) ** 0.5
+    dy = torch.randn(s, b, h, generator=g)
+    pad = torch.zeros(b, 1, s, s, dtype=torch.bool)
+    pad[1, :, :, s - s // 3:] = True  # batch 1: the last third of the keys is padding
+    return [t.to(dtype) for t in (q, k, v, w, dy)] + [pad]
+
+
+def _shards(rank, world, q, k, v, w, dy):
+    hq, hk, hw = q.shape[2] // world, k.shape[2] // world, w.shape[1] // world
+    sl = q.shape[0] // world
+    loc = [q[:, :, rank * hq:(rank + 1) * hq], k[:, :, rank * hk:(rank + 1) * hk],
+           v[:, :, rank * hk:(rank + 1) * hk], w[:, rank * hw:(rank + 1) * hw]]
+    return [t.contiguous().requires_grad_() for t in loc], dy[rank * sl:(rank + 1) * sl].contiguous()
+
+
+def _megatron(world, heads, groups, hn, h, dtype, loc, dy_s, mask):
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_scatter_to_sequence_parallel_region
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=heads, num_query_groups=groups,
+                            kv_channels=hn, tensor_model_parallel_size=world, sequence_parallel=True,
+                            use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0,
+                            bf16=dtype == torch.bfloat16, params_dtype=dtype)
+    dpa = DotProductAttention(cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    q, k, v, w = loc
+    ctx = dpa(q, k, v, mask)  # [s, b, np/P*hn]
+    y = reduce_scatter_to_sequence_parallel_region(F.linear(ctx, w), group=parallel_state.get_tensor_model_parallel_group())
+    y.backward(dy_s)
+    return y.detach(), [t.grad for t in loc]
+
+
+def vs_megatron(rank, world, dtype="float32", s=12, b=2, heads=12, groups=12, hn=4, h=24, algo="flash",
+                padding=False, seed=0, num_chunks=None):
+    """Errors of ours vs Megatron's DotProductAttention + proj + stock RS (causal, optional padding)."""
+    from megatron_flashoverlap.megatron.models import destroy, init_tp
+
+    dt = DT[dtype]
+    init_tp(world)
+    try:
+        from megatron.core import parallel_state
+
+        q, k, v, w, dy, pad = _globals(seed, s, b, heads, groups, hn, h, dt)
+        causal = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), 1)
+        loc_m, dy_s = _shards(rank, world, q, k, v, w, dy)
+        y_m, g_m = _megatron(world, heads, groups, hn, h, dt, loc_m, dy_s, (causal | pad) if padding else causal)
+        loc, _ = _shards(rank, world, q, k, v, w, dy)
+        group = parallel_state.get_tensor_model_parallel_group()
+        y = query_split_attention(*loc, group, causal=True, attn_mask=pad if padding else None, algo=algo,
+                                  num_chunks=num_chunks)
+        y.backward(dy_s)
+        names = ("dq", "dk", "dv", "dw")
+        out = {"y": _err(y, y_m), "y_scale": y_m.abs().max().item(), "dtype_ok": y.dtype == dt}
+        for n, a, m in zip(names, loc, g_m):
+            out[n] = _err(a.grad, m)
+            out[n + "_scale"] = m.abs().max().item()
+        return out
+    finally:
+        destroy()
+
+
+def dropout_vs_reference(rank, world, p=0.25, s=8, b=2, heads=4, hn=4, h=8, seed=3):
+    """With dropout: flash vs reference (same per-row masks) and the fraction of dropped probabilities."""
+    import torch.distributed as dist
+
+    q, k, v, w, dy, _ = _globals(seed, s, b, heads, heads, hn, h, torch.float32)
+    res = {}
+    for algo in ("flash", "reference"):
+        loc, dy_s = _shards(rank, world, q, k, v, w, dy)
+        y = query_split_attention(*loc, dist.group.WORLD, causal=False, dropout_p=p, seed=11, algo=algo)
+        y.backward(dy_s)
+        res[algo] = (y.detach(), [t.grad for t in loc])
+    loc, _ = _shards(rank, world, q, k, v, w, dy)
+    y0 = query_split_attention(*loc, dist.group.WORLD, causal=False, dropout_p=0.0, algo="reference")
+    (yf, gf), (yr, gr) = res["flash"], res["reference"]
+    return {"y": _err(yf, yr), "grads": max(_err(a, c) for a, c in zip(gf, gr)),
+            "changed": _err(yf, y0.detach())}
+
+
+def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, padding=True, seed=4):
+    """query_split_attention(zigzag=True): rank d's output rows are chunks (d, 2P-1-d) of 2P; errors vs
+    the float64 dense formula on the global tensors (one process), output and input gradients."""
+    import torch.distributed as dist
+
+    from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows
+
+    q, k, v, w, dy, pad = _globals(seed, s, b, heads, groups, hn, h, torch.float32)
+    c = s // (2 * world)
+    idx = torch.cat([torch.arange(j * c, (j + 1) * c) for j in (rank, 2 * world - 1 - rank)])
+    loc, _ = _shards(rank, world, q, k, v, w, dy)
+    y = query_split_attention(*loc, dist.group.WORLD, causal=True, attn_mask=pad if padding else None,
+                              zigzag=True)
+    y.backward(dy[idx])
+    full = [t.double().requires_grad_() for t in (q, k, v, w)]
+    spec = AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None)
+    y_full = F.linear(attention_rows(*full[:3], spec, 0), full[3])
+    (y_full * dy.double()).sum().backward()
+    ref_loc, _ = _shards(rank, world, *(t.grad for t in full[:3]), full[3].grad, dy)
+    out = {"y": _err(y, y_full[idx]), "scale": y_full.abs().max().item()}
+    for n, a, r in zip(("dq", "dk", "dv", "dw"), loc, ref_loc):
+        out[n] = _err(a.grad, r)
+    return out

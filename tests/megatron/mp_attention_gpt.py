@@ -1,0 +1,201 @@
+"""Worker bodies: a real Megatron GPTModel (local spec, RoPE) with Ulysses context parallelism vs the same
+model without CP, trained side by side from the same initial weights on the same batches.
+
+Phase 1 (reference): TP=tp, CP=1 (the other ranks are data-parallel replicas fed the same batch), stock
+    local spec. Phase 2: TP=tp, CP=cp, the local spec with core_attention = UlyssesDotProductAttention,
+    initial weights loaded from phase 1 (TP ranks coincide: Megatron's order is tp-cp-dp), batch split by
+    Megatron's own `get_batch_on_this_cp_rank` (zigzag, 2*cp chunks). Grad sync as finalize_model_grads
+    does it: sum over the CP (or DP) group of the replicated params, and over TP of the params tagged
+    `sequence_parallel`. Plain SGD. Returns both loss curves.
+`query_split_vs_stock`: TP=P with SP, the local spec vs core_attention + linear_proj = the query-split pair.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.distributed as dist
+
+SEQ, VOCAB = 16, 128
+
+
+def _shim_cp_rope() -> None:
+    """CPU shim (test-side): Megatron's get_pos_emb_on_this_cp_rank builds its index with
+    pin_memory=True and .cuda(); the same zigzag index_select, on CPU. Bound by name in two modules."""
+    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding
+
+    def on_cp_rank(pos_emb, seq_dim, cp_group):
+        cp, r = cp_group.size(), cp_group.rank()
+        idx = torch.tensor([r, 2 * cp - r - 1], device=pos_emb.device)
+        pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1:])
+        pos_emb = pos_emb.index_select(seq_dim, idx)
+        return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
+
+    rope_utils.get_pos_emb_on_this_cp_rank = on_cp_rank
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = on_cp_rank
+
+
+def _init(tp, cp, seed=1234):
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from megatron_flashoverlap.megatron import cpu
+
+    cpu.enable()
+    _shim_cp_rope()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
+    """kind: "stock" (local spec), "ulysses" (core_attention = UlyssesDotProductAttention(algo)), "qsa"
+    (core_attention + linear_proj = QuerySplit..., the proj site running `algo`)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from megatron_flashoverlap.config import uniform
+    from megatron_flashoverlap.megatron import attention as la
+    from megatron_flashoverlap.megatron.spec import submodules_of
+
+    kw = dict(context_parallel_size=cp, cp_comm_type="a2a") if cp > 1 else {}
+    cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=heads, num_query_groups=groups,
+                            ffn_hidden_size=64, tensor_model_parallel_size=tp, sequence_parallel=tp > 1,
+                            use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
+                            attention_dropout=dropout, gradient_accumulation_fusion=False, **kw)
+    if kind == "spec":
+        from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
+
+        cfg.flash_query_split = algo == "query_split"
+        spec = flashoverlap_layer_spec(cfg)
+    else:
+        spec = get_gpt_layer_local_spec()
+    attn = submodules_of(spec.submodules.self_attention)
+    if kind == "ulysses":
+        attn.core_attention = ModuleSpec(module=la.UlyssesDotProductAttention, params={"algo": algo})
+    elif kind == "qsa":
+        fc = uniform(algo="slicing", num_chunks=2) if algo == "slicing" else uniform(algo=algo)
+        attn.core_attention = la.QuerySplitDotProductAttention
+        attn.linear_proj = ModuleSpec(module=la.QuerySplitRowParallelLinear, params={"flash_config": fc})
+    torch.manual_seed(7)
+    model_parallel_cuda_manual_seed(7)
+    return GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+                    position_embedding_type="rope")
+
+
+def _batch(step, b=2, s=SEQ):
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, VOCAB, (b, s + 1), generator=g)
+    return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
+            "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous(),
+            "attention_mask": torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), 1)}
+
+
+def _on_cp_rank(batch):
+    """Megatron's own zigzag split (0.16: (batch, cp_group); 0.19: (batch, is_hybrid_cp, cp_group))."""
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    cp = parallel_state.get_context_parallel_group()
+    if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:
+        return get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=cp)
+    return get_batch_on_this_cp_rank(batch, cp_group=cp)
+
+
+def _sync_grads(model, cp):
+    from megatron.core import parallel_state
+
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if cp > 1:
+            dist.all_reduce(p.grad, group=parallel_state.get_context_parallel_group())
+        if getattr(p, "sequence_parallel", False) and parallel_state.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(p.grad, group=parallel_state.get_tensor_model_parallel_group())
+
+
+def _train(model, cp, steps, mask, lr=0.5):
+    from megatron.core import parallel_state
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        batch = _batch(step % 4)  # 4 batches in turn: the loss falls, the curve means something
+        total = batch["labels"].numel()
+        if not mask:
+            batch["attention_mask"] = None
+        if cp > 1:
+            batch = _on_cp_rank(batch)
+        opt.zero_grad()
+        per_token = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"])
+        loss = per_token.float().sum() / total  # this rank's share of the global mean
+        loss.backward()
+        _sync_grads(model, cp)
+        opt.step()
+        value = loss.detach().clone()
+        if cp > 1:
+            dist.all_reduce(value, group=parallel_state.get_context_parallel_group())
+        losses.append(value.item())
+    return losses
+
+
+def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=True, heads=4, groups=4,
+                kind="ulysses"):
+    """-> {"ref": losses without CP, "cp": losses with Ulysses CP, "zero_init_diff": max|param diff|}."""
+    from megatron.core import parallel_state
+
+    _init(tp, 1)
+    try:
+        ref = _model(tp, 1, "stock", heads, groups)
+        init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
+        ref_losses = _train(ref, 1, steps, mask)
+    finally:
+        parallel_state.destroy_model_parallel()
+    _init(tp, cp)
+    try:
+        model = _model(tp, cp, kind, heads, groups, ulysses_algo)
+        model.load_state_dict(init, strict=False)
+        cp_losses = _train(model, cp, steps, mask)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return {"ref": ref_losses, "cp": cp_losses}
+
+
+def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4, kind="qsa"):
+    """TP=world with SP: the local spec vs the same spec with the query-split core attention + proj."""
+    from megatron.core import parallel_state
+
+    _init(world, 1)
+    try:
+        ref = _model(world, 1, "stock", heads, groups)
+        init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
+        ref_losses = _train(ref, 1, steps, mask)
+        model = _model(world, 1, kind, heads, groups, algo)
+        model.load_state_dict(init, strict=False)
+        seen = []
+        for layer in model.decoder.layers:  # prove the fused path ran: the core attention deferred to proj
+            layer.self_attention.core_attention.register_forward_hook(
+                lambda m, i, o: seen.append(type(o).__name__))
+        qs_losses = _train(model, 1, steps, mask)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return {"ref": ref_losses, "cp": qs_losses, "outputs": sorted(set(seen)), "calls": len(seen)}
+
+
+def query_split_dropout(rank, world, steps=5, p=0.2):
+    """Attention dropout through the Megatron layer: query split flash vs reference from the same RNG state
+    (the layer draws one seed per call; masks are per query row), and the curve without dropout."""
+    from megatron.core import parallel_state
+
+    curves = {}
+    _init(world, 1)
+    try:
+        for name, algo, drop in (("flash", "flash", p), ("reference", "reference", p), ("off", "flash", 0.0)):
+            model = _model(world, 1, "qsa", 4, 4, algo, dropout=drop)
+            torch.manual_seed(3)
+            curves[name] = _train(model, 1, steps, True)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return curves

@@ -1,0 +1,104 @@
+"""Query-split attention: numerics on 2-4 gloo CPU processes, against Megatron's DotProductAttention.
+
+Tier: numerics (gloo processes). Worker bodies in tests/megatron/mp_attention.py. Pure checks (cost model, errors)
+run in-process.
+"""
+import pytest
+import torch
+
+from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows, zigzag_positions
+from megatron_flashoverlap.ops.attention.query_split import exposed_hops, query_split_attention
+
+BODY = "tests.megatron.mp_attention:"
+
+
+def _check(res, tol):
+    for r in res:
+        assert r["dtype_ok"]
+        for n in ("y", "dq", "dk", "dv", "dw"):
+            scale = max(r[n + "_scale"] if n != "y" else r["y_scale"], 1.0)
+            assert r[n] <= tol * scale, (n, r[n], scale, r)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_query_split_matches_megatron_fp32(pools, world):
+    # fp32: the RS sums the P partials in ring order and block GEMMs round differently: close, not exact
+    _check(pools(world).run(BODY + "vs_megatron", "float32", timeout=300), 2e-5)
+
+
+@pytest.mark.parametrize("algo", ["flash_bidir", "slicing", "reference"])
+def test_query_split_other_algos_match_megatron(pools, algo):
+    # same inputs and tolerance as above; slicing = attention, then the GEMM+RS cut in 2 chunks
+    res = pools(2).run(BODY + "vs_megatron", "float32", algo=algo, num_chunks=2 if algo == "slicing" else None,
+                       timeout=300)
+    _check(res, 2e-5)
+
+
+def test_query_split_padding_and_gqa(pools):
+    # padding mask OR-ed with causal in ours; Megatron gets the combined mask; 12 heads over 4 kv groups
+    _check(pools(2).run(BODY + "vs_megatron", "float32", groups=4, padding=True, timeout=300), 2e-5)
+
+
+def test_query_split_bf16(pools):
+    # bf16: ours keeps fp32 partial sums across ranks, Megatron rounds each partial to bf16 before its RS:
+    # a few bf16 ulps of the output scale
+    _check(pools(2).run(BODY + "vs_megatron", "bfloat16", timeout=300), 3e-2)
+
+
+def test_dropout_is_split_independent(pools):
+    res = pools(2).run(BODY + "dropout_vs_reference", timeout=300)
+    for r in res:
+        assert r["y"] <= 1e-5 and r["grads"] <= 1e-5, r  # same per-row masks; only the RS sum order differs
+        assert r["changed"] > 1e-3, r  # dropout did something
+
+
+def test_dropout_rows_do_not_depend_on_the_split():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 1, 2, 4, generator=g) for _ in range(3))
+    spec = AttnSpec(scale=0.5, causal=True, dropout_p=0.5, seed=5)
+    full = attention_rows(q, k, v, spec, 0)
+    parts = torch.cat([attention_rows(q[a:b], k, v, spec, a) for a, b in ((0, 3), (3, 6), (6, 8))])
+    assert torch.equal(full, parts)  # no sum is reordered: exact
+
+
+def test_zigzag_positions():
+    assert zigzag_positions(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="2 \\* context_parallel_size"):
+        zigzag_positions(6, 2)
+
+
+def test_errors_name_the_fix():
+    q = torch.randn(4, 1, 3, 2)
+    kv = torch.randn(4, 1, 2, 2)
+    with pytest.raises(ValueError, match="num_query_groups"):
+        query_split_attention(q, kv, kv, torch.randn(5, 6))
+    with pytest.raises(ValueError, match="bool"):
+        query_split_attention(q, q, q, torch.randn(5, 6), attn_mask=torch.zeros(1, 1, 4, 4))
+    with pytest.raises(ValueError, match="dropout_p"):
+        query_split_attention(q, q, q, torch.randn(5, 6), dropout_p=1.0)
+
+
+def test_cost_model_causal_exposes_the_cheap_steps():
+    # P = 4, causal block costs 1, 3, 5, 7 (block d sees (d + 1/2) s/P keys); uniform costs 4 each
+    causal, uniform = [1.0, 3.0, 5.0, 7.0], [4.0] * 4
+    assert exposed_hops(uniform, 4.0, 4) == 0.0  # every hop fits under a block of the same length
+    assert exposed_hops(causal, 4.0, 4) > 0.0  # the same hop no longer fits beside block 0
+    assert exposed_hops(causal, 1.0, 4) == 0.0  # ... unless it is shorter than the cheapest block
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_query_split_zigzag_matches_dense(pools, world):
+    # fp32 vs a float64 dense formula: rounding of fp32 GEMMs and the ring-order sum, close
+    for r in pools(world).run(BODY + "zigzag_vs_dense", timeout=300):
+        for n in ("y", "dq", "dk", "dv", "dw"):
+            assert r[n] <= 1e-5 * max(r["scale"], 1.0), (n, r)
+
+
+def test_zigzag_blocks_cost_the_same_and_hide_the_hop():
+    from megatron_flashoverlap.ops.attention.query_split import causal_block_costs
+
+    plain, zig = causal_block_costs(64, 4), causal_block_costs(64, 4, zigzag=True)
+    assert sum(plain) == sum(zig) == 64 * 65 / 2  # the same total work, redistributed
+    assert len(set(zig)) == 1 and plain == sorted(plain) and plain[0] < plain[-1] / 6
+    hop = 0.5 * sum(plain) / 4  # a hop half as long as the average block
+    assert exposed_hops(plain, hop, 4) > 0.2 * sum(plain) / 4 and exposed_hops(zig, hop, 4) == 0.0

@@ -1,0 +1,142 @@
+"""The package's imports run one way, with no cycle, and only the Megatron wing imports megatron.
+
+Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, bottom up:
+    0  config, schedules, testing (the process pool: stdlib only)
+    1  runtime
+    2  ops
+    3  megatron            (the wing: the only importer of `megatron`)
+    4  bench               (its Megatron rows may import megatron too)
+    5  the faces: __init__, spec, launch (re-exports; nothing inside the package imports them)
+A module may import its own package and anything on a lower floor; two packages of one floor do not
+import each other. Outside the package, no example or benchmark imports a test helper.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PKG = ROOT / "megatron_flashoverlap"
+FLOORS = {"config": 0, "schedules": 0, "testing": 0, "runtime": 1, "ops": 2, "megatron": 3, "bench": 4,
+          "__init__": 5, "spec": 5, "launch": 5}
+MEGATRON_IMPORTERS = ("megatron", "bench/megatron_rows.py")
+TEST_HELPERS = ("megatron_flashoverlap.testing", "tests")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: pathlib.Path) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import statement in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            out.append((base, node.lineno))
+            out += [(f"{base}.{a.name}", node.lineno) for a in node.names]  # `from . import mod`
+    return out
+
+
+def package_files() -> list[pathlib.Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _room(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def internal_edges() -> dict[str, set[str]]:
+    """module -> the package modules it imports (names that are not modules are dropped)."""
+    known = {module_name(p) for p in package_files()}
+    edges: dict[str, set[str]] = {}
+    for p in package_files():
+        mod = module_name(p)
+        edges[mod] = {m for m, _ in imports_of(p) if m in known and m != mod}
+    return edges
+
+
+def test_floors_run_one_way():
+    bad = []
+    for mod, targets in internal_edges().items():
+        room = _room(mod)
+        for t in targets:
+            other = _room(t)
+            if other == room:
+                continue
+            if other not in FLOORS or room not in FLOORS:
+                bad.append(f"{mod} -> {t}: a room with no floor (add it to FLOORS)")
+            elif FLOORS[other] > FLOORS[room] or (FLOORS[other] == FLOORS[room]):
+                bad.append(f"{mod} (floor {FLOORS[room]}) imports {t} (floor {FLOORS[other]})")
+    assert not bad, "imports against the floor order:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle():
+    edges = internal_edges()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges.get(m, ())):
+            if t.startswith(m + "."):  # a package importing its own submodule is not a cycle
+                continue
+            if state.get(t) == 1:
+                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+
+
+def test_only_the_wing_imports_megatron():
+    bad = []
+    for p in package_files():
+        rel = p.relative_to(PKG).as_posix()
+        if rel.startswith(MEGATRON_IMPORTERS[0] + "/") or rel == MEGATRON_IMPORTERS[1]:
+            continue
+        bad += [f"{rel}:{line} imports {m}" for m, line in imports_of(p) if m == "megatron" or m.startswith("megatron.")]
+    assert not bad, "megatron imported outside megatron_flashoverlap/megatron/:\n" + "\n".join(bad)
+
+
+def test_no_test_helper_outside_tests():
+    files = [p for p in package_files() if not module_name(p).startswith(TEST_HELPERS[0])]
+    files += sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files for m, line in imports_of(p)
+           if any(m == h or m.startswith(h + ".") for h in TEST_HELPERS)]
+    assert not bad, "test helpers imported outside tests/:\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The parser resolves relative imports: a floor-1 file importing ops (floor 2) is caught."""
+    fake = PKG / "runtime" / "_layering_probe.py"
+    assert not fake.exists()
+    src = "from ..ops import all_gather_matmul\nfrom . import executor\n"
+    tree_mods = []
+    fake_path = tmp_path / "megatron_flashoverlap" / "runtime" / "_probe.py"
+    fake_path.parent.mkdir(parents=True)
+    fake_path.write_text(src)
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        tree_mods = [m for m, _ in imports_of(fake_path)]
+    finally:
+        ROOT = saved
+    assert "megatron_flashoverlap.ops" in tree_mods
+    assert "megatron_flashoverlap.runtime.executor" in tree_mods
