@@ -24,6 +24,7 @@ YAML (files in configs/ only choose values):
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,3 +166,45 @@ def load_config(path: str | Path):
         return from_dict(yaml.safe_load(path.read_text()) or {})
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+# ---------------------------------------------------------------- the environment: read here and nowhere else
+
+ENV_VARS = {
+    "config_path": "FLASHOVERLAP_CONFIG",            # per-site YAML the spec loads when the model config names none
+    "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # gloo: seconds a P2P wait may take before PeerTimeoutError
+    "allreduce_table": "FLASHOVERLAP_ALLREDUCE_TABLE",  # calibration JSON for all_reduce(algo="auto")
+    "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
+    "ulysses": "FLASHOVERLAP_ULYSSES",               # "flash" (default) or "stock": the a2a of Ulysses attention
+}
+ULYSSES_CHOICES = ("flash", "stock")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Every FLASHOVERLAP_* variable, parsed and checked (`environment()` reads them)."""
+    config_path: str | None = None
+    timeout_s: float = 300.0
+    allreduce_table: str | None = None
+    query_split: bool = False
+    ulysses: str = "flash"
+
+
+def environment(environ: Mapping[str, str] | None = None) -> Environment:
+    """The one reader of FLASHOVERLAP_* variables (os.environ by default); a bad value names the variable."""
+    env = os.environ if environ is None else environ
+    get = {k: env.get(v) for k, v in ENV_VARS.items()}
+    try:
+        timeout = float(get["timeout_s"]) if get["timeout_s"] else 300.0
+    except ValueError:
+        raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} is not a number of seconds") from None
+    if timeout <= 0:
+        raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} must be > 0 seconds")
+    if get["query_split"] not in (None, "", "0", "1"):
+        raise ValueError(f"{ENV_VARS['query_split']}={get['query_split']!r}: use 1 (on) or 0 (off)")
+    ulysses = get["ulysses"] or "flash"
+    if ulysses not in ULYSSES_CHOICES:
+        raise ValueError(f"{ENV_VARS['ulysses']}={ulysses!r}: choose one of {ULYSSES_CHOICES}")
+    return Environment(config_path=get["config_path"] or None, timeout_s=timeout,
+                       allreduce_table=get["allreduce_table"] or None, query_split=get["query_split"] == "1",
+                       ulysses=ulysses)
