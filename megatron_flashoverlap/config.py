@@ -30,6 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+# The algorithm words, defined once (the ops registry maps them to functions; YAML is checked against them).
+# `reference` is the one name of the unfused path: the stock collective, then the GEMM.
+ALGOS = ("flash", "flash_bidir", "slicing", "reference")
+ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical")
+ULYSSES_ALGOS = ("flash", "reference")
+
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 PASSES = ("fprop", "dgrad", "wgrad")
 SITES = tuple(f"{layer}_{p}" for layer in LAYERS for p in PASSES)
