@@ -7,7 +7,8 @@ that `all_reduce(algo="auto")` reads (ops/all_reduce_select.py).
 
 Each size: `warmup + iters` rounds; a round runs every algorithm once (order rotated per round), each
 behind a barrier; a round's time is the slowest rank's; the table keeps the median (and the minimum).
-The file holds one table per (world_size, local_world_size, backend); a run replaces its own entry.
+The file holds one table per (world_size, local_world_size, backend, dtype), the key `auto` looks up
+(a gloo or float32 table never steers NCCL or bfloat16); a run replaces its own entry.
 """
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ import torch
 import torch.distributed as dist
 
 from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, resolve_local_world_size
+from ..ops.all_reduce.select import dtype_name
 from ..runtime import OverlapContext
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MEASURED = tuple(a for a in AR_ALGOS if a != "auto")  # stock + ours
+TABLE_KEY = ("world_size", "local_world_size", "backend", "dtype")  # what select.table_for matches
 
 
 def default_sizes(lo: int = 8 << 10, hi: int = 8 << 20) -> list[int]:
@@ -51,7 +54,7 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
     """Rows {"bytes", "<algo>_us" (median over rounds of the slowest rank), "<algo>_min_us"} per size."""
     device = device or torch.device("cpu")
     world = dist.get_world_size(group)
-    local = resolve_local_world_size(world, local_world_size)
+    local = resolve_local_world_size(world, local_world_size, group)
     ctx = OverlapContext(check_peers=False)  # the peer check is one extra all-gather: not part of the op
     esize = torch.empty((), dtype=dtype).element_size()
     rows = []
@@ -76,20 +79,19 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
 
 def table(rows, group=None, local_world_size=None, dtype=torch.bfloat16, iters=20, note="") -> dict:
     world = dist.get_world_size(group)
-    return {"world_size": world, "local_world_size": resolve_local_world_size(world, local_world_size),
-            "backend": str(dist.get_backend(group)), "dtype": str(dtype).replace("torch.", ""), "iters": iters,
+    return {"world_size": world, "local_world_size": resolve_local_world_size(world, local_world_size, group),
+            "backend": str(dist.get_backend(group)), "dtype": dtype_name(dtype), "iters": iters,
             "torch": torch.__version__, "note": note, "rows": rows,
             "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def write(path: str, entry: dict) -> None:
-    """Merge `entry` into the file's tables, replacing the one for the same group layout."""
+    """Merge `entry` into the file's tables, replacing the one with the same lookup key (TABLE_KEY)."""
     data = {"tables": []}
     if os.path.exists(path):
         with open(path) as f:
             data = json.load(f)
-    key = ("world_size", "local_world_size", "backend")
-    data["tables"] = [t for t in data["tables"] if any(t.get(k) != entry[k] for k in key)] + [entry]
+    data["tables"] = [t for t in data["tables"] if any(t.get(k) != entry[k] for k in TABLE_KEY)] + [entry]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=1)

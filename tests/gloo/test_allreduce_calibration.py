@@ -37,8 +37,8 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
             x = torch.zeros(1, 1, r["bytes"] // 4)
             ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])
             want = ours if r[f"{ours}_us"] < r["stock_us"] else "stock"
-            assert choose(x, 2, 1) == want
-            assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1) == "stock"  # prefill-shaped
+            assert choose(x, 2, 1, "gloo") == want
+            assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1, "gloo") == "stock"  # prefill
     finally:
         set_calibration(None)
 

@@ -9,7 +9,8 @@ the order of the sums differs from stock, so results agree within rounding, not 
 
 All plain functions share one signature: (x, group, ctx, local_world_size) -> out.
 Node layout: `local_world_size` = group ranks per node, ranks node-contiguous (rank = node * G + local,
-as Megatron's tensor-parallel groups are); default from LOCAL_WORLD_SIZE (capped at the group size).
+as Megatron's tensor-parallel groups are); default derived from the group's global ranks and
+LOCAL_WORLD_SIZE (`resolve_local_world_size`, select.node_layout).
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from ...runtime import OverlapContext, default_context, execute, group_info
+from ...runtime import OverlapContext, default_context, execute, global_rank, group_info
 from ...schedules import ALL_REDUCE_ALGOS, Slice, Transfer, all_reduce_schedule
-from .select import choose
+from .select import choose, node_layout, warn_once
 from ..checks import check_peers_agree
 
 AR_ALGOS = ("auto", "stock") + ALL_REDUCE_ALGOS
@@ -51,13 +52,31 @@ class ExchangePass:
         self.view(t.slice).copy_(got) if t.op == "copy" else self.view(t.slice).add_(got)
 
 
-def resolve_local_world_size(world: int, local_world_size: int | None) -> int:
-    """Group ranks per node: explicit, else LOCAL_WORLD_SIZE capped at the group size, else the group size."""
-    g = local_world_size if local_world_size is not None else min(int(os.environ.get("LOCAL_WORLD_SIZE", world)), world)
-    if g < 1 or world % g:
-        raise ValueError(f"all_reduce: local_world_size {g} does not divide the group size {world}; pass "
-                         f"local_world_size= the number of group ranks per node (equal on every node)")
-    return g
+def resolve_local_world_size(world: int, local_world_size: int | None, group=None, *,
+                             strict: bool = True) -> int | None:
+    """G, the group ranks per node. Explicit: checked to divide the group size. Else from the group's global
+    ranks and LOCAL_WORLD_SIZE (the job's ranks per node; unset: one node, G = world) via `node_layout`;
+    where that layout is not node-contiguous and balanced: ValueError naming why (strict, hierarchical),
+    None (not strict: "auto" then runs stock)."""
+    if local_world_size is not None:
+        if local_world_size < 1 or world % local_world_size:
+            raise ValueError(f"all_reduce: local_world_size {local_world_size} does not divide the group size "
+                             f"{world}; pass local_world_size= the number of group ranks per node (equal on every "
+                             f"node), or leave it unset to derive it from LOCAL_WORLD_SIZE")
+        return local_world_size
+    env = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's ranks per node (not a FLASHOVERLAP_ variable)
+    if not env:
+        return world
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE={env!r} is not a positive number of ranks per node; fix or unset it")
+    layout = node_layout([global_rank(group, i) for i in range(world)], int(env))
+    if layout.per_node is None and strict:
+        raise ValueError(f"all_reduce(algo='hierarchical'): {layout.why_not()} (LOCAL_WORLD_SIZE={env}); use "
+                         f"algo='ring', 'recursive_doubling' or 'auto', or pass local_world_size= explicitly")
+    if layout.per_node is None:
+        warn_once(("layout", layout.nodes), "all_reduce(algo='auto'): %s (LOCAL_WORLD_SIZE=%s); using stock "
+                                            "all-reduce", layout.why_not(), env)
+    return layout.per_node
 
 
 def all_reduce_stock(x, group, ctx, local_world_size=None):
@@ -94,7 +113,8 @@ def all_reduce_recursive_doubling(x, group, ctx, local_world_size=None):
 
 def all_reduce_hierarchical(x, group, ctx, local_world_size=None):
     """Intra-node RS, inter-node recursive doubling on n/G, intra-node AG."""
-    return _run("hierarchical", x, group, ctx, resolve_local_world_size(group_info(group)[1], local_world_size))
+    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
+    return _run("hierarchical", x, group, ctx, g)
 
 
 PLAIN = {"stock": all_reduce_stock, "ring": all_reduce_ring, "recursive_doubling": all_reduce_recursive_doubling,
@@ -134,9 +154,10 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
         return tensor.clone()
     ctx = context or default_context()
     # the node layout matters to hierarchical and to the table lookup of auto only
-    g = resolve_local_world_size(world, local_world_size) if algo in ("auto", "hierarchical") else world
+    g = resolve_local_world_size(world, local_world_size, group, strict=algo == "hierarchical") \
+        if algo in ("auto", "hierarchical") else world
     if algo == "auto":
-        algo = choose(tensor, world, g)
+        algo = choose(tensor, world, g, dist.get_backend(group))
     if ctx.check_peers and algo != "stock":
         check_peers_agree("all_reduce", group, world, tensor.device, tensor.numel(), _FLOATS.index(tensor.dtype))
     return _AllReduce.apply(tensor, group, algo, ctx, g)

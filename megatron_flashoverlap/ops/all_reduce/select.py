@@ -8,10 +8,17 @@ layout): per message size in bytes, the median latency of stock and of each of o
                            "hierarchical_us": ...}, ...]}]}
 
 "auto" uses ours only when (1) the input is decode-shaped: [1, b, h] in Megatron's [s, b, h] layout (one
-new token per sequence; prefill and training go to stock, as NVRAR does), (2) a table for this group's
-(world_size, local_world_size) is loaded, (3) the size lies inside the measured sizes, and (4) at the
-measured size nearest to it (log scale) our fastest algorithm beat stock. Anything else: stock.
-The table is read from `FLASHOVERLAP_ALLREDUCE_TABLE` on first use, or set with `set_calibration`.
+new token per sequence; prefill and training go to stock, as NVRAR does), (2) the group's node layout is
+node-contiguous and balanced (`node_layout`), (3) a table for exactly this (backend, dtype, world_size,
+local_world_size) is loaded: a gloo or float32 table never steers NCCL or bfloat16, (4) the size lies inside
+the measured sizes, and (5) at the measured size nearest to it (log scale) our fastest algorithm beat stock.
+Anything else: stock, with one log line per reason and layout.
+The table is read from `config.environment().allreduce_table` on first use, or set with `set_calibration`.
+
+Node layout: LOCAL_WORLD_SIZE = L ranks per node of the whole job, so global rank g sits on node g // L.
+A group's ranks, in group-rank order, are node-contiguous when each node's ranks are consecutive group
+ranks, and balanced when every node holds as many (G); the hierarchical schedule needs both
+(group rank = node * G + local).
 """
 from __future__ import annotations
 
@@ -20,8 +27,12 @@ import logging
 import math
 import os
 
+from dataclasses import dataclass
+from typing import Sequence
+
 import torch
 
+from ...config import environment
 from ...schedules import ALL_REDUCE_ALGOS
 
 log = logging.getLogger(__name__)
@@ -44,16 +55,66 @@ def set_calibration(source) -> None:
 
 def _tables() -> list:
     if _TABLES is None:
-        path = os.environ.get("FLASHOVERLAP_ALLREDUCE_TABLE")
-        set_calibration(path if path else None)
+        set_calibration(environment().allreduce_table)
     return _TABLES
 
 
-def table_for(world: int, local_world_size: int) -> dict | None:
+def dtype_name(dtype: torch.dtype) -> str:
+    """The table's dtype key: torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).replace("torch.", "")
+
+
+def table_for(world: int, local_world_size: int, backend: str, dtype: str) -> dict | None:
+    """The table measured on exactly this layout, backend and dtype; entries lacking a key never match."""
+    key = (world, local_world_size, str(backend), dtype)
     for t in _tables():
-        if t["world_size"] == world and t["local_world_size"] == local_world_size:
+        if (t.get("world_size"), t.get("local_world_size"), t.get("backend"), t.get("dtype")) == key:
             return t
     return None
+
+
+def warn_once(key, msg: str, *args) -> None:
+    """One log line per distinct reason (a fallback to stock is logged once, never silent)."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(msg, *args)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where a group's ranks sit. nodes[i] = node of group rank i (= global rank // LOCAL_WORLD_SIZE)."""
+    nodes: tuple[int, ...]
+    counts: tuple[int, ...]  # group ranks on each node, nodes in order of first appearance
+    contiguous: bool         # each node's ranks are consecutive group ranks
+    balanced: bool           # every node holds as many group ranks
+
+    @property
+    def per_node(self) -> int | None:
+        """G, the group ranks per node the hierarchical schedule uses; None where the layout allows none."""
+        return self.counts[0] if self.contiguous and self.balanced else None
+
+    def why_not(self) -> str:
+        """Why hierarchical cannot run on this layout ("" where it can)."""
+        if not self.contiguous:
+            return (f"the group's ranks are not node-contiguous (node of each group rank: {list(self.nodes)}); "
+                    f"the hierarchical schedule needs group rank = node * G + local")
+        if not self.balanced:
+            return (f"the group's nodes hold unequal rank counts {list(self.counts)} (node of each group rank: "
+                    f"{list(self.nodes)}); the hierarchical schedule needs as many on every node")
+        return ""
+
+
+def node_layout(global_ranks: Sequence[int], local_world_size: int) -> NodeLayout:
+    """The layout of a group whose group rank i is global rank global_ranks[i], L = local_world_size ranks
+    per node of the job (node of global rank g = g // L)."""
+    if local_world_size < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE={local_world_size}: the job's ranks per node must be >= 1")
+    if not global_ranks or min(global_ranks) < 0 or len(set(global_ranks)) != len(global_ranks):
+        raise ValueError(f"node_layout: expected distinct non-negative global ranks, got {list(global_ranks)}")
+    nodes = tuple(g // local_world_size for g in global_ranks)
+    runs = [n for i, n in enumerate(nodes) if i == 0 or nodes[i - 1] != n]  # one entry per run of a node
+    counts = tuple(nodes.count(n) for n in dict.fromkeys(nodes))
+    return NodeLayout(nodes, counts, contiguous=len(runs) == len(set(runs)), balanced=len(set(counts)) == 1)
 
 
 def is_decode_shaped(x: torch.Tensor) -> bool:
@@ -76,23 +137,26 @@ def best_at(table: dict, nbytes: int) -> str | None:
     return algo if ours[algo] < row["stock_us"] else None
 
 
-def _should_use_x(x: torch.Tensor, world: int, local_world_size: int) -> bool:
+def _should_use_x(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> bool:
     """Ours for decode-shaped inputs inside the calibrated window. Basis: the loaded calibration table."""
-    return is_decode_shaped(x) and _pick(x, world, local_world_size) is not None
+    return is_decode_shaped(x) and _pick(x, world, local_world_size, backend) is not None
 
 
-def _pick(x: torch.Tensor, world: int, local_world_size: int) -> str | None:
-    table = table_for(world, local_world_size)
+def _pick(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> str | None:
+    if local_world_size is None:  # the layout allows no hierarchical schedule, so no table applies
+        return None
+    table = table_for(world, local_world_size, backend, dtype_name(x.dtype))
     if table is None:
-        key = (world, local_world_size)
-        if key not in _WARNED:
-            _WARNED.add(key)
-            log.warning("all_reduce(algo='auto'): no calibration table for world_size=%d local_world_size=%d; "
-                        "using stock all-reduce (run python -m megatron_flashoverlap.bench.calibrate_allreduce)", *key)
+        key = (world, local_world_size, str(backend), dtype_name(x.dtype))
+        warn_once(key, "all_reduce(algo='auto'): no calibration table for world_size=%d local_world_size=%d "
+                       "backend=%s dtype=%s; using stock all-reduce (run python -m "
+                       "megatron_flashoverlap.bench.calibrate_allreduce)", *key)
         return None
     return best_at(table, x.numel() * x.element_size())
 
 
-def choose(x: torch.Tensor, world: int, local_world_size: int) -> str:
-    """The algorithm "auto" runs: ours where `_should_use_x`, else "stock"."""
-    return _pick(x, world, local_world_size) if _should_use_x(x, world, local_world_size) else "stock"
+def choose(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> str:
+    """The algorithm "auto" runs: ours where `_should_use_x`, else "stock" (also where the group's node
+    layout gave no `local_world_size`: None)."""
+    return _pick(x, world, local_world_size, backend) if _should_use_x(x, world, local_world_size, backend) \
+        else "stock"
