@@ -16,9 +16,11 @@
         (flash / flash_bidir = query split; slicing / reference / off = attention, then that GEMM+RS).
 
 Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -10000, fp32 softmax for
-bf16/fp16). Dropout draws its keep-masks per query row from a seed taken from the (model-parallel) RNG,
-so a recompute reproduces them. Not supported (ValueError naming the fix): packed sequences, attention
-bias, sliding windows, softmax_type != "vanilla", apply_query_key_layer_scaling.
+bf16/fp16). Dropout keep-masks are a counter-based hash of (seed, head, row, key) (ops/attention/core.py
+keep_mask); the seed is drawn on the device from the RNG Megatron's dropout uses (the model-parallel one
+without SP), so a recompute reproduces the masks and TP ranks differ where stock's do.
+Not supported (ValueError naming the fix): packed sequences, attention bias, sliding windows,
+softmax_type != "vanilla", apply_query_key_layer_scaling.
 """
 from __future__ import annotations
 
@@ -79,13 +81,20 @@ class UlyssesDotProductAttention(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
-    def _seed(self) -> int:
+    def _seed(self) -> int | torch.Tensor:
+        """The dropout seed, a 0-dim int64 tensor drawn by Megatron's rule for DotProductAttention's dropout:
+        without SP inside `get_cuda_rng_tracker().fork()` (the model-parallel RNG: distinct per TP rank), with
+        SP from the current RNG (TransformerBlock forks it for the whole block). Drawn on the CUDA generator
+        where there is one (on the host, torch.randint would read the CPU generator, identical on every TP
+        rank), and kept on the device: no host sync."""
         if not (self.training and self.dropout_p > 0):
             return 0
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         fork = (contextlib.nullcontext() if self.config.sequence_parallel
                 else tensor_parallel.get_cuda_rng_tracker().fork())
         with fork:  # the same stream Megatron's DotProductAttention dropout draws from
-            return int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+            return torch.randint(0, 2 ** 62, (), device=device, dtype=torch.int64)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):

@@ -13,8 +13,10 @@ alone (the query-split operator) and the whole sequence gives the same rows (the
 - `causal`: key j is masked for query i when pos[j] > pos[i]; `positions` [s] gives pos (Megatron's
   zigzag context-parallel order, see `zigzag_positions`); None = natural order.
 - `mask`: an explicit bool mask [b|1, np|1, s, s] (padding), OR-ed with the causal rule.
-- `dropout_p`, `seed`: dropout on the probs with a keep-mask drawn per query row from a generator seeded
-  by (seed, row), so the mask does not depend on how the rows are split (query-split == reference).
+- `dropout_p`, `seed`: dropout on the probs with a counter-based keep-mask, a hash of (seed, batch and head,
+  global row, key) computed for a whole block in one vectorized pass (`keep_mask`), so the mask does not
+  depend on how the rows are split (query-split == reference). `seed` is an int or a 0-dim int64 tensor
+  (drawn on the device from Megatron's RNG, no host sync).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class AttnSpec:
     mask: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     dropout_p: float = 0.0
-    seed: int = 0
+    seed: int | torch.Tensor = 0  # 0-dim int64 tensor: drawn on the device without a host sync
 
     def rows_mask(self, a: int, b: int, sk: int, device) -> torch.Tensor | None:
         """The mask of query rows [a, b) against all sk keys: [.., b-a, sk] or None."""
@@ -64,16 +66,38 @@ def expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if rep == 1 else t.repeat_interleave(rep, dim=2)
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x):
+    """A 32-bit integer hash (x in [0, 2**32) -> [0, 2**32); Wellons' hash-prospector hash32, 2018). Both
+    multipliers are below 2**31, so every product stays below 2**63: exact in int64, no overflow. Works on
+    Python ints and int64 tensors alike."""
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _M32
+    x = x ^ (x >> 12)
+    x = (x * 0x297A2D39) & _M32
+    return x ^ (x >> 15)
+
+
+def keep_mask(spec: AttnSpec, b: int, heads: int, a: int, n: int, sk: int, device) -> torch.Tensor:
+    """keep [b, np, n, sk] (bool) of query rows [a, a+n): a counter-based draw, uniform 32-bit hash of
+    (seed, batch * np + head, global row a+i, key j) compared with keep_p * 2**32. A row's mask is a function of
+    its global index alone, so any split into blocks gives the same masks (query split == reference); one
+    vectorized pass per block, no generator state (the seed may be an int or a 0-dim int64 tensor)."""
+    s = _mix32((spec.seed ^ (spec.seed >> 32)) & _M32)  # fold a 64-bit seed into 32 bits
+    ix = torch.arange(max(b * heads, n, sk), device=device, dtype=torch.int64)
+    h = _mix32(s ^ ix[:b * heads].view(b, heads, 1, 1))  # [b, np, 1, 1]
+    h = _mix32(h ^ (ix[:n] + a).view(1, 1, n, 1))  # [b, np, n, 1]
+    h = _mix32(h ^ ix[:sk].view(1, 1, 1, sk))  # [b, np, n, sk]
+    return h < int((1.0 - spec.dropout_p) * 2 ** 32)
+
+
 def _dropout(probs: torch.Tensor, spec: AttnSpec, a: int) -> torch.Tensor:
-    """probs [b, np, n, sk]; row i of the block uses the keep-mask of global row a+i."""
-    keep_p = 1.0 - spec.dropout_p
-    rows = []
-    for i in range(probs.shape[2]):
-        g = torch.Generator(device=probs.device).manual_seed(spec.seed * 1_000_003 + a + i)
-        shape = (probs.shape[0], probs.shape[1], probs.shape[3])
-        rows.append(torch.rand(shape, generator=g, device=probs.device) < keep_p)
-    keep = torch.stack(rows, dim=2)  # [b, np, n, sk]
-    return probs * keep.to(probs.dtype) / keep_p
+    """probs [b, np, n, sk]; row i of the block uses the keep-mask of global row a+i (`keep_mask`)."""
+    b, heads, n, sk = probs.shape
+    keep = keep_mask(spec, b, heads, a, n, sk, probs.device)
+    return probs * keep.to(probs.dtype) / (1.0 - spec.dropout_p)
 
 
 def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttnSpec, a: int = 0) -> torch.Tensor:
