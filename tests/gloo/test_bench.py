@@ -1,4 +1,4 @@
-"""Benchmark harness tests. Tiers: pure (rates, cost-model pipelines, gpu_check import), namespaces (root
+"""Benchmark harness tests. Tiers: pure (rates, gpu_check import; the cost model: tests/pure/test_costmodel.py), namespaces (root
 only), and a 2-rank gloo smoke run of the harness on tiny sizes (no timing assertions)."""
 import importlib.util
 import json
@@ -11,7 +11,6 @@ import torch
 
 from megatron_flashoverlap.bench import report
 from megatron_flashoverlap.bench.blocks import METHODS
-from megatron_flashoverlap.bench.costmodel import ag_pipeline, rs_pipeline
 from megatron_flashoverlap.bench.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,19 +30,6 @@ def test_parse_bytes_and_burst_floor():
         parse_bytes("lots")
     with pytest.raises(ValueError, match="MTU"):
         Namespace("never-created").shape_lo("1gbit", burst="64kb")  # refused before any tc call
-
-
-def test_pipelines_by_hand():
-    # flash AG at P=2: local slice (2) overlaps the hop (3), then the arrived slice (2): 3 + 2
-    assert ag_pipeline([(None, 2.0), (0, 2.0)], [3.0]) == 5.0
-    # stock AG: hop then whole GEMM
-    assert ag_pipeline([(0, 4.0)], [3.0]) == 7.0
-    # slicing k=2: chunks of 1.5; chunk 0 at 1.5 -> 3.5, chunk 1 arrived at 3.0 -> 5.5
-    assert ag_pipeline([(0, 2.0), (1, 2.0)], [1.5, 1.5]) == 5.5
-    # flash RS at P=2: peer block (2) then send (3) while own block (2) computes: max(4, 5)
-    assert rs_pipeline([(2.0, 3.0), (2.0, 0.0)]) == 5.0
-    # slicing RS: the last chunk's transfer is the tail
-    assert rs_pipeline([(2.0, 1.5), (2.0, 1.5)]) == 5.5
 
 
 def _ns_list():
