@@ -1,5 +1,6 @@
-"""Benchmark harness tests. Tiers: pure (rates, gpu_check import; the cost model: tests/pure/test_costmodel.py), namespaces (root
-only), and a 2-rank gloo smoke run of the harness on tiny sizes (no timing assertions)."""
+"""Benchmark harness tests. Tiers: pure (rates, gpu_check import), namespaces (root only), the launcher
+(`run_ranks`: torchrun ranks, results, failures, timeout), and a 2-rank gloo smoke run of the harness on tiny
+sizes (no timing assertions). The cost model and the timing loop: tests/pure/test_costmodel.py."""
 import importlib.util
 import json
 import math
@@ -11,6 +12,7 @@ import torch
 
 from megatron_flashoverlap.bench import report
 from megatron_flashoverlap.bench.blocks import METHODS
+from megatron_flashoverlap.bench.gpu_check import shapes
 from megatron_flashoverlap.bench.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,7 +58,7 @@ def _load_script(name):
 
 def test_gpu_check_importable_and_refuses_without_cuda(capsys):
     gc = _load_script("gpu_check")
-    assert set(gc.shapes(4)) == {"fc1", "fc2", "qkv", "proj"} and gc.shapes(4)["fc1"] == (4096, 4096)
+    assert set(shapes(4)) == {"fc1", "fc2", "qkv", "proj"} and shapes(4)["fc1"] == (4096, 4096)
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the no-CUDA exit path cannot be reached here")
     assert gc.main(["--out", os.devnull]) == 3
@@ -104,3 +106,39 @@ def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
             assert any(e["ph"] == "X" and e["pid"] == pid and e["tid"] == 10 * rank + 2 for e in ev), key  # comm
     report.timeline_png(out["traces"], str(tmp_path / "timeline.png"))
     assert (tmp_path / "timeline.png").stat().st_size > 0
+
+
+def test_run_ranks_function_target_gets_args_env_and_a_group():
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    res = run_ranks("tests.gloo.mp_bench:ranks_echo", 2, args=({"k": [1, 2]},), env={"BENCH_TEST_COMMON": "c"},
+                    rank_env=lambda r: {"BENCH_TEST_TAG": f"t{r}"}, timeout=300)
+    assert [r["rank"] for r in res] == [0, 1] and all(r["world"] == 2 for r in res)
+    assert all(r["payload"] == {"k": [1, 2]} and r["common"] == "c" for r in res)
+    assert [r["tag"] for r in res] == ["t0", "t1"] and all(r["sum"] == 3.0 for r in res)  # 1 + 2, exact
+
+
+def test_run_ranks_module_target_and_save_result():
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    res = run_ranks(["tests.gloo.mp_bench", "--flag", 7], 2, timeout=300)
+    assert res == [{"argv": ["--flag", "7"], "rank": 0}, None]  # rank 1 saved nothing
+
+
+def test_run_ranks_failing_rank_raises_and_stops_the_others():
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    with pytest.raises(RuntimeError, match="ranks_fail on 2 ranks failed"):
+        run_ranks("tests.gloo.mp_bench:ranks_fail", 2, timeout=300)  # rank 0 sits in a barrier: no hang
+
+
+def test_run_ranks_timeout_kills_every_rank(tmp_path):
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    with pytest.raises(TimeoutError, match="larger timeout"):
+        run_ranks("tests.gloo.mp_bench:ranks_sleep", 2, args=(str(tmp_path),), timeout=25)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
+    assert len(pids) == 2  # both ranks were up before the timeout
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

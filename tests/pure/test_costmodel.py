@@ -1,4 +1,4 @@
-"""The benchmark cost models, checked against hand-computed values.
+"""The benchmark cost models and the one timing loop, checked against hand-computed values.
 
 Tier: pure (no processes). Every expected number below is worked out by hand in the comment beside it;
 all are small integers or halves in float64, so the comparisons are exact (no sum is rounded).
@@ -6,6 +6,8 @@ all are small integers or halves in float64, so the comparisons are exact (no su
 import pytest
 
 from megatron_flashoverlap.bench.costmodel import ag_pipeline, causal_block_costs, exposed_hops, rs_pipeline
+from megatron_flashoverlap.bench.launch import _split
+from megatron_flashoverlap.bench.rounds import interleaved, rank_max, timed
 
 
 def test_pipelines_by_hand():
@@ -39,3 +41,45 @@ def test_zigzag_blocks_cost_the_same_and_hide_the_hop():
     assert zig == [520.0] * 4 and sum(zig) == 64 * 65 / 2  # the same total work, evenly: 2080 / 4
     hop = 0.5 * sum(plain) / 4  # a hop half as long as the average block
     assert exposed_hops(plain, hop, 4) > 0.2 * sum(plain) / 4 and exposed_hops(zig, hop, 4) == 0.0
+
+
+def test_interleaved_runs_every_variant_per_round_and_drops_warmup():
+    calls = []
+    clock = iter(range(100))
+
+    def variant(name):
+        return lambda: (calls.append(name), float(next(clock)))[1]
+    out = interleaved({"a": variant("a"), "b": variant("b")}, 2, warmup=1)
+    assert calls == ["a", "b"] * 3  # 1 warm-up + 2 rounds, a then b in every round
+    assert out == {"a": [2.0, 4.0], "b": [3.0, 5.0]}  # clock values 0, 1 were the warm-up round
+
+
+def test_interleaved_rotates_the_order_per_round():
+    calls = []
+    out = interleaved({k: (lambda k=k: calls.append(k) or 0.0) for k in "abc"}, 3, warmup=0, rotate=True)
+    assert calls == list("abc" "bca" "cab") and all(len(v) == 3 for v in out.values())
+
+
+def test_interleaved_refuses_no_rounds():
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        interleaved({"a": lambda: 0.0}, 0)
+
+
+def test_rank_max_without_a_group_and_timed_counts_the_sync():
+    assert rank_max({"a": [1.0, 2.0]}) == {"a": [1.0, 2.0]}  # one process: the samples themselves
+    seen = []
+    assert timed(lambda: seen.append("fn"), barrier=False, sync=lambda: seen.append("sync")) >= 0.0
+    assert seen == ["fn", "sync"]
+
+
+def test_launcher_targets_are_checked_before_any_process():
+    assert _split("pkg.mod:fn", (1,)) == ("pkg.mod:fn", [])
+    assert _split(["pkg.mod", "--x", 3], ()) == ("pkg.mod", ["--x", "3"])
+    with pytest.raises(ValueError, match="args="):
+        _split(["pkg.mod:fn", "--x"], ())
+    with pytest.raises(ValueError, match="argv in target"):
+        _split("pkg.mod", (1,))
+    with pytest.raises(ValueError, match="existing .py"):
+        _split("no/such/script.py", ())
+    with pytest.raises(ValueError, match="empty target"):
+        _split([], ())
