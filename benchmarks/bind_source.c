@@ -1,5 +1,5 @@
 /* LD_PRELOAD shim for the topology benchmark: every outgoing IPv4 TCP connection of this process is bound
- * to the source address in FLASHOVERLAP_SOURCE_ADDR before connect(). gloo binds its listener to the
+ * to the source address in BIND_SOURCE_ADDR before connect(). gloo binds its listener to the
  * address of GLOO_SOCKET_IFNAME but connects without binding, so the kernel would pick the destination's
  * own address as source and per-address-pair tc filters could not tell the nodes apart. Nothing else
  * changes: the socket, the data and the algorithms are gloo's own.
@@ -15,7 +15,7 @@
 int connect(int fd, const struct sockaddr *addr, socklen_t len) {
     static int (*real_connect)(int, const struct sockaddr *, socklen_t);
     if (!real_connect) real_connect = dlsym(RTLD_NEXT, "connect");
-    const char *src = getenv("FLASHOVERLAP_SOURCE_ADDR");
+    const char *src = getenv("BIND_SOURCE_ADDR");
     if (src && addr && addr->sa_family == AF_INET) {
         struct sockaddr_in me;
         memset(&me, 0, sizeof me);

@@ -15,12 +15,14 @@ import datetime
 import json
 import os
 import sys
-import tempfile
 
-from megatron_flashoverlap.bench import report
-from megatron_flashoverlap.bench.blocks import METHODS
-from megatron_flashoverlap.bench.launch import run_rates
-from megatron_flashoverlap.bench.netns import why_not_shaped
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from megatron_flashoverlap.bench import report  # noqa: E402
+from megatron_flashoverlap.bench.blocks import METHODS  # noqa: E402
+from megatron_flashoverlap.bench.launch import run_rates  # noqa: E402
+from megatron_flashoverlap.bench.netns import why_not_shaped  # noqa: E402
 
 
 def _ints(s: str) -> list[int]:
@@ -108,12 +110,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     cmd = "python benchmarks/overlap.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    with tempfile.TemporaryDirectory(prefix="flashoverlap-bench-") as tmp:
-        seq_runs = run_rates(config(a, _ints(a.seqs)), a.rates.split(","), tmp, a.burst, a.unshaped)
-        rate_runs = []
-        if a.rate_sweep and not a.unshaped:
-            rcfg = {**config(a, [a.rate_sweep_seq]), "trace": None, "megatron": None, "kinds": ["mlp"]}
-            rate_runs = run_rates(rcfg, a.rate_sweep.split(","), tmp, a.burst)
+    seq_runs = run_rates(config(a, _ints(a.seqs)), a.rates.split(","), a.burst, a.unshaped)
+    rate_runs = []
+    if a.rate_sweep and not a.unshaped:
+        rcfg = {**config(a, [a.rate_sweep_seq]), "trace": None, "megatron": None, "kinds": ["mlp"]}
+        rate_runs = run_rates(rcfg, a.rate_sweep.split(","), a.burst)
     print(write(a, seq_runs, rate_runs, cmd))
     return 0
 

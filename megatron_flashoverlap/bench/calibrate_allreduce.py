@@ -1,12 +1,13 @@
 """Measure all-reduce latency per message size, stock vs ours, on the current group; write the JSON table
-that `all_reduce(algo="auto")` reads (ops/all_reduce_select.py).
+that `all_reduce(algo="auto")` reads (ops/all_reduce/select.py).
 
     torchrun --nproc-per-node 4 -m megatron_flashoverlap.bench.calibrate_allreduce \
         --out results/allreduce_calibration.json [--local-world-size 2] [--dtype bfloat16]
-    FLASHOVERLAP_ALLREDUCE_TABLE=results/allreduce_calibration.json  python your_decode.py
+    then point "auto" at the file: set_calibration(path), or the variable config.ENV_VARS["allreduce_table"]
 
-Each size: `warmup + iters` rounds; a round runs every algorithm once (order rotated per round), each
-behind a barrier; a round's time is the slowest rank's; the table keeps the median (and the minimum).
+Each size: `warmup + iters` rounds of bench/rounds.py `interleaved`; a round runs every algorithm once
+(order rotated per round), each behind a barrier; a round's time is the slowest rank's; the table keeps
+the median (and the minimum).
 The file holds one table per (world_size, local_world_size, backend, dtype), the key `auto` looks up
 (a gloo or float32 table never steers NCCL or bfloat16); a run replaces its own entry.
 """
@@ -17,7 +18,6 @@ import datetime
 import json
 import os
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ import torch.distributed as dist
 from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, resolve_local_world_size
 from ..ops.all_reduce.select import dtype_name
 from ..runtime import OverlapContext
+from .rounds import interleaved, rank_max, timed
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MEASURED = tuple(a for a in AR_ALGOS if a != "auto")  # stock + ours
@@ -40,13 +41,11 @@ def default_sizes(lo: int = 8 << 10, hi: int = 8 << 20) -> list[int]:
     return out
 
 
-def _time_one(x, algo, group, local, ctx, device) -> float:
-    dist.barrier(group)
-    start = time.perf_counter()
-    all_reduce(x, group, algo=algo, local_world_size=local, context=ctx)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+def _variant(x, algo, group, local, ctx, device):
+    """One measured all-reduce (behind a barrier of `group`; a CUDA device is synchronised inside the clock)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return lambda: timed(lambda: all_reduce(x, group, algo=algo, local_world_size=local, context=ctx), sync=sync,
+                         group=group)
 
 
 def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torch.bfloat16, iters=20,
@@ -60,19 +59,12 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
     rows = []
     for nbytes in sizes:
         x = torch.randn(max(nbytes // esize, 1), device=device).to(dtype)
-        times = {a: [] for a in algos}
-        for it in range(warmup + iters):
-            k = it % len(algos)
-            for a in algos[k:] + algos[:k]:
-                t = _time_one(x, a, group, local, ctx, device)
-                if it >= warmup:
-                    times[a].append(t)
-        t = torch.tensor([times[a] for a in algos], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # a round lasts as long as its slowest rank
+        variants = {a: _variant(x, a, group, local, ctx, device) for a in algos}
+        times = rank_max(interleaved(variants, iters, warmup=warmup, rotate=True), group)  # slowest rank's round
         row = {"bytes": int(nbytes)}
-        for i, a in enumerate(algos):
-            row[f"{a}_us"] = round(statistics.median(t[i].tolist()) * 1e6, 1)
-            row[f"{a}_min_us"] = round(min(t[i].tolist()) * 1e6, 1)
+        for a in algos:
+            row[f"{a}_us"] = round(statistics.median(times[a]) * 1e6, 1)
+            row[f"{a}_min_us"] = round(min(times[a]) * 1e6, 1)
         rows.append(row)
     return rows
 

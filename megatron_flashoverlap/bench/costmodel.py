@@ -16,11 +16,17 @@ A bidirectional ring at P=2 sends both halves to the same peer through the same 
 model gives it the same hop as `flash`. Backward: column dgrad RS + wgrad AG in one walk (flash: both
 hops per step; slicing/stock: blocking re-gather of x for wgrad); row backward is one AG of dy.
 The middle part (GELU / attention core) is measured alone; its backward is taken as 2x its forward.
+
+Query-split attention (ops/attention/query_split.py; unitless, at the end of this file): `exposed_hops`
+runs the Flash-RS ring with per-block compute costs, `causal_block_costs` gives those costs for causal
+attention. For P = 4, causal blocks cost 1, 3, 5, 7 (unit = cost of block 0): a hop of 2 units leaves 1 unit
+exposed, a hop of 4 units 4 units (uniform blocks of 4 hide both). Zigzag blocks (d, 2P-1-d) all cost the same.
 """
 from __future__ import annotations
 
 import bisect
 
+from ..ops.attention.core import zigzag_positions
 from .blocks import Method, Shape
 
 
@@ -140,3 +146,26 @@ def calibrate(probes: dict, kind: str, shape: Shape, world: int, compute_s: floa
     per_hop = max(comm_s / hops - probes.get("latency_s", 0.0), 1e-9)
     return {**probes, "gemm_flops": {k: v * scale for k, v in probes["gemm_flops"].items()},
             "link_Bps": shard / per_hop}
+
+
+# ------------------------------------------------------------------ query-split attention (causal blocks)
+
+def exposed_hops(block_costs: list[float], hop: float, world: int) -> float:
+    """Cost model of the Flash-RS ring with per-block compute costs: time past the pure compute.
+
+    done_i(r) = max(done_{i-1}(r) + cost[r-1-i], done_{i-1}(r-1) + hop)  (the partial arrives one hop after
+    the previous rank finished the step before). Returns max_r done_{P-1}(r) - sum(costs)."""
+    done = [block_costs[(r - 1) % world] for r in range(world)]
+    for i in range(1, world):
+        done = [max(done[r] + block_costs[(r - 1 - i) % world], done[(r - 1) % world] + hop) for r in range(world)]
+    return max(done) - sum(block_costs)
+
+
+def causal_block_costs(seq: int, world: int, zigzag: bool = False) -> list[float]:
+    """Causal attention work of each RS block (query row at position t sees t+1 keys), in key-row units.
+
+    plain: block d = rows [d s/P, (d+1) s/P): cost grows with d (block 0 ~ 1/(2P-1) of block P-1);
+    zigzag: block d = chunks (d, 2P-1-d) of 2P: every block costs the same (s^2/(2P) + s/2)."""
+    pos = zigzag_positions(seq, world).tolist() if zigzag else list(range(seq))
+    n = seq // world
+    return [float(sum(t + 1 for t in pos[d * n:(d + 1) * n])) for d in range(world)]

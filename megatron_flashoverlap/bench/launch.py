@@ -1,66 +1,177 @@
-"""Launcher side: run the worker with torchrun inside a shaped namespace, once per link rate.
+"""The one rank launcher: N ranks under torchrun, on the host loopback or inside a shaped namespace.
 
-    run_rates(cfg, rates, burst, unshaped, workdir) -> [worker output + {"rate"}]
+    run_ranks(target, world, *, args=(), ns=None, env=None, rank_env=None, backend="gloo", timeout=3600.0)
+        -> [result of rank 0, result of rank 1, ...]
 
-One namespace serves every rate (`tc qdisc replace` between runs) and is deleted at the end, also on
-errors and Ctrl-C. `unshaped=True` runs on the host loopback and labels the runs "unshaped".
+target, and what every rank runs:
+    "pkg.mod:function"                      init_process_group(backend) (env:// from torchrun), then
+                                            result = function(rank, world, *args), then destroy
+    "pkg.mod"   or ["pkg.mod", *argv]       the module as __main__ (`python -m pkg.mod argv...`)
+    "run.py"    or ["run.py", *argv]        the script as __main__ (`python run.py argv...`)
+args (function targets) and results travel as JSON (tuples come back as lists, NaN survives). A module or
+script rank hands its result back with `save_result(obj)`; a rank that saved nothing gives None.
+ns: a `netns.Namespace` to run in (None: the host). env: on top of OMP_NUM_THREADS=1, PYTHONPATH = this
+checkout first, quiet torch logs. rank_env(rank) -> dict: applied to os.environ inside that rank before the
+target runs (before any process group exists: e.g. GLOO_SOCKET_IFNAME per rank). Every rank starts in this
+module (`python -m megatron_flashoverlap.bench.launch DIR`, DIR holding spec.json and the results).
+A failing rank raises RuntimeError (its traceback is on stderr above), the timeout TimeoutError; both, and
+Ctrl-C, stop every rank first (torchrun's own teardown, then its process group is killed).
+
+Example (an examples/ script starting 2 gloo ranks of its own function and reading rank 0's dict):
+    out = run_ranks("examples.train_tiny_gpt:rank_main", 2, args=(opts,), env={"PYTHONPATH": ROOT})[0]
+
+    run_rates(cfg, rates, burst, unshaped) -> [worker output + {"rate"}]   the overlap sweep, one run per rate
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
+import runpy
+import signal
 import subprocess
 import sys
+import tempfile
+from typing import Callable, Mapping, Sequence
 
 from .netns import shaped_namespace, why_not_shaped
 
-
-def torchrun_argv(cfg_path: str, out_path: str, world: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "-m", "megatron_flashoverlap.bench.worker", cfg_path, out_path]
-
-
-def _env() -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+ENTRY = "megatron_flashoverlap.bench.launch"
+RESULTS_ENV = "RUN_RANKS_DIR"  # set for every rank: where save_result writes rank<r>.json
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(argv: list[str], ns, timeout: float) -> None:
-    cmd = ns.exec_argv(argv) if ns is not None else argv
-    proc = subprocess.Popen(cmd, env=_env())
+def _split(target: str | Sequence[str], args: Sequence) -> tuple[str, list[str]]:
+    """(head, argv) of a target; a bad shape raises ValueError naming the fix."""
+    parts = [target] if isinstance(target, str) else list(target)
+    if not parts or not parts[0]:
+        raise ValueError("run_ranks: empty target; pass 'pkg.mod:function', 'pkg.mod' or 'script.py' (+ argv)")
+    head, argv = str(parts[0]), [str(a) for a in parts[1:]]
+    if head.endswith(".py"):
+        if not os.path.isfile(head):
+            raise ValueError(f"run_ranks: no script {head!r}; pass an existing .py path")
+        head = os.path.abspath(head)
+    if ":" in head and argv:
+        raise ValueError(f"run_ranks: {head!r} is a function target: pass its inputs as args=(...), not argv")
+    if ":" not in head and args:
+        raise ValueError(f"run_ranks: {head!r} is a module/script target: pass argv in target, not args=")
+    return head, argv
+
+
+def _env(extra: Mapping[str, str] | None, results: str) -> dict:
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "TORCH_CPP_LOG_LEVEL": "ERROR",
+            "PYTHONWARNINGS": "ignore"}
+    return {**base, **(extra or {}), RESULTS_ENV: results}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to torchrun's process group (it stops its ranks), SIGKILL after 20 s."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+            return
+
+
+def _wait(cmd: list[str], env: dict, timeout: float, what: str) -> None:
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: one kill stops every rank
     try:
         rc = proc.wait(timeout=timeout)
-    except BaseException:  # timeout or Ctrl-C: stop the ranks before the namespace goes
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise TimeoutError(f"run_ranks: {what} ran past {timeout:.0f} s and was stopped; pass a larger timeout=")
+    except BaseException:  # Ctrl-C, SIGTERM turned into KeyboardInterrupt: stop the ranks before the namespace
+        _stop(proc)
         raise
     if rc != 0:
-        raise RuntimeError(f"benchmark ranks failed (exit {rc}): {' '.join(cmd)}")
+        raise RuntimeError(f"run_ranks: {what} failed (torchrun exit {rc}); the failing rank's traceback is above")
 
 
-def run_rates(cfg: dict, rates: list[str], workdir: str, burst: str = "512kb", unshaped: bool = False,
-              timeout: float = 3600.0) -> list[dict]:
-    """Run the worker once per rate; returns the outputs, each with "rate" set."""
+def run_ranks(target: str | Sequence[str], world: int, *, args: Sequence = (), ns=None,
+              env: Mapping[str, str] | None = None, rank_env: Callable[[int], Mapping[str, str]] | None = None,
+              backend: str = "gloo", timeout: float = 3600.0) -> list:
+    """Start `world` ranks of `target` under torchrun (see the module docstring); -> per-rank results."""
+    if world < 1:
+        raise ValueError(f"run_ranks: world={world}; ask for at least one rank")
+    head, argv = _split(target, args)
+    with tempfile.TemporaryDirectory(prefix="run-ranks-") as tmp:
+        spec = {"target": head, "argv": argv, "args": list(args), "backend": backend,
+                "rank_env": {str(r): dict(rank_env(r)) for r in range(world)} if rank_env else {}}
+        with open(os.path.join(tmp, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+               "-m", ENTRY, tmp]
+        _wait(ns.exec_argv(cmd) if ns is not None else cmd, _env(env, tmp), timeout, f"{head} on {world} ranks")
+        return [_load(os.path.join(tmp, f"rank{r}.json")) for r in range(world)]
+
+
+def _load(path: str):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_result(obj) -> None:
+    """Rank side: hand `obj` (JSON values) back to `run_ranks`; a later call replaces the earlier one."""
+    where = os.environ.get(RESULTS_ENV)
+    if not where:
+        raise RuntimeError("save_result: this process was not started by bench.launch.run_ranks")
+    path = os.path.join(where, f"rank{os.environ.get('RANK', '0')}.json")
+    with open(path + ".part", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".part", path)
+
+
+def _call(head: str, args: list, backend: str) -> None:
+    import torch.distributed as dist
+
+    mod, name = head.split(":", 1)
+    fn = getattr(importlib.import_module(mod), name)
+    dist.init_process_group(backend)
+    try:
+        save_result(fn(dist.get_rank(), dist.get_world_size(), *args))
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_main(spec_dir: str) -> None:
+    """Every rank: its own environment first, then the target."""
+    with open(os.path.join(spec_dir, "spec.json")) as f:
+        spec = json.load(f)
+    os.environ.update(spec["rank_env"].get(os.environ.get("RANK", "0"), {}))
+    head = spec["target"]
+    if ":" in head:
+        return _call(head, spec["args"], spec["backend"])
+    sys.argv = [head, *spec["argv"]]
+    if head.endswith(".py"):
+        sys.path.insert(0, os.path.dirname(head))
+        runpy.run_path(head, run_name="__main__")
+    else:
+        runpy.run_module(head, run_name="__main__", alter_sys=True)
+
+
+def run_rates(cfg: dict, rates: list[str], burst: str = "512kb", unshaped: bool = False,
+              timeout: float = 3600.0, world: int = 2) -> list[dict]:
+    """The overlap worker once per link rate in one namespace (`tc qdisc replace` between runs), deleted at
+    the end, also on errors and Ctrl-C; `unshaped=True`: the host loopback, runs labelled "unshaped"."""
     if not unshaped and why_not_shaped():
         raise PermissionError(why_not_shaped())
-    os.makedirs(workdir, exist_ok=True)
     outs = []
     with (contextlib.nullcontext(None) if unshaped else shaped_namespace(None)) as ns:
         for rate in (["unshaped"] if unshaped else rates):
             if ns is not None:
                 ns.shape_lo(rate, burst)
-            tag = rate.replace("/", "_")
-            cfg_path, out_path = os.path.join(workdir, f"cfg_{tag}.json"), os.path.join(workdir, f"out_{tag}.json")
-            with open(cfg_path, "w") as f:
-                json.dump({**cfg, "label": f"link {rate}"}, f)
             load0 = os.getloadavg()[0]
-            _run(torchrun_argv(cfg_path, out_path), ns, timeout)
-            with open(out_path) as f:
-                outs.append({**json.load(f), "rate": rate if ns is not None else "unshaped (host loopback)",
-                             "loadavg": (load0, os.getloadavg()[0]), "cpus": os.cpu_count()})
+            out = run_ranks("megatron_flashoverlap.bench.worker:main", world, args=({**cfg, "label": f"link {rate}"},),
+                            ns=ns, timeout=timeout)[0]
+            outs.append({**out, "rate": rate if ns is not None else "unshaped (host loopback)",
+                         "loadavg": (load0, os.getloadavg()[0]), "cpus": os.cpu_count()})
     return outs
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1])

@@ -8,12 +8,12 @@ groups come from parallel_state, so the fake-group "compute alone" does not appl
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from .blocks import Method
+from .rounds import interleaved, pass_seconds, rank_max, timed
 
 
 def _build(config, mlp_spec, seed: int):
@@ -41,15 +41,7 @@ def _specs(methods):
 
 
 def _time(mlp, x, dy, mode: str) -> float:
-    xx = x.detach().requires_grad_(mode != "fwd")
-    dist.barrier()
-    t0 = time.perf_counter()
-    y, _ = mlp(xx)
-    if mode != "fwd":
-        y.backward(dy)
-    dt = time.perf_counter() - t0
-    mlp.zero_grad(set_to_none=True)
-    return dt
+    return pass_seconds(lambda xx: mlp(xx)[0], x, mode, dy, list(mlp.parameters()))  # mlp -> (output, bias)
 
 
 def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: list[Method], repeats: int) -> list[dict]:
@@ -66,24 +58,80 @@ def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: lis
         g = torch.Generator().manual_seed(5)
         x = torch.randn(seq // world, batch, hidden, generator=g)  # x_shard_s [s/P, b, h]
         dy = torch.randn(seq // world, batch, hidden, generator=g)
-        samples: dict = {}
-        for r in range(repeats + 1):
-            for name, mlp in mlps.items():
-                for mode in ("fwd", "fwd+bwd"):
-                    t = _time(mlp, x, dy, mode)
-                    if r > 0:
-                        samples.setdefault((name, mode), []).append(t)
+        variants = {(name, mode): (lambda mlp=mlp, mode=mode: _time(mlp, x, dy, mode))
+                    for name, mlp in mlps.items() for mode in ("fwd", "fwd+bwd")}
+        samples = rank_max(interleaved(variants, repeats))
     finally:
         destroy()
-    return _rows(samples, seq)
+    return [{"kind": "megatron mlp", "seq": seq, "method": name, "mode": mode, "block": statistics.median(vals),
+             "spread": (min(vals), max(vals))} for (name, mode), vals in samples.items()]
 
 
-def _rows(samples: dict, seq: int) -> list[dict]:
-    out = []
-    for (name, mode), mine in samples.items():
-        ts = torch.tensor(mine, dtype=torch.float64)
-        dist.all_reduce(ts, op=dist.ReduceOp.MAX)
-        vals = ts.tolist()
-        out.append({"kind": "megatron mlp", "seq": seq, "method": name, "mode": mode,
-                    "block": statistics.median(vals), "spread": (min(vals), max(vals))})
-    return out
+# ------------------------------------------------------------------ Megatron DDP rows (benchmarks/dp.py)
+
+DDP_VARIANTS = ("stock", "stock, bucket per weight", "flash, every linear", "flash, first block")
+
+
+def _ddp_model(tcfg, hidden: int, ffn: int, layers: int):
+    """`layers` x (ColumnParallelLinear h -> f, RowParallelLinear f -> h), TP=1, no bias."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    init = torch.nn.init.xavier_normal_
+    return torch.nn.Sequential(*[m for _ in range(layers) for m in (
+        ColumnParallelLinear(hidden, ffn, config=tcfg, init_method=init, bias=False, gather_output=False),
+        RowParallelLinear(ffn, hidden, config=tcfg, init_method=init, bias=False, input_is_parallel=True,
+                          skip_bias_add=False))])
+
+
+def _ddp_build(variant: str, tcfg, hidden: int, ffn: int, layers: int):
+    """(module, DDP wrapper) of one variant: stock DDP (one 40M bucket, or a bucket per weight) or ours."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from ..megatron.ddp_linear import wrap_with_dp_overlap
+
+    torch.manual_seed(0)
+    m = _ddp_model(tcfg, hidden, ffn, layers)
+    kw = {"bucket_size": hidden * ffn} if variant == "stock, bucket per weight" else {}
+    dcfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **kw)
+    if variant.startswith("stock"):
+        return m, DistributedDataParallel(tcfg, dcfg, m)
+    chosen = list(m) if variant == "flash, every linear" else list(m)[:2]
+    return m, wrap_with_dp_overlap(tcfg, dcfg, m, linears=chosen)[0]
+
+
+def _ddp_step(model, ddp, x) -> None:
+    """forward + backward + finish_grad_sync of one variant."""
+    ddp.zero_grad_buffer()
+    y = x
+    for i in range(0, len(model), 2):
+        y = model[i + 1](model[i](y)[0])[0]
+    y.sum().backward()
+    ddp.finish_grad_sync()
+
+
+def measure_ddp(hidden: int, ffn: int, layers: int, tokens: int, repeats: int) -> list[dict]:
+    """Rows {kind: "megatron ddp", seq: tokens, method: variant, block, spread} (block time only: the DP
+    group cannot be faked inside Megatron; block = the upper median of the rank-max rounds)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+
+    from ..megatron import cpu
+    from ..megatron.cpu_optimizer import enable_cpu_optimizer
+
+    cpu.enable()
+    enable_cpu_optimizer()  # also the CUDA-stream shim of 0.19's start_grad_sync
+    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    try:
+        model_parallel_cuda_manual_seed(1)
+        tcfg = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=1, use_cpu_initialization=True)
+        x = torch.randn(tokens, 1, hidden)
+        models = {v: _ddp_build(v, tcfg, hidden, ffn, layers) for v in DDP_VARIANTS}
+        samples = interleaved({v: (lambda mv=mv: timed(lambda: _ddp_step(*mv, x))) for v, mv in models.items()},
+                              repeats)
+    finally:
+        ps.destroy_model_parallel()
+    nan = float("nan")
+    return [{"kind": "megatron ddp", "seq": tokens, "method": v, "mode": "fwd+bwd",
+             "block": sorted(ts)[len(ts) // 2], "compute": nan, "comm": nan, "exposed": nan, "hidden": nan,
+             "spread": (min(ts), max(ts))} for v, ts in rank_max(samples).items()]

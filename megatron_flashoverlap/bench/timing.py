@@ -5,18 +5,19 @@ For one (block kind, shape) and every method, each repeat times, in this order:
     compute  the same block on a *fake* process group of the same size: identical GEMM slices, buffers and
              executor walk, but every transfer completes at once without moving data
     comm     the block on the real group with inner width 1: identical transfers, GEMMs shrunk to O(bytes)
-A sample is the max over ranks of one call's duration (every rank starts after a barrier).
+A sample is the max over ranks of one call's duration (every rank starts after a barrier); the loop is
+bench/rounds.py `interleaved`, every (method, mode, measure) one variant of a round.
 """
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from ..runtime import OverlapContext
 from .blocks import Method, Shape, comm_only, make_block
+from .rounds import interleaved, pass_seconds, rank_max
 
 MODES = ("fwd", "fwd+bwd")
 MEASURES = ("block", "compute", "comm")
@@ -44,46 +45,25 @@ class Runner:
 
     def call(self, block, group, method: Method, mode: str, ctx=None, spans=None) -> float:
         """Seconds for one forward (+ backward) of `block`; grads are dropped afterwards."""
-        x = self.x.detach().requires_grad_(mode != "fwd")
-        dist.barrier()
-        t0 = time.perf_counter()
-        y = block.forward(x, group, method, ctx or self.ctx, spans)
-        if mode != "fwd":
-            y.backward(self.dy)
-        dt = time.perf_counter() - t0
-        for p in block.params():
-            p.grad = None
-        return dt
+        return pass_seconds(lambda x: block.forward(x, group, method, ctx or self.ctx, spans), self.x, mode, self.dy,
+                            block.params())
 
-    def sample(self, method: Method, mode: str, real, fake) -> dict:
-        return {"block": self.call(self.full, real, method, mode),
-                "compute": self.call(self.full, fake, method, mode),
-                "comm": self.call(self.thin, real, method, mode)}
+    def variants(self, method: Method, mode: str, real, fake) -> dict:
+        """The three measured calls of one (method, mode): {(method, mode, measure): () -> seconds}."""
+        calls = {"block": (self.full, real), "compute": (self.full, fake), "comm": (self.thin, real)}
+        return {(method.name, mode, k): (lambda b=b, g=g: self.call(b, g, method, mode)) for k, (b, g) in calls.items()}
 
 
 def measure(runner: Runner, methods, repeats: int, real, fake, tick=None) -> dict:
-    """{(method, mode, measure): [seconds on this rank per repeat]}, after one warm-up round."""
-    out: dict = {}
-    for r in range(repeats + 1):
-        for m in methods:
-            for mode in MODES:
-                s = runner.sample(m, mode, real, fake)
-                if r > 0:
-                    for k, v in s.items():
-                        out.setdefault((m.name, mode, k), []).append(v)
-            if tick:
-                tick()
-    return out
+    """{(method, mode, measure): [seconds, max over ranks, per repeat]}, after one warm-up round."""
+    variants = {k: v for m in methods for mode in MODES for k, v in runner.variants(m, mode, real, fake).items()}
+    return rank_max(interleaved(variants, repeats, tick=tick))
 
 
-def combine(per_rank: list[dict]) -> dict:
-    """Max over ranks per repeat -> {key: {"median", "lo", "hi", "n", "samples"}} (lo/hi: min, max)."""
-    res = {}
-    for key in per_rank[0]:
-        samples = [max(vals) for vals in zip(*(d[key] for d in per_rank))]
-        res[key] = {"median": statistics.median(samples), "lo": min(samples), "hi": max(samples), "n": len(samples),
-                    "samples": samples}
-    return res
+def combine(samples: dict) -> dict:
+    """Rank-max samples per repeat -> {key: {"median", "lo", "hi", "n", "samples"}} (lo/hi: min, max)."""
+    return {key: {"median": statistics.median(s), "lo": min(s), "hi": max(s), "n": len(s), "samples": list(s)}
+            for key, s in samples.items()}
 
 
 def derived(stats: dict, method: str, mode: str) -> dict:

@@ -1,21 +1,17 @@
-"""One benchmark run on every rank (started by torchrun, inside the shaped namespace).
+"""One benchmark run on every rank (started by bench/launch.py `run_ranks`, inside the shaped namespace).
 
-    python -m megatron_flashoverlap.bench.worker CONFIG.json OUT.json
+    run_ranks("megatron_flashoverlap.bench.worker:main", 2, args=(CONFIG,))  -> [OUT, None]
 
 CONFIG: {"kinds": ["mlp", "attn"], "seqs": [...], "batch", "hidden", "width", "head_dim", "repeats",
          "attn_max_seq" (optional: the attention block only up to this length; its core is O(s^2)),
          "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str,
          "megatron": {"seq"} or null (adds rows for the real Megatron MLP: stock spec vs ours)}
-OUT (written by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
+OUT (returned by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
 rows (one per kind x seq x method x mode with medians and spread), trace events per rank.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -24,17 +20,13 @@ import torch.nn.functional as F
 from ..runtime import OverlapContext, all_gather_into
 from .blocks import Shape, method_by_name
 from .progress import Progress
-from .timing import MODES, Runner, combine, derived, fake_group, measure
+from .rounds import interleaved, rank_max, timed
+from .timing import MEASURES, MODES, Runner, combine, derived, fake_group, measure
 
 
 def _median_time(fn, n: int = 3) -> float:
-    ts = []
-    for _ in range(n):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    """Median over n rounds (no warm-up) of one call on this rank."""
+    return statistics.median(interleaved({"probe": lambda: timed(fn)}, n, warmup=0)["probe"])
 
 
 def probe_link(world: int, mib: float = 4.0) -> float:
@@ -64,9 +56,7 @@ def probe_gemm(hidden: int, width: int, rows_list) -> dict:
 
 
 def _max_over_ranks(v: float) -> float:
-    t = torch.tensor([v], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return rank_max({"v": [v]})["v"][0]
 
 
 def _gathered(obj):
@@ -103,7 +93,7 @@ def _point(cfg: dict, kind: str, seq: int, methods, fake, probes: dict, bar) -> 
     runner = Runner(kind, Shape(seq, cfg["batch"], cfg["hidden"], cfg["width"], cfg.get("head_dim", 64)), world)
     full_in = torch.randn(seq, cfg["batch"], runner.full.w_in.shape[0])
     probes["middle_s"][f"{kind}|{seq}"] = _max_over_ranks(_median_time(lambda: runner.full._middle(full_in)))
-    stats = combine(_gathered(measure(runner, methods, cfg["repeats"], None, fake, bar.tick)))
+    stats = combine(measure(runner, methods, cfg["repeats"], None, fake, bar.tick))
     rows = [{"kind": kind, "seq": seq, "method": m.name, "mode": mode, **derived(stats, m.name, mode)}
             for m in methods for mode in MODES]
     tr = cfg.get("trace")
@@ -119,7 +109,8 @@ def run(cfg: dict) -> dict | None:
     methods = [method_by_name(n) for n in cfg["methods"]]
     probes = _probes(cfg, world)
     todo = [(k, s) for k in cfg["kinds"] for s in cfg["seqs"] if k != "attn" or s <= cfg.get("attn_max_seq", s)]
-    bar = Progress(len(todo) * (cfg["repeats"] + 1) * len(methods), cfg.get("label", ""), enabled=rank == 0)
+    calls = (cfg["repeats"] + 1) * len(methods) * len(MODES) * len(MEASURES)  # one tick per measured call
+    bar = Progress(len(todo) * calls, cfg.get("label", ""), enabled=rank == 0)
     rows, traces = [], []
     for kind, seq in todo:
         more, tr = _point(cfg, kind, seq, methods, fake, probes, bar)
@@ -140,20 +131,8 @@ def _megatron(cfg: dict, methods) -> list[dict]:
                             cfg["repeats"])
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = json.loads(open(argv[0]).read())
+def main(rank: int, world: int, cfg: dict) -> dict | None:
+    """The rank entry for `run_ranks` (gloo already up): one thread, denormals flushed, then `run`."""
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # the fake group leaves receive buffers uninitialised: no denormal slow-down
-    dist.init_process_group("gloo")
-    try:
-        out = run(cfg)
-        if out is not None:
-            with open(argv[1], "w") as f:
-                json.dump(out, f)
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return run(cfg)

@@ -1,5 +1,10 @@
-"""Rank bodies for tests/gloo/test_bench.py (run on the gloo pool)."""
+"""Rank bodies for tests/gloo/test_bench.py (run on the gloo pool, or started by bench.launch.run_ranks)."""
+import os
+import sys
+import time
+
 import torch
+import torch.distributed as dist
 
 from megatron_flashoverlap.bench import worker
 from megatron_flashoverlap.bench.blocks import METHODS, Shape, make_block
@@ -21,3 +26,32 @@ def block_outputs(rank, world, kind, shape_args):
         y.backward(torch.ones_like(y))
         out[m.name] = (y.detach(), x.grad, blk.w_in.grad, blk.w_out.grad)
     return out
+
+
+def ranks_echo(rank, world, payload):
+    """run_ranks function target: who I am, the payload back, my own env tag, and a sum over the group."""
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    return {"rank": rank, "world": world, "payload": payload, "tag": os.environ.get("BENCH_TEST_TAG"),
+            "common": os.environ.get("BENCH_TEST_COMMON"), "sum": t.item()}
+
+
+def ranks_fail(rank, world):
+    """Rank 1 raises; rank 0 waits in a barrier that never completes unless the launcher stops it."""
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    dist.barrier()
+
+
+def ranks_sleep(rank, world, pid_dir):
+    """Writes this rank's pid, then sleeps far past any test timeout."""
+    with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+if __name__ == "__main__":  # run_ranks module target: hand argv and the rank back through save_result
+    from megatron_flashoverlap.bench.launch import save_result
+
+    if os.environ["RANK"] == "0":
+        save_result({"argv": sys.argv[1:], "rank": int(os.environ["RANK"])})

@@ -5,16 +5,12 @@ command measures every algorithm at every size on every rank alike, merges table
 that "auto" picks exactly what the table says.
 """
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from megatron_flashoverlap.bench.topology import markdown
 from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import topology  # noqa: E402
 
 ALGOS = ("stock", "ring", "recursive_doubling", "hierarchical")
 
@@ -62,5 +58,5 @@ def test_topology_markdown_speedup_column():
     table = {"world_size": 4, "local_world_size": 2, "dtype": "bfloat16", "iters": 3, "note": "n",
              "measured_at": "t", "rows": [{"bytes": 8192, "stock_us": 3000.0, "ring_us": 4000.0,
                                            "recursive_doubling_us": 1500.0, "hierarchical_us": 2000.0}]}
-    line = topology.markdown([table]).splitlines()[4]
+    line = markdown([table]).splitlines()[4]
     assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | recursive_doubling | 2.00x |"

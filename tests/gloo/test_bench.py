@@ -1,5 +1,6 @@
-"""Benchmark harness tests. Tiers: pure (rates, cost-model pipelines, gpu_check import), namespaces (root
-only), and a 2-rank gloo smoke run of the harness on tiny sizes (no timing assertions)."""
+"""Benchmark harness tests. Tiers: pure (rates, gpu_check import), namespaces (root only), the launcher
+(`run_ranks`: torchrun ranks, results, failures, timeout), and a 2-rank gloo smoke run of the harness on tiny
+sizes (no timing assertions). The cost model and the timing loop: tests/pure/test_costmodel.py."""
 import importlib.util
 import json
 import math
@@ -11,7 +12,7 @@ import torch
 
 from megatron_flashoverlap.bench import report
 from megatron_flashoverlap.bench.blocks import METHODS
-from megatron_flashoverlap.bench.costmodel import ag_pipeline, rs_pipeline
+from megatron_flashoverlap.bench.gpu_check import shapes
 from megatron_flashoverlap.bench.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,19 +32,6 @@ def test_parse_bytes_and_burst_floor():
         parse_bytes("lots")
     with pytest.raises(ValueError, match="MTU"):
         Namespace("never-created").shape_lo("1gbit", burst="64kb")  # refused before any tc call
-
-
-def test_pipelines_by_hand():
-    # flash AG at P=2: local slice (2) overlaps the hop (3), then the arrived slice (2): 3 + 2
-    assert ag_pipeline([(None, 2.0), (0, 2.0)], [3.0]) == 5.0
-    # stock AG: hop then whole GEMM
-    assert ag_pipeline([(0, 4.0)], [3.0]) == 7.0
-    # slicing k=2: chunks of 1.5; chunk 0 at 1.5 -> 3.5, chunk 1 arrived at 3.0 -> 5.5
-    assert ag_pipeline([(0, 2.0), (1, 2.0)], [1.5, 1.5]) == 5.5
-    # flash RS at P=2: peer block (2) then send (3) while own block (2) computes: max(4, 5)
-    assert rs_pipeline([(2.0, 3.0), (2.0, 0.0)]) == 5.0
-    # slicing RS: the last chunk's transfer is the tail
-    assert rs_pipeline([(2.0, 1.5), (2.0, 1.5)]) == 5.5
 
 
 def _ns_list():
@@ -70,7 +58,7 @@ def _load_script(name):
 
 def test_gpu_check_importable_and_refuses_without_cuda(capsys):
     gc = _load_script("gpu_check")
-    assert set(gc.shapes(4)) == {"fc1", "fc2", "qkv", "proj"} and gc.shapes(4)["fc1"] == (4096, 4096)
+    assert set(shapes(4)) == {"fc1", "fc2", "qkv", "proj"} and shapes(4)["fc1"] == (4096, 4096)
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the no-CUDA exit path cannot be reached here")
     assert gc.main(["--out", os.devnull]) == 3
@@ -118,3 +106,39 @@ def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
             assert any(e["ph"] == "X" and e["pid"] == pid and e["tid"] == 10 * rank + 2 for e in ev), key  # comm
     report.timeline_png(out["traces"], str(tmp_path / "timeline.png"))
     assert (tmp_path / "timeline.png").stat().st_size > 0
+
+
+def test_run_ranks_function_target_gets_args_env_and_a_group():
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    res = run_ranks("tests.gloo.mp_bench:ranks_echo", 2, args=({"k": [1, 2]},), env={"BENCH_TEST_COMMON": "c"},
+                    rank_env=lambda r: {"BENCH_TEST_TAG": f"t{r}"}, timeout=300)
+    assert [r["rank"] for r in res] == [0, 1] and all(r["world"] == 2 for r in res)
+    assert all(r["payload"] == {"k": [1, 2]} and r["common"] == "c" for r in res)
+    assert [r["tag"] for r in res] == ["t0", "t1"] and all(r["sum"] == 3.0 for r in res)  # 1 + 2, exact
+
+
+def test_run_ranks_module_target_and_save_result():
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    res = run_ranks(["tests.gloo.mp_bench", "--flag", 7], 2, timeout=300)
+    assert res == [{"argv": ["--flag", "7"], "rank": 0}, None]  # rank 1 saved nothing
+
+
+def test_run_ranks_failing_rank_raises_and_stops_the_others():
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    with pytest.raises(RuntimeError, match="ranks_fail on 2 ranks failed"):
+        run_ranks("tests.gloo.mp_bench:ranks_fail", 2, timeout=300)  # rank 0 sits in a barrier: no hang
+
+
+def test_run_ranks_timeout_kills_every_rank(tmp_path):
+    from megatron_flashoverlap.bench.launch import run_ranks
+
+    with pytest.raises(TimeoutError, match="larger timeout"):
+        run_ranks("tests.gloo.mp_bench:ranks_sleep", 2, args=(str(tmp_path),), timeout=25)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
+    assert len(pids) == 2  # both ranks were up before the timeout
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

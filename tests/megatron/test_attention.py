@@ -1,13 +1,13 @@
 """Query-split attention: numerics on 2-4 gloo CPU processes, against Megatron's DotProductAttention.
 
-Tier: numerics (gloo processes). Worker bodies in tests/megatron/mp_attention.py. Pure checks (cost model, errors)
-run in-process.
+Tier: numerics (gloo processes). Worker bodies in tests/megatron/mp_attention.py. Pure checks (errors)
+run in-process; the cost model (bench/costmodel.py) is tested in tests/pure/test_costmodel.py.
 """
 import pytest
 import torch
 
 from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows, zigzag_positions
-from megatron_flashoverlap.ops.attention.query_split import exposed_hops, query_split_attention
+from megatron_flashoverlap.ops.attention.query_split import query_split_attention
 
 BODY = "tests.megatron.mp_attention:"
 
@@ -78,27 +78,9 @@ def test_errors_name_the_fix():
         query_split_attention(q, q, q, torch.randn(5, 6), dropout_p=1.0)
 
 
-def test_cost_model_causal_exposes_the_cheap_steps():
-    # P = 4, causal block costs 1, 3, 5, 7 (block d sees (d + 1/2) s/P keys); uniform costs 4 each
-    causal, uniform = [1.0, 3.0, 5.0, 7.0], [4.0] * 4
-    assert exposed_hops(uniform, 4.0, 4) == 0.0  # every hop fits under a block of the same length
-    assert exposed_hops(causal, 4.0, 4) > 0.0  # the same hop no longer fits beside block 0
-    assert exposed_hops(causal, 1.0, 4) == 0.0  # ... unless it is shorter than the cheapest block
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_query_split_zigzag_matches_dense(pools, world):
     # fp32 vs a float64 dense formula: rounding of fp32 GEMMs and the ring-order sum, close
     for r in pools(world).run(BODY + "zigzag_vs_dense", timeout=300):
         for n in ("y", "dq", "dk", "dv", "dw"):
             assert r[n] <= 1e-5 * max(r["scale"], 1.0), (n, r)
-
-
-def test_zigzag_blocks_cost_the_same_and_hide_the_hop():
-    from megatron_flashoverlap.ops.attention.query_split import causal_block_costs
-
-    plain, zig = causal_block_costs(64, 4), causal_block_costs(64, 4, zigzag=True)
-    assert sum(plain) == sum(zig) == 64 * 65 / 2  # the same total work, redistributed
-    assert len(set(zig)) == 1 and plain == sorted(plain) and plain[0] < plain[-1] / 6
-    hop = 0.5 * sum(plain) / 4  # a hop half as long as the average block
-    assert exposed_hops(plain, hop, 4) > 0.2 * sum(plain) / 4 and exposed_hops(zig, hop, 4) == 0.0

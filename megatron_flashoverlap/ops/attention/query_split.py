@@ -133,24 +133,3 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     ctx_full = attention_reference(q, k, v, spec)  # plain autograd from here on
     return matmul_reduce_scatter(ctx_full, weight, group, algo="slicing" if algo == "slicing" else "reference",
                                  num_chunks=num_chunks, context=octx)
-
-
-def exposed_hops(block_costs: list[float], hop: float, world: int) -> float:
-    """Cost model of the Flash-RS ring with per-block compute costs: time past the pure compute.
-
-    done_i(r) = max(done_{i-1}(r) + cost[r-1-i], done_{i-1}(r-1) + hop)  (the partial arrives one hop after
-    the previous rank finished the step before). Returns max_r done_{P-1}(r) - sum(costs)."""
-    done = [block_costs[(r - 1) % world] for r in range(world)]
-    for i in range(1, world):
-        done = [max(done[r] + block_costs[(r - 1 - i) % world], done[(r - 1) % world] + hop) for r in range(world)]
-    return max(done) - sum(block_costs)
-
-
-def causal_block_costs(seq: int, world: int, zigzag: bool = False) -> list[float]:
-    """Causal attention work of each RS block (query row at position t sees t+1 keys), in key-row units.
-
-    plain: block d = rows [d s/P, (d+1) s/P): cost grows with d (block 0 ~ 1/(2P-1) of block P-1);
-    zigzag: block d = chunks (d, 2P-1-d) of 2P: every block costs the same (s^2/(2P) + s/2)."""
-    pos = zigzag_positions(seq, world).tolist() if zigzag else list(range(seq))
-    n = seq // world
-    return [float(sum(t + 1 for t in pos[d * n:(d + 1) * n])) for d in range(world)]
