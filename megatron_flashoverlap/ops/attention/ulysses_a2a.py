@@ -53,27 +53,31 @@ def heads_to_seq_flash(ys: Sequence[torch.Tensor], group, ctx) -> list[torch.Ten
 
 @register(S2H, "reference")
 def seq_to_heads_reference(xs: Sequence[torch.Tensor], group, ctx) -> list[torch.Tensor]:
-    """Stock all_to_all_single per tensor: [s/P, b, H, d] -> [s, b, H/P, d]."""
-    world = group_info(group)[1]
-    outs = []
-    for x in xs:
-        send = torch.stack([group_heads(x, g, world) for g in range(world)]).contiguous()  # [P, s/P, b, H/P, d]
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=group)
-        outs.append(recv.reshape((-1,) + tuple(recv.shape[2:])))  # [P*s/P, b, H/P, d]
-    return outs
+    """Stock: one blocking all_to_all_single per tensor."""
+    return [_stock_seq_to_heads(x, group) for x in xs]
 
 
 @register(H2S, "reference")
 def heads_to_seq_reference(ys: Sequence[torch.Tensor], group, ctx) -> list[torch.Tensor]:
-    """Stock all_to_all_single per tensor: [s, b, H/P, d] -> [s/P, b, H, d]."""
+    """Stock: one blocking all_to_all_single per tensor."""
+    return [_stock_heads_to_seq(y, group) for y in ys]
+
+
+def _stock_seq_to_heads(x: torch.Tensor, group) -> torch.Tensor:
+    """[s/P, b, H, d] -> [s, b, H/P, d]."""
     world = group_info(group)[1]
-    outs = []
-    for y in ys:
-        recv = torch.empty_like(y)  # row block src = the piece of src: [P, s/P, b, H/P, d]
-        dist.all_to_all_single(recv, y.contiguous(), group=group)
-        outs.append(torch.cat(list(recv.view(world, -1, *y.shape[1:])), dim=2))  # head group src from src
-    return outs
+    send = torch.stack([group_heads(x, g, world) for g in range(world)]).contiguous()  # [P, s/P, b, H/P, d]
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.reshape((-1,) + tuple(recv.shape[2:]))  # [P*s/P, b, H/P, d]
+
+
+def _stock_heads_to_seq(y: torch.Tensor, group) -> torch.Tensor:
+    """[s, b, H/P, d] -> [s/P, b, H, d]."""
+    world = group_info(group)[1]
+    recv = torch.empty_like(y)  # row block src = the piece of src: [P, s/P, b, H/P, d]
+    dist.all_to_all_single(recv, y.contiguous(), group=group)
+    return torch.cat(list(recv.view(world, -1, *y.shape[1:])), dim=2)  # head group src from src
 
 
 def seq_to_heads(xs: Sequence[torch.Tensor], group, ctx, algo: str = "flash") -> list[torch.Tensor]:
