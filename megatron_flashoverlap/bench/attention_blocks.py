@@ -100,7 +100,7 @@ class UlyssesBlock:
     def _algo(method) -> str:
         if method.algo not in ("flash", "reference"):
             raise ValueError(f"ulysses block: method {method.name!r} does not apply; use 'stock' or 'flash'")
-        return "flash" if method.algo == "flash" else "stock"
+        return method.algo
 
     def forward(self, x_s, group, method, ctx: OverlapContext, spans=None):
         with _Span(spans, "qkv+a2a+attention+a2a+proj"):
@@ -111,9 +111,9 @@ class UlyssesBlock:
         """The block's two exchanges (q/k/v seq->heads, ctx heads->seq), same bytes, no compute."""
         s, b = x_s.shape[0], x_s.shape[1]
         qkv = x_s.new_zeros(s, b, self.heads, 3 * self.head_dim)  # per head: q, k, v
-        stock = self._algo(method) == "stock"
-        (h,) = seq_to_heads([qkv], group, ctx, stock=stock)
-        return heads_to_seq([h[..., :self.head_dim].contiguous()], group, ctx, stock=stock)[0]
+        algo = self._algo(method)
+        (h,) = seq_to_heads([qkv], group, ctx, algo)
+        return heads_to_seq([h[..., :self.head_dim].contiguous()], group, ctx, algo)[0]
 
 
 ATTENTION_BLOCKS = {"qsa": QuerySplitBlock, "qsa_zigzag": ZigzagQuerySplitBlock, "ulysses": UlyssesBlock}

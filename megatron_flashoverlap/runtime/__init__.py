@@ -1,7 +1,13 @@
-"""The runtime: one executor over torch.distributed P2P, the context that owns buffers and timeouts."""
+"""The runtime: one executor over torch.distributed P2P, its data-side handlers, the pipeline API on top
+(an operator writes only its compute closure), shared numerics, and the context that owns buffers."""
+from .alltoall import consume_all_to_all, produce_all_to_all
 from .context import OverlapContext, TraceEvent, default_context
 from .executor import PeerTimeoutError, execute
 from .group import all_gather_into, global_rank, group_info, reduce_scatter_into
+from .numerics import acc_dtype, wgrad
+from .pipeline import Pass, exchange, gather, gather_and_consume, produce_and_scatter, scatter, tail, walk
 
-__all__ = ["OverlapContext", "PeerTimeoutError", "TraceEvent", "all_gather_into", "default_context",
-           "execute", "global_rank", "group_info", "reduce_scatter_into"]
+__all__ = ["OverlapContext", "Pass", "PeerTimeoutError", "TraceEvent", "acc_dtype", "all_gather_into",
+           "consume_all_to_all", "default_context", "exchange", "execute", "gather", "gather_and_consume",
+           "global_rank", "group_info", "produce_all_to_all", "produce_and_scatter", "reduce_scatter_into",
+           "scatter", "tail", "walk", "wgrad"]

@@ -8,16 +8,17 @@ overlap the transfers without a host sync. On CPU/gloo the transfers progress on
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 
+from ..config import environment
+
 
 def _default_timeout() -> timedelta:
-    return timedelta(seconds=float(os.environ.get("FLASHOVERLAP_TIMEOUT_S", "300")))
+    return timedelta(seconds=environment().timeout_s)
 
 
 @dataclass

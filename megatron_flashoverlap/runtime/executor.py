@@ -49,7 +49,7 @@ def _timeout(i: int, step: Step, ctx: OverlapContext) -> PeerTimeoutError:
     return PeerTimeoutError(
         f"step {i}: group ranks {peers} did not complete their transfers within {ctx.timeout}. A peer died "
         f"or the ranks called different operators or shapes; the process group is unusable now, restart "
-        f"the job (set FLASHOVERLAP_TIMEOUT_S to change the limit)")
+        f"the job (the limit is OverlapContext(timeout=...), by default the configured timeout_s)")
 
 
 def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext) -> None:

@@ -1,12 +1,15 @@
-"""Executor handlers: the data side of one Flash-AG or Flash-RS pass (see runtime/executor.py).
+"""Executor handlers: the data side of one ring or exchange pass (see runtime/executor.py).
 
-A pass owns the tensors of one collective and turns the executor's slice callbacks into views:
+A handler owns the tensors of one collective and turns the executor's slice callbacks into views
+(the all-to-all handlers live in runtime/alltoall.py; runtime/pipeline.py builds and walks them):
 - `GatherPass` (consume): shard `x_shard [s/P, ...]`; slice (b, k) is part k of rank b's shard. Arrivals
   land in `gathered [s, ...]` (kept for reuse) or in two ring slots per direction (memory-lean).
   `consume(rows, x_slice)` is the GEMM of the arrived rows; rows index the gathered dim 0.
 - `ScatterPass` (produce, accumulate): `produce(rows) -> partial [rows, ...]` for output rows of the
   full [s, ...] tensor; partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in it;
   `result()` is this rank's block [s/P, ...] in `out_dtype`.
+- `ExchangePass` (all-reduce): `flat [blocks * size]` cut in equal blocks; arrivals add (or copy).
+- `TailPass` (compute only): piece i of independent work runs as slice (i, 0); no transfers of its own.
 """
 from __future__ import annotations
 
@@ -115,3 +118,36 @@ class ScatterPass:
     def result(self) -> torch.Tensor:
         own = [self.acc[Slice(self.rank, k, self.tag)] for k in range(self.parts)]
         return torch.cat(own, dim=0).to(self.out_dtype) if len(own) > 1 else own[0].to(self.out_dtype, copy=True)
+
+
+class ExchangePass:
+    """Handler of an "exchange" schedule: `flat [blocks * size]` cut in equal blocks; arrivals add or copy."""
+
+    def __init__(self, flat: torch.Tensor, blocks: int, ctx: OverlapContext, name: str = "ar", tag: int = 0):
+        self.flat, self.size, self.ctx, self.name, self.tag = flat, flat.numel() // blocks, ctx, name, tag
+
+    def view(self, x: Slice) -> torch.Tensor:
+        return self.flat[x.block * self.size:(x.block + 1) * self.size]
+
+    def send(self, x: Slice) -> torch.Tensor:
+        return self.view(x)
+
+    def recv(self, x: Slice) -> torch.Tensor:  # one scratch per block: a step receives a block at most once
+        return self.ctx.buffer(f"{self.name}.recv.{x.block}", (self.size,), self.flat.dtype, self.flat.device)
+
+    def compute(self, x: Slice) -> None:
+        pass
+
+    def arrived(self, t: Transfer) -> None:
+        got = self.recv(t.slice)
+        self.view(t.slice).copy_(got) if t.op == "copy" else self.view(t.slice).add_(got)
+
+
+class TailPass:
+    """Compute-only handler: slice (i, 0) runs piece i of independent work `fn(i)` (no transfers)."""
+
+    def __init__(self, fn: Callable[[int], None], tag: int = 0):
+        self.fn, self.tag = fn, tag
+
+    def compute(self, x: Slice) -> None:
+        self.fn(x.block)

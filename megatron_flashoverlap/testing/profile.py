@@ -10,11 +10,11 @@ import torch
 
 def comm_ops(fn) -> dict:
     """Run fn() under torch.profiler; -> {kind: count} of the c10d ops it issued, kind in
-    all_gather / reduce_scatter / all_reduce / send / recv (from the dispatcher op names `c10d::...`)."""
+    all_gather / reduce_scatter / all_reduce / all_to_all / send / recv (the dispatcher op names `c10d::...`)."""
     from collections import Counter
 
     kinds = {"allgather": "all_gather", "reduce_scatter": "reduce_scatter", "allreduce": "all_reduce",
-             "send": "send", "recv": "recv"}
+             "alltoall": "all_to_all", "send": "send", "recv": "recv"}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     counts: Counter = Counter()

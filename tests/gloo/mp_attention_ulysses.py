@@ -69,7 +69,7 @@ def fused_vs_reference(rank, world, s=16, b=2, h=16, heads=4, groups=2, hn=4, dt
     dy = torch.randn(s, b, h, generator=g).to(dt)
     idx = shard_rows(s, rank, world, True)
     res = {}
-    for algo in ("flash", "stock"):
+    for algo in ("flash", "reference"):
         leaves = [t.clone().requires_grad_() if t is not None else None for t in (x[idx], wq, bq, wp)]
         y = ulysses_fused_attention(leaves[0], leaves[1], leaves[3], dist.group.WORLD, heads=heads,
                                     groups=groups, b_qkv=leaves[2], algo=algo)
@@ -81,7 +81,7 @@ def fused_vs_reference(rank, world, s=16, b=2, h=16, heads=4, groups=2, hn=4, dt
     mixed = F_linear(x, wq, bq).view(s, b, groups, -1)
     qf, kf, vf = split_mixed(mixed, heads // groups, hn)
     ref = F_linear(attention_rows(qf, kf, vf, AttnSpec(scale=hn ** -0.5, causal=True), 0), wp, None)
-    (yf, gf), (ys, gs) = res["flash"], res["stock"]
+    (yf, gf), (ys, gs) = res["flash"], res["reference"]
     assert zigzag_positions(s, world)[0] == 0
     return {"y_vs_stock": _err(yf, ys), "grads_vs_stock": max(_err(a, c) for a, c in zip(gf, gs)),
             "y_vs_full": _err(yf, ref[idx]), "scale": max(ref.abs().max().item(), 1.0),

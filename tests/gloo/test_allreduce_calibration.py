@@ -12,7 +12,7 @@ import torch
 from megatron_flashoverlap.bench.topology import markdown
 from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
 
-ALGOS = ("stock", "ring", "recursive_doubling", "hierarchical")
+ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical")
 
 
 def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
@@ -32,9 +32,9 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
         for r in t["rows"]:  # auto = the table's argmin where it beats stock, for a decode-shaped tensor
             x = torch.zeros(1, 1, r["bytes"] // 4)
             ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])
-            want = ours if r[f"{ours}_us"] < r["stock_us"] else "stock"
+            want = ours if r[f"{ours}_us"] < r["reference_us"] else "reference"
             assert choose(x, 2, 1, "gloo") == want
-            assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1, "gloo") == "stock"  # prefill
+            assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1, "gloo") == "reference"  # prefill
     finally:
         set_calibration(None)
 

@@ -4,7 +4,7 @@ against a float64 dense formula and against the reference (GEMM, then dist.all_r
 import pytest
 import torch
 
-from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import chunk_rows
+from megatron_flashoverlap.ops.tp_nosp.ar_matmul import chunk_rows
 
 FP32 = 1e-4  # fp32, sums reordered (GEMM cut in row slices, ring order of the partial sums): close, not exact
 BF16 = 3e-2  # bf16 inputs: GEMMs round to bf16 (8 bits of mantissa); relative to the output scale

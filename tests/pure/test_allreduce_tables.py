@@ -32,19 +32,19 @@ def tables():
 def test_auto_uses_only_the_table_of_its_backend_and_dtype(tables):
     tables(_entry())  # gloo, float32: recursive doubling beats stock
     assert select.choose(DECODE_F32, 4, 2, "gloo") == "recursive_doubling"
-    assert select.choose(DECODE_F32, 4, 2, "nccl") == "stock"                  # a gloo table never steers NCCL
-    assert select.choose(DECODE_F32.bfloat16(), 4, 2, "gloo") == "stock"       # nor another dtype
-    assert select.choose(DECODE_F32, 4, 4, "gloo") == "stock"                  # nor another layout
-    assert select.choose(DECODE_F32, 8, 2, "gloo") == "stock"
-    assert select.choose(DECODE_F32, 4, None, "gloo") == "stock"               # no usable node layout
+    assert select.choose(DECODE_F32, 4, 2, "nccl") == "reference"                  # a gloo table never steers NCCL
+    assert select.choose(DECODE_F32.bfloat16(), 4, 2, "gloo") == "reference"       # nor another dtype
+    assert select.choose(DECODE_F32, 4, 4, "gloo") == "reference"                  # nor another layout
+    assert select.choose(DECODE_F32, 8, 2, "gloo") == "reference"
+    assert select.choose(DECODE_F32, 4, None, "gloo") == "reference"               # no usable node layout
 
 
 def test_each_key_picks_its_own_table(tables):
     slow = [dict(r, recursive_doubling_us=1000.0, ring_us=1000.0, hierarchical_us=1000.0) for r in ROWS]
     tables(_entry("nccl", "float32", rows=slow), _entry("gloo", "bfloat16", rows=slow), _entry())
     assert select.choose(DECODE_F32, 4, 2, "gloo") == "recursive_doubling"
-    assert select.choose(DECODE_F32, 4, 2, "nccl") == "stock"
-    assert select.choose(DECODE_F32.bfloat16(), 4, 2, "gloo") == "stock"
+    assert select.choose(DECODE_F32, 4, 2, "nccl") == "reference"
+    assert select.choose(DECODE_F32.bfloat16(), 4, 2, "gloo") == "reference"
     assert select.table_for(4, 2, "nccl", "float32")["rows"] is slow
 
 
@@ -53,7 +53,7 @@ def test_an_entry_without_backend_or_dtype_is_never_used(tables):
     del old["backend"], old["dtype"]
     tables(old)
     assert select.table_for(4, 2, "gloo", "float32") is None
-    assert select.choose(DECODE_F32, 4, 2, "gloo") == "stock"
+    assert select.choose(DECODE_F32, 4, 2, "gloo") == "reference"
 
 
 def test_writer_replaces_only_the_same_key(tmp_path):

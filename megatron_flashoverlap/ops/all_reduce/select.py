@@ -4,7 +4,7 @@ The table comes from `python -m megatron_flashoverlap.bench.calibrate_allreduce`
 layout): per message size in bytes, the median latency of stock and of each of our algorithms.
 
     {"tables": [{"world_size": 4, "local_world_size": 2, "backend": "gloo", "dtype": "bfloat16",
-                 "rows": [{"bytes": 8192, "stock_us": 812.0, "ring_us": ..., "recursive_doubling_us": ...,
+                 "rows": [{"bytes": 8192, "reference_us": 812.0, "ring_us": ..., "recursive_doubling_us": ...,
                            "hierarchical_us": ...}, ...]}]}
 
 "auto" uses ours only when (1) the input is decode-shaped: [1, b, h] in Megatron's [s, b, h] layout (one
@@ -122,6 +122,11 @@ def is_decode_shaped(x: torch.Tensor) -> bool:
     return x.dim() == 3 and x.shape[0] == 1
 
 
+def _reference_us(row: dict) -> float:
+    """The stock collective's median: column `reference_us` (tables written before 0.2 call it `stock_us`)."""
+    return row["reference_us"] if "reference_us" in row else row["stock_us"]
+
+
 def best_at(table: dict, nbytes: int) -> str | None:
     """Our fastest algorithm at the measured size nearest `nbytes` if it beat stock there; None otherwise
     (also outside the measured sizes: no extrapolation)."""
@@ -134,7 +139,7 @@ def best_at(table: dict, nbytes: int) -> str | None:
     if not ours:
         return None
     algo = min(ours, key=ours.get)
-    return algo if ours[algo] < row["stock_us"] else None
+    return algo if ours[algo] < _reference_us(row) else None
 
 
 def _should_use_x(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> bool:
@@ -156,7 +161,7 @@ def _pick(x: torch.Tensor, world: int, local_world_size: int | None, backend: st
 
 
 def choose(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> str:
-    """The algorithm "auto" runs: ours where `_should_use_x`, else "stock" (also where the group's node
+    """The algorithm "auto" runs: ours where `_should_use_x`, else "reference" (also where the group's node
     layout gave no `local_world_size`: None)."""
     return _pick(x, world, local_world_size, backend) if _should_use_x(x, world, local_world_size, backend) \
-        else "stock"
+        else "reference"

@@ -20,51 +20,42 @@ of 4 units 4 units (uniform blocks of 4 would hide both entirely). `zigzag=True`
 block d = chunks (d, 2P-1-d) of 2P, each costing 4 units, so a hop is exposed only once it exceeds the
 average block, as for non-causal attention.
 dk, dv and dw are summed across blocks in fp32 for bf16/fp16.
+Registered as "query_split_attention" in ops/registry.py: the differentiable entry of each algo (the fused
+autograd.Function for flash/flash_bidir; attention, then `matmul_reduce_scatter` for slicing/reference).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ...runtime import OverlapContext, default_context, execute, group_info
-from ...schedules import all_gather_ring, reduce_scatter_ring
-from ..registry import resolve
-from .core import (AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec,
-                        zigzag_positions)
-from ..tp_sp.backward import _wgrad
+from ...runtime import OverlapContext, acc_dtype, default_context, gather_and_consume, group_info
+from ...runtime import produce_and_scatter, wgrad
+from ...runtime.numerics import zeros_acc
 from ..checks import check_divisible, check_peers_agree
+from ..registry import plain, register, resolve
 from ..tp_sp.functions import matmul_reduce_scatter
-from ..tp_sp.matmul_rs import acc_dtype, rs_matmul_reference
-from ...runtime.handlers import GatherPass, ScatterPass
+from .core import AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec
+from .core import zigzag_positions
+
+OP = "query_split_attention"
 
 
-def query_split_flash(q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
+def query_split_ring(q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
     """Plain forward (no autograd): y_s [s/P, b, h] with attention computed per RS block."""
-    rank, world = group_info(group)
-    rows = q.shape[0] // world
+    world = group_info(group)[1]
 
     def produce(span):
         return F.linear(attention_rows(q[span[0]:span[1]], k, v, spec, span[0]), weight)  # [n, b, h]
 
-    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional)
-    rs = ScatterPass(rows, rank, sched.parts, produce, (q.shape[1], weight.shape[0]), acc_dtype(q.dtype),
-                     q.dtype, q.device, ctx, name="qsa.rs")
-    execute(sched.steps, group, {0: rs}, ctx)
-    return rs.result()
+    return produce_and_scatter(produce, q.shape[0] // world, (q.shape[1], weight.shape[0]), group, ctx,
+                               acc_dtype=acc_dtype(q.dtype), out_dtype=q.dtype, device=q.device,
+                               bidirectional=bidirectional, name="qsa.rs")
 
 
-def query_split_reference(q, k, v, weight, group, ctx, spec: AttnSpec):
-    """Unfused, same signature: full attention, one GEMM, one stock reduce-scatter."""
-    return rs_matmul_reference(attention_reference(q, k, v, spec), weight, group, ctx)
-
-
-def query_split_backward_flash(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
+def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
     """-> (dq, dk, dv, dw): Flash-AG of dy_s [s/P, b, h], attention recomputed per arrived block."""
-    rank, world = group_info(group)
-    acc = acc_dtype(q.dtype)
     dq = torch.empty_like(q)
-    dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
-    dw = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+    dk, dv, dw = zeros_acc(k), zeros_acc(v), zeros_acc(weight)
     k_, v_ = k.detach().requires_grad_(), v.detach().requires_grad_()
 
     def consume(span, dys):  # dys [n, b, h]: dy rows of query block span
@@ -72,15 +63,13 @@ def query_split_backward_flash(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec
         q_ = q[a:b].detach().requires_grad_()
         with torch.enable_grad():
             c = attention_rows(q_, k_, v_, spec, a)  # recompute: [n, b, np*hn]
-        dw.add_(_wgrad(dys, c.detach()))
+        dw.add_(wgrad(dys, c.detach()))
         gq, gk, gv = torch.autograd.grad(c, (q_, k_, v_), F.linear(dys, weight.t()))
         dq[a:b] = gq
         dk.add_(gk)
         dv.add_(gv)
 
-    sched = all_gather_ring(rank, world, bidirectional=bidirectional)
-    execute(sched.steps, group, {0: GatherPass(dy_s.contiguous(), rank, world, sched.parts, consume, ctx,
-                                               name="qsa.ag")}, ctx)
+    gather_and_consume(dy_s.contiguous(), consume, group, ctx, bidirectional=bidirectional, name="qsa.ag")
     return dq, dk.to(k.dtype), dv.to(v.dtype), dw.to(weight.dtype)
 
 
@@ -89,13 +78,27 @@ class QuerySplitAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, weight, group, octx, spec, bidirectional):
         ctx.save_for_backward(q, k, v, weight)
         ctx.group, ctx.octx, ctx.spec, ctx.bidir = group, octx, spec, bidirectional
-        return query_split_flash(q, k, v, weight, group, octx, spec, bidirectional)
+        return query_split_ring(q, k, v, weight, group, octx, spec, bidirectional)
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v, weight = ctx.saved_tensors
-        dq, dk, dv, dw = query_split_backward_flash(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.spec, ctx.bidir)
+        dq, dk, dv, dw = query_split_backward_ring(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.spec, ctx.bidir)
         return dq, dk, dv, dw, None, None, None, None
+
+
+@register(OP, "flash")
+@register(OP, "flash_bidir", bidirectional=True)
+def _fused(q, k, v, weight, group, octx, spec, *, num_chunks=1, bidirectional=False):
+    return QuerySplitAttention.apply(q, k, v, weight, group, octx, spec, bidirectional)
+
+
+@register(OP, "slicing", algo="slicing")
+@register(OP, "reference", algo="reference")
+def _unfused(q, k, v, weight, group, octx, spec, *, num_chunks=1, algo="reference"):
+    """Full attention (plain autograd), then the GEMM + RS operator running `algo`."""
+    ctx_full = attention_reference(q, k, v, spec)
+    return matmul_reduce_scatter(ctx_full, weight, group, algo=algo, num_chunks=num_chunks, context=octx)
 
 
 def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, group=None, *,
@@ -114,11 +117,11 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     algo: "flash"/"flash_bidir" (query split in Flash-RS order), "slicing" (attention, then the sliced
     GEMM+RS baseline), "reference" (attention, GEMM, stock RS). Dropout masks are drawn per query row from
     (seed, row), so every algo and every P gives the same mask."""
-    algo, num_chunks = resolve("query_split_attention", algo, num_chunks)
-    check_attention_operands("query_split_attention", q, k, v, weight)
+    algo, num_chunks = resolve(OP, algo, num_chunks)
+    check_attention_operands(OP, q, k, v, weight)
     octx = context or default_context()
     rank, world = group_info(group)
-    check_divisible("query_split_attention", q.shape[0], world)
+    check_divisible(OP, q.shape[0], world)
     positions = None
     if zigzag and world > 1:  # rows in zigzag order; the causal rule and the mask follow the true positions
         positions = zigzag_positions(q.shape[0], world, q.device)
@@ -127,9 +130,6 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
             attn_mask = attn_mask.index_select(-2, positions).index_select(-1, positions)
     spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions)
     if world > 1 and octx.check_peers:
-        check_peers_agree("query_split_attention", group, world, q.device, *q.shape, *k.shape, *weight.shape)
-    if algo in ("flash", "flash_bidir") and world > 1:
-        return QuerySplitAttention.apply(q, k, v, weight, group, octx, spec, algo == "flash_bidir")
-    ctx_full = attention_reference(q, k, v, spec)  # plain autograd from here on
-    return matmul_reduce_scatter(ctx_full, weight, group, algo="slicing" if algo == "slicing" else "reference",
-                                 num_chunks=num_chunks, context=octx)
+        check_peers_agree(OP, group, world, q.device, *q.shape, *k.shape, *weight.shape)
+    return plain(OP, algo if world > 1 else "reference")(q, k, v, weight, group, octx, spec, num_chunks=num_chunks)
+

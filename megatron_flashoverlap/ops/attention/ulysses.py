@@ -7,6 +7,7 @@
              ctx_h = attention((q, k, v)_h)               full sequence, head group r
              ctx_s = heads->seq(ctx_h)                    [s/P, b, np, hn] -> [s/P, b, np*hn]
     backward the duals: heads->seq of dq/dk/dv, seq->heads of dctx (ulysses_a2a.SeqToHeads/HeadsToSeq)
+    algo     "flash" (pairwise steps on the executor) or "reference" (all_to_all_single): ULYSSES_ALGOS
 
 Megatron's zigzag split (`get_batch_on_this_cp_rank`, 2P chunks, rank r holds chunks r and 2P-1-r):
 the gathered rows are in rank order, not in sequence order. Attention is equivariant under a permutation
@@ -20,11 +21,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...config import ULYSSES_ALGOS
 from ...runtime import OverlapContext, default_context, group_info
+from ..registry import resolve
 from .core import attention_rows, check_attention_operands, make_spec, zigzag_positions
 from .ulysses_a2a import HeadsToSeq, SeqToHeads
 
-ULYSSES_ALGOS = ("flash", "stock")
+__all__ = ["ULYSSES_ALGOS", "check_ulysses_heads", "gather_mask", "ulysses_attention"]
 
 
 def check_ulysses_heads(op: str, heads: int, groups: int, world: int, tp: int = 1) -> None:
@@ -58,9 +61,8 @@ def ulysses_attention(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, g
     """ctx_s [s/P, b, np*hn] of Ulysses attention over `group` (the context-parallel group), with autograd.
 
     zigzag: the shards follow Megatron's zigzag CP split (True) or are contiguous (False).
-    algo: "flash" (pairwise steps on the executor, q/k/v in one walk), "stock" (all_to_all_single)."""
-    if algo not in ULYSSES_ALGOS:
-        raise ValueError(f"ulysses_attention: unknown algo {algo!r}; choose one of {ULYSSES_ALGOS}")
+    algo: "flash" (pairwise steps on the executor, q/k/v in one walk), "reference" (all_to_all_single)."""
+    algo = resolve("ulysses_attention", algo)[0]
     check_attention_operands("ulysses_attention", q_s, k_s, v_s)
     rank, world = group_info(group)
     check_ulysses_heads("ulysses_attention", q_s.shape[2], k_s.shape[2], world)
@@ -71,9 +73,9 @@ def ulysses_attention(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, g
                      dropout_p, seed, positions)
     if world == 1:
         return attention_rows(q_s, k_s, v_s, spec, 0)
-    q, k, v = SeqToHeads.apply(group, octx, algo == "stock", q_s, k_s, v_s)
+    q, k, v = SeqToHeads.apply(group, octx, algo, q_s, k_s, v_s)
     ctx_h = attention_rows(q, k, v, spec, 0)  # [s, b, np/P*hn]
     ctx_h = ctx_h.view(s, q.shape[1], q.shape[2], q.shape[3])  # [s, b, np/P, hn]
-    (ctx_s,) = HeadsToSeq.apply(group, octx, algo == "stock", ctx_h)
+    (ctx_s,) = HeadsToSeq.apply(group, octx, algo, ctx_h)
     return ctx_s.reshape(ctx_s.shape[0], ctx_s.shape[1], -1)  # [s/P, b, np*hn]
 

@@ -17,6 +17,8 @@
              produce: dctx for head group d = dy_s @ Wp_d (sent to d), own last; dWp_d = dy_s^T ctx_s[group d]
              attention backward of head group r (graph kept from forward)
              consume: each arrived d(qkv) piece of group src gives dx += piece @ W_src, dW_src, db_src
+Registered as "ulysses_fused_attention" in ops/registry.py: "flash" (UlyssesFused) and "reference"
+(QKV GEMM, stock all_to_all, attention, stock all_to_all, proj GEMM), one signature.
 RoPE is not applied inside (the fused path is for models whose positions enter elsewhere); the
 Megatron-facing UlyssesDotProductAttention covers RoPE models (projections unfused).
 """
@@ -25,12 +27,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...runtime import OverlapContext, default_context, group_info
+from ...runtime import OverlapContext, acc_dtype, consume_all_to_all, default_context, group_info
+from ...runtime import produce_all_to_all, wgrad
+from ...runtime.numerics import zeros_acc
+from ..registry import plain, register, resolve
 from .core import AttnSpec, attention_rows, make_spec, zigzag_positions
-from ..tp_sp.backward import _wgrad
-from ..tp_sp.matmul_rs import acc_dtype
 from .ulysses import check_ulysses_heads, ulysses_attention
-from .ulysses_a2a import heads_to_seq, produce_heads
+
+OP = "ulysses_fused_attention"
 
 
 def _rows(n_rows: int, d: int, world: int) -> slice:
@@ -62,7 +66,7 @@ def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
         return y.view(x_s.shape[0], x_s.shape[1], gl, -1)  # [s/P, b, ng/P, (np/ng+2)*hn]
 
     shape = (x_s.shape[0], x_s.shape[1], groups, (per_group + 2) * hn)
-    (mixed,) = produce_heads([make], [shape], x_s.dtype, x_s.device, group, octx)  # [s, b, ng/P, .]
+    (mixed,) = produce_all_to_all([make], [shape], x_s.dtype, x_s.device, group, octx)  # [s, b, ng/P, .]
     q, k, v = (t.detach().requires_grad_() for t in split_mixed(mixed, per_group, hn))
     with torch.enable_grad():
         ctx_h = attention_rows(q, k, v, spec, 0)  # [s, b, np/P*hn]
@@ -76,7 +80,7 @@ def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
         ctx_s[:, :, cols] = flat
         acc.add_(F.linear(flat, w_proj[:, cols]))
 
-    heads_to_seq([ctx_pieces], group, octx, uses=[use])
+    consume_all_to_all([ctx_pieces], [use], group, octx)
     return acc.to(x_s.dtype), (q, k, v, ctx_h, ctx_s)
 
 
@@ -84,30 +88,29 @@ def _backward(dy_s, x_s, w_qkv, w_proj, group, octx, saved, heads, groups, has_b
     rank, world = group_info(group)
     q, k, v, ctx_h, ctx_s = saved
     acc = acc_dtype(x_s.dtype)
-    dwp = torch.zeros(w_proj.shape, dtype=acc, device=w_proj.device)
+    dwp = zeros_acc(w_proj)
 
     def make(d):  # dctx of head group d for this rank's rows; dWp of group d as a side product
         cols = _rows(w_proj.shape[1], d, world)
-        dwp[:, cols] = _wgrad(dy_s, ctx_s[:, :, cols])
+        dwp[:, cols] = wgrad(dy_s, ctx_s[:, :, cols])
         return F.linear(dy_s, w_proj[:, cols].t()).view(dy_s.shape[0], dy_s.shape[1], heads // world, -1)
 
     shape = (dy_s.shape[0], dy_s.shape[1], heads, q.shape[3])
-    (dctx_h,) = produce_heads([make], [shape], dy_s.dtype, dy_s.device, group, octx)
+    (dctx_h,) = produce_all_to_all([make], [shape], dy_s.dtype, dy_s.device, group, octx)
     dq, dk, dv = torch.autograd.grad(ctx_h, (q, k, v), dctx_h.reshape(ctx_h.shape))
     dmixed = join_mixed(dq, dk, dv, heads // groups)  # [s, b, ng/P, (np/ng+2)*hn]
-    dx = torch.zeros(x_s.shape, dtype=acc, device=x_s.device)
-    dw = torch.zeros(w_qkv.shape, dtype=acc, device=w_qkv.device)
+    dx, dw = zeros_acc(x_s), zeros_acc(w_qkv)
     db = torch.zeros(w_qkv.shape[0], dtype=acc, device=w_qkv.device) if has_bias else None
 
     def use(src, piece):  # piece [s/P, b, ng/P, .]: d(qkv) of head group src for this rank's rows
         rows = _rows(w_qkv.shape[0], src, world)
         flat = piece.reshape(piece.shape[0], piece.shape[1], -1)
         dx.add_(F.linear(flat, w_qkv[rows].t()))
-        dw[rows] = _wgrad(flat, x_s)
+        dw[rows] = wgrad(flat, x_s)
         if db is not None:
             db[rows] = flat.sum(dim=(0, 1))
 
-    heads_to_seq([dmixed.contiguous()], group, octx, uses=[use])
+    consume_all_to_all([dmixed.contiguous()], [use], group, octx)
     return dx.to(x_s.dtype), dw.to(w_qkv.dtype), None if db is None else db.to(w_qkv.dtype), dwp.to(w_proj.dtype)
 
 
@@ -129,13 +132,19 @@ class UlyssesFused(torch.autograd.Function):
         return dx, dw, db, dwp, None, None, None, None, None
 
 
+@register(OP, "flash")
+def ulysses_fused_flash(x_s, w_qkv, b_qkv, w_proj, group, octx, spec: AttnSpec, heads, groups):
+    return UlyssesFused.apply(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+
+
+@register(OP, "reference")
 def ulysses_fused_reference(x_s, w_qkv, b_qkv, w_proj, group, octx, spec: AttnSpec, heads, groups):
     """Unfused, same signature: QKV GEMM, stock all_to_all, attention, stock all_to_all, proj GEMM."""
     hn = w_proj.shape[1] // heads
     mixed = F.linear(x_s, w_qkv, b_qkv).view(x_s.shape[0], x_s.shape[1], groups, -1)
     q, k, v = split_mixed(mixed, heads // groups, hn)
     ctx_s = ulysses_attention(q, k, v, group, causal=spec.causal, zigzag=spec.positions is not None,
-                              softmax_scale=spec.scale, algo="stock", context=octx)
+                              softmax_scale=spec.scale, algo="reference", context=octx)
     return F.linear(ctx_s, w_proj)
 
 
@@ -146,7 +155,8 @@ def ulysses_fused_attention(x_s: torch.Tensor, w_qkv: torch.Tensor, w_proj: torc
     """y_s [s/P, b, h] = proj(Ulysses-attention(QKV(x_s))) over the CP `group`, with autograd.
 
     heads/groups: query heads and kv groups of w_qkv (this tensor-parallel rank's); both divisible by P.
-    algo: "flash" (projections fused into the pairwise a2a steps) or "stock" (ulysses_fused_reference)."""
+    algo: "flash" (projections fused into the pairwise a2a steps) or "reference" (ulysses_fused_reference)."""
+    algo = resolve(OP, algo)[0]
     groups = groups or heads
     rank, world = group_info(group)
     hn = w_proj.shape[1] // heads
@@ -159,8 +169,5 @@ def ulysses_fused_attention(x_s: torch.Tensor, w_qkv: torch.Tensor, w_proj: torc
     q_like = x_s.new_empty((1, 1, 1, hn))
     positions = zigzag_positions(x_s.shape[0] * world, world, x_s.device) if zigzag and world > 1 else None
     spec = make_spec(q_like, causal, None, softmax_scale, 0.0, 0, positions)
-    if algo == "stock" or world == 1:
-        return ulysses_fused_reference(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
-    if algo != "flash":
-        raise ValueError(f"ulysses_fused_attention: unknown algo {algo!r}; choose 'flash' or 'stock'")
-    return UlyssesFused.apply(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+    fn = plain(OP, algo if world > 1 else "reference")
+    return fn(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)

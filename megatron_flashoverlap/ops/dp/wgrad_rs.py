@@ -18,25 +18,18 @@ cut by a shard boundary is computed for both shards), plus the gradient already 
 Only the last add is exposed; the whole bucket's reduce-scatter hides under the wgrad GEMM of this layer
 (stock Megatron starts it after the GEMM and the last bucket of the backward stays exposed).
 Partials travel in fp32 when the buffer is bf16/fp16. "reference": add dW into the buffer, scale, one
-stock reduce-scatter (Megatron's own order of operations).
+stock reduce-scatter (Megatron's own order of operations). Plain functions registered as
+"matmul_wgrad_reduce_scatter" in ops/registry.py; `force_reference()` reaches this operator too.
 """
 from __future__ import annotations
 
 import torch
 
-from ..tp_sp.matmul_rs import acc_dtype
-from ...runtime.handlers import ScatterPass
-from ...runtime import OverlapContext, execute, group_info, reduce_scatter_into
-from ...schedules import reduce_scatter_ring
+from ...runtime import OverlapContext, acc_dtype, default_context, group_info, produce_and_scatter
+from ...runtime import reduce_scatter_into, wgrad
+from ..registry import plain, register, resolve
 
-
-def _flat2(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-1])  # [s, b, c] -> [s*b, c]
-
-
-def wgrad_rows(dy: torch.Tensor, x: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
-    """dW[r0:r1] [r1-r0, k] = dy[..., r0:r1]^T x, in the GEMM's dtype."""
-    return torch.mm(_flat2(dy)[:, r0:r1].t(), _flat2(x))
+OP = "matmul_wgrad_reduce_scatter"
 
 
 def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> None:
@@ -47,15 +40,16 @@ def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> No
     if hi <= lo:
         return
     r0, r1 = lo // k, -(-hi // k)  # rows that cover flat [lo, hi)
-    rows = wgrad_rows(dy, x, r0, r1).reshape(-1)[lo - r0 * k:hi - r0 * k]
+    rows = wgrad(dy, x, slice(r0, r1)).reshape(-1)[lo - r0 * k:hi - r0 * k]
     out[lo + offset - a:hi + offset - a].add_(rows.to(out.dtype))
 
 
+@register(OP, "reference")
 def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx) -> None:
     """Megatron's order: grad_flat[W] += dW; grad_flat *= scale; reduce-scatter into the own shard."""
     rank, world = group_info(group)
     w_view = grad_flat[offset:offset + dy.shape[-1] * x.shape[-1]]
-    w_view.add_(torch.mm(_flat2(dy).t(), _flat2(x)).reshape(-1).to(grad_flat.dtype))
+    w_view.add_(wgrad(dy, x).reshape(-1).to(grad_flat.dtype))
     if scale != 1.0:
         grad_flat.mul_(scale)
     shard = grad_flat.numel() // world
@@ -64,8 +58,10 @@ def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx) 
         reduce_scatter_into(out, grad_flat, group)
 
 
-def wgrad_reduce_scatter_flash(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext,
-                               bidirectional: bool = False) -> None:
+@register(OP, "flash")
+@register(OP, "flash_bidir", bidirectional=True)
+def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext,
+                              bidirectional: bool = False) -> None:
     """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard; own shard last."""
     rank, world = group_info(group)
     shard = grad_flat.numel() // world
@@ -77,11 +73,9 @@ def wgrad_reduce_scatter_flash(dy, x, grad_flat, offset, scale, group, ctx: Over
         wgrad_flat_span(dy, x, offset, a, b, part)
         return part.mul_(scale) if scale != 1.0 else part
 
-    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional)
-    rs = ScatterPass(shard, rank, sched.parts, produce, (), acc, grad_flat.dtype, grad_flat.device, ctx,
-                     name="dp.rs")
-    execute(sched.steps, group, {0: rs}, ctx)
-    grad_flat[rank * shard:(rank + 1) * shard].copy_(rs.result())
+    own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
+                              device=grad_flat.device, bidirectional=bidirectional, name="dp.rs")
+    grad_flat[rank * shard:(rank + 1) * shard].copy_(own)
 
 
 def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
@@ -89,7 +83,7 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
                                 context: OverlapContext | None = None) -> None:
     """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
     `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset."""
-    from ...runtime import default_context
+    algo = resolve(OP, algo)[0]
     rank, world = group_info(group)
     n, k = dy.shape[-1], x.shape[-1]
     if grad_flat.dim() != 1 or grad_flat.numel() % world:
@@ -99,9 +93,5 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
         raise ValueError(f"matmul_wgrad_reduce_scatter: W [{n}, {k}] at offset {offset} does not fit in a "
                          f"bucket of {grad_flat.numel()} elements; pass the offset of W's main_grad in it")
     ctx = context or default_context()
-    if algo == "reference" or world == 1:
-        return wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx)
-    if algo not in ("flash", "flash_bidir"):
-        raise ValueError(f"matmul_wgrad_reduce_scatter: unknown algo {algo!r}; use 'flash', 'flash_bidir' "
-                         f"or 'reference'")
-    return wgrad_reduce_scatter_flash(dy, x, grad_flat, offset, scale, group, ctx, algo == "flash_bidir")
+    fn = plain(OP, "reference" if world == 1 else algo)
+    return fn(dy, x, grad_flat, offset, scale, group, ctx)

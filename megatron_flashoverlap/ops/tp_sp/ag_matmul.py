@@ -9,8 +9,9 @@
                                          gathered x kept in forward: `keep_gathered`, memory for time)
     bgrad    db = sum_{s,b} dy
 
-This file: the forward plain functions (no autograd), one per algorithm, all with one signature.
-functions.py holds the autograd.Function and the public wrapper; backward.py the backward passes.
+This file: the forward plain functions (no autograd), one per algorithm, all with one signature
+(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered) -> (y, AG(x) or None), registered in
+ops/registry.py. functions.py holds the autograd.Function and the public wrapper; backward.py the backward.
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ...runtime import all_gather_into, execute, group_info
-from ...schedules import all_gather_ring
-from ...runtime.handlers import GatherPass, chunk_bounds
+from ...runtime import all_gather_into, gather_and_consume, group_info
+from ...runtime.handlers import chunk_bounds
+from ..registry import register
+
+OP = "all_gather_matmul"
 
 
 def gather_reference(x_shard, group):
@@ -33,7 +36,8 @@ def gather_reference(x_shard, group):
     return full
 
 
-def ag_matmul_reference(x_shard, weight, bias, group, ctx, keep_gathered=False):
+@register(OP, "reference")
+def ag_matmul_reference(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False):
     """Unfused: one all-gather, then one GEMM. Returns (y, gathered x or None)."""
     t = time.perf_counter()
     full = gather_reference(x_shard, group)
@@ -45,7 +49,9 @@ def ag_matmul_reference(x_shard, weight, bias, group, ctx, keep_gathered=False):
     return y, (full if keep_gathered else None)
 
 
-def ag_matmul_flash(x_shard, weight, bias, group, ctx, keep_gathered=False, bidirectional=False):
+@register(OP, "flash")
+@register(OP, "flash_bidir", bidirectional=True)
+def ag_matmul_ring(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False, bidirectional=False):
     """Flash-AG: the ring of all_gather_ring; each arrived shard is multiplied while the next one flies."""
     rank, world = group_info(group)
     rows = x_shard.shape[0]
@@ -55,15 +61,14 @@ def ag_matmul_flash(x_shard, weight, bias, group, ctx, keep_gathered=False, bidi
     def consume(span, xs):
         y[span[0]:span[1]] = F.linear(xs, weight, bias)
 
-    sched = all_gather_ring(rank, world, bidirectional=bidirectional)
-    ag = GatherPass(x_shard, rank, world, sched.parts, consume, ctx, keep_gathered)
-    execute(sched.steps, group, {0: ag}, ctx)
-    return y, ag.gathered
+    gathered = gather_and_consume(x_shard, consume, group, ctx, bidirectional=bidirectional,
+                                  keep_gathered=keep_gathered)
+    return y, gathered
 
 
-def ag_matmul_slicing(x_shard, weight, bias, group, ctx, num_chunks, keep_gathered=False):
+@register(OP, "slicing")
+def ag_matmul_slicing(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered=False):
     """Data slicing (the Megatron/TE pipeline baseline): all-gather chunk j+1.. while chunk j multiplies.
-
     The first gather is exposed (the head); chunks are cut along the local sequence."""
     rank, world = group_info(group)
     rows, tail = x_shard.shape[0], tuple(x_shard.shape[1:])

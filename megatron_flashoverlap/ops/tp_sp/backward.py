@@ -11,85 +11,97 @@ Row (forward GEMM + RS), given dy [s/P, b, h], x [s, b, k/P], w [h, k/P]:
     dx [s, b, k/P] = AG(dy) @ w        dw [h, k/P] = AG(dy)^T @ x
   flash: one Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw.
 Weight gradients are summed in fp32 for bf16/fp16 (across slices the sum order differs from one GEMM).
+Plain functions, one per algorithm, registered as "all_gather_matmul.backward" (column) and
+"matmul_reduce_scatter.backward" (row): (dy, saved..., weight, group, ctx, *, num_chunks, need_dw) -> (dx, dw).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 
-from ...runtime import execute, group_info
-from ...schedules import all_gather_ring, merge, reduce_scatter_ring
+from ...runtime import acc_dtype, gather, gather_and_consume, scatter, walk, wgrad
+from ...runtime.numerics import zeros_acc
+from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
-from .matmul_rs import acc_dtype, rs_matmul_flash, rs_matmul_reference, rs_matmul_slicing
-from ...runtime.handlers import GatherPass, ScatterPass
+from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
+
+COLUMN, ROW = "all_gather_matmul.backward", "matmul_reduce_scatter.backward"
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-1])  # [s, b, h] -> [s*b, h]
-
-
-def _wgrad(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """dy [r, b, n], x [r, b, h] -> dw [n, h] = dy^T x, in the accumulation dtype."""
-    return torch.mm(_flat(dy).t(), _flat(x)).to(acc_dtype(x.dtype))
-
-
-def column_backward(dy, x_shard, gathered, weight, group, ctx, algo, num_chunks, need_dw=True):
-    """-> (dx [s/P, b, h], dw [n/P, h] or None)."""
-    dy = dy.contiguous()
-    if algo in ("flash", "flash_bidir") and gathered is None and need_dw:
-        return _column_backward_flash(dy, x_shard, weight, group, ctx, algo == "flash_bidir")
-    if algo in ("flash", "flash_bidir"):
-        dx = rs_matmul_flash(dy, weight.t(), group, ctx, algo == "flash_bidir")
-    elif algo == "slicing":
-        dx = rs_matmul_slicing(dy, weight.t(), group, ctx, num_chunks)
-    else:
-        dx = rs_matmul_reference(dy, weight.t(), group, ctx)
+def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw):
+    """dx by the given GEMM + RS function; dw from AG(x) (kept, or re-gathered with the stock collective)."""
+    dx = rs_matmul(dy, weight.t(), group, ctx, num_chunks=num_chunks)
     if not need_dw:
         return dx, None
     full = gathered if gathered is not None else gather_reference(x_shard, group)
-    return dx, _wgrad(dy, full).to(weight.dtype)
+    return dx, wgrad(dy, full).to(weight.dtype)
 
 
-def _column_backward_flash(dy, x_shard, weight, group, ctx, bidirectional):
-    rank, world = group_info(group)
-    rows = x_shard.shape[0]
-    dw = torch.zeros(weight.shape, dtype=acc_dtype(weight.dtype), device=weight.device)
+@register(COLUMN, "reference")
+def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True):
+    """-> (dx [s/P, b, h], dw [n/P, h] or None): stock RS of dy @ w; dw = AG(x)^T dy."""
+    return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+
+
+@register(COLUMN, "slicing")
+def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True):
+    return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+
+
+@register(COLUMN, "flash")
+@register(COLUMN, "flash_bidir", bidirectional=True)
+def column_backward_ring(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
+                         bidirectional=False):
+    """The dgrad RS and the wgrad AG of x in ONE walk; from a kept AG(x) only the RS runs on the ring."""
+    if gathered is None and need_dw:
+        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional)
+    rs = functools.partial(rs_matmul_ring, bidirectional=bidirectional)
+    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+
+
+def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional):
+    dw = zeros_acc(weight)
 
     def consume(span, xs):
-        dw.add_(_wgrad(dy[span[0]:span[1]], xs))
+        dw.add_(wgrad(dy[span[0]:span[1]], xs))
 
-    rs_s = reduce_scatter_ring(rank, world, bidirectional=bidirectional, tag=0)
-    ag_s = all_gather_ring(rank, world, bidirectional=bidirectional, tag=1)
-    rs = ScatterPass(rows, rank, rs_s.parts, lambda span: F.linear(dy[span[0]:span[1]], weight.t()),
-                     tuple(dy.shape[1:-1]) + (weight.shape[1],), acc_dtype(dy.dtype), dy.dtype, dy.device,
-                     ctx, name="bwd.rs", tag=0)
-    ag = GatherPass(x_shard, rank, world, ag_s.parts, consume, ctx, name="bwd.ag", tag=1)
-    execute(merge(rs_s, ag_s), group, {0: rs, 1: ag}, ctx)
-    return rs.result(), dw.to(weight.dtype)
+    rs = scatter(lambda span: F.linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
+                 tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx, acc_dtype=acc_dtype(dy.dtype),
+                 out_dtype=dy.dtype, device=dy.device, bidirectional=bidirectional, name="bwd.rs", tag=0)
+    ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
+    walk(group, ctx, rs, ag)
+    return rs.handler.result(), dw.to(weight.dtype)
 
 
-def row_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=True):
-    """-> (dx [s, b, k/P], dw [h, k/P] or None)."""
-    dy = dy.contiguous()
-    if algo in ("flash", "flash_bidir"):
-        return _row_backward_flash(dy, x, weight, group, ctx, algo == "flash_bidir", need_dw)
-    if algo == "slicing":
-        dx, full = ag_matmul_slicing(dy, weight.t(), None, group, ctx, num_chunks, keep_gathered=True)
-    else:
-        dx, full = ag_matmul_reference(dy, weight.t(), None, group, ctx, keep_gathered=True)
-    return dx, (_wgrad(full, x).to(weight.dtype) if need_dw else None)
+def _row_unfused(ag_matmul, dy, x, weight, group, ctx, num_chunks, need_dw):
+    dx, full = ag_matmul(dy, weight.t(), None, group, ctx, num_chunks=num_chunks, keep_gathered=True)
+    return dx, (wgrad(full, x).to(weight.dtype) if need_dw else None)
 
 
-def _row_backward_flash(dy, x, weight, group, ctx, bidirectional, need_dw):
-    rank, world = group_info(group)
+@register(ROW, "reference")
+def row_backward_reference(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True):
+    """-> (dx [s, b, k/P], dw [h, k/P] or None): stock AG of dy, then the two GEMMs."""
+    return _row_unfused(ag_matmul_reference, dy, x, weight, group, ctx, num_chunks, need_dw)
+
+
+@register(ROW, "slicing")
+def row_backward_slicing(dy, x, weight, group, ctx, *, num_chunks, need_dw=True):
+    return _row_unfused(ag_matmul_slicing, dy, x, weight, group, ctx, num_chunks, need_dw)
+
+
+@register(ROW, "flash")
+@register(ROW, "flash_bidir", bidirectional=True)
+def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, bidirectional=False):
+    """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw."""
     dx = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
-    dw = torch.zeros(weight.shape, dtype=acc_dtype(weight.dtype), device=weight.device) if need_dw else None
+    dw = zeros_acc(weight) if need_dw else None
 
     def consume(span, dys):
         dx[span[0]:span[1]] = F.linear(dys, weight.t())
         if dw is not None:
-            dw.add_(_wgrad(dys, x[span[0]:span[1]]))
+            dw.add_(wgrad(dys, x[span[0]:span[1]]))
 
-    sched = all_gather_ring(rank, world, bidirectional=bidirectional)
-    execute(sched.steps, group, {0: GatherPass(dy, rank, world, sched.parts, consume, ctx, name="bwd.ag")}, ctx)
+    gather_and_consume(dy, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag")
     return dx, (dw.to(weight.dtype) if dw is not None else None)

@@ -15,34 +15,16 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import OverlapContext
-from .ag_matmul import ag_matmul_flash, ag_matmul_reference, ag_matmul_slicing
-from ..registry import resolve
-from .backward import column_backward, row_backward
 from ..checks import checked_context
-from .matmul_rs import rs_matmul_flash, rs_matmul_reference, rs_matmul_slicing
-
-
-def ag_matmul_forward(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered=False):
-    """Dispatch to the plain function of `algo`: -> (y, gathered x or None)."""
-    if algo == "slicing":
-        return ag_matmul_slicing(x_shard, weight, bias, group, ctx, num_chunks, keep_gathered)
-    if algo == "reference":
-        return ag_matmul_reference(x_shard, weight, bias, group, ctx, keep_gathered)
-    return ag_matmul_flash(x_shard, weight, bias, group, ctx, keep_gathered, algo == "flash_bidir")
-
-
-def rs_matmul_forward(x, weight, group, ctx, algo, num_chunks):
-    if algo == "slicing":
-        return rs_matmul_slicing(x, weight, group, ctx, num_chunks)
-    if algo == "reference":
-        return rs_matmul_reference(x, weight, group, ctx)
-    return rs_matmul_flash(x, weight, group, ctx, algo == "flash_bidir")
+from ..registry import plain, resolve
+from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the registry's tables)
 
 
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered):
-        y, gathered = ag_matmul_forward(x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered)
+        y, gathered = plain(ag_matmul.OP, algo)(x_shard, weight, bias, group, octx, num_chunks=num_chunks,
+                                                keep_gathered=keep_gathered)
         ctx.save_for_backward(x_shard, weight, gathered)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
         return y
@@ -50,8 +32,8 @@ class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x_shard, weight, gathered = ctx.saved_tensors
-        dx, dw = column_backward(dy, x_shard, gathered, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
-                                 need_dw=ctx.needs_input_grad[1])
+        dx, dw = plain(backward.COLUMN, ctx.algo)(dy.contiguous(), x_shard, gathered, weight, ctx.group, ctx.octx,
+                                                  num_chunks=ctx.num_chunks, need_dw=ctx.needs_input_grad[1])
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None, None, None, None, None
 
@@ -61,13 +43,13 @@ class MatmulReduceScatter(torch.autograd.Function):
     def forward(ctx, x, weight, group, octx, algo, num_chunks):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks = group, octx, algo, num_chunks
-        return rs_matmul_forward(x, weight, group, octx, algo, num_chunks)
+        return plain(matmul_rs.OP, algo)(x, weight, group, octx, num_chunks=num_chunks)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        dx, dw = row_backward(dy, x, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
-                              need_dw=ctx.needs_input_grad[1])
+        dx, dw = plain(backward.ROW, ctx.algo)(dy.contiguous(), x, weight, ctx.group, ctx.octx,
+                                               num_chunks=ctx.num_chunks, need_dw=ctx.needs_input_grad[1])
         return dx, dw, None, None, None, None
 
 

@@ -7,7 +7,8 @@
     dgrad    dx = AG(dy) @ w       (the dual: Flash-AG of dy, local shard first; backward.py)
     wgrad    dw = AG(dy)^T @ x     (summed slice by slice as dy shards arrive, in the same ring walk)
 
-All plain functions share one signature: (x, weight, group, ctx, ...) -> y_s.
+All plain functions share one signature: (x, weight, group, ctx, *, num_chunks) -> y_s (registered in
+ops/registry.py).
 """
 from __future__ import annotations
 
@@ -16,17 +17,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ...runtime import execute, group_info, reduce_scatter_into
-from ...schedules import reduce_scatter_ring
-from ...runtime.handlers import ScatterPass, chunk_bounds
+from ...runtime import acc_dtype, group_info, produce_and_scatter, reduce_scatter_into
+from ...runtime.handlers import chunk_bounds
+from ..registry import register
+
+OP = "matmul_reduce_scatter"
 
 
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype partial sums are kept and sent in: fp32 for bf16/fp16, the input dtype otherwise."""
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-
-
-def rs_matmul_reference(x, weight, group, ctx):
+@register(OP, "reference")
+def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1):
     """Unfused: one GEMM, then one reduce-scatter (in the accumulation dtype)."""
     rank, world = group_info(group)
     t = time.perf_counter()
@@ -40,18 +39,18 @@ def rs_matmul_reference(x, weight, group, ctx):
     return out.to(x.dtype)
 
 
-def rs_matmul_flash(x, weight, group, ctx, bidirectional=False):
+@register(OP, "flash")
+@register(OP, "flash_bidir", bidirectional=True)
+def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, bidirectional=False):
     """Flash-RS: produce the partial of the block the next hop carries; own block last, no tail."""
-    rank, world = group_info(group)
-    rows = x.shape[0] // world
-    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional)
-    rs = ScatterPass(rows, rank, sched.parts, lambda span: F.linear(x[span[0]:span[1]], weight),
-                     tuple(x.shape[1:-1]) + (weight.shape[0],), acc_dtype(x.dtype), x.dtype, x.device, ctx)
-    execute(sched.steps, group, {0: rs}, ctx)
-    return rs.result()
+    world = group_info(group)[1]
+    return produce_and_scatter(lambda span: F.linear(x[span[0]:span[1]], weight), x.shape[0] // world,
+                               tuple(x.shape[1:-1]) + (weight.shape[0],), group, ctx, acc_dtype=acc_dtype(x.dtype),
+                               out_dtype=x.dtype, device=x.device, bidirectional=bidirectional)
 
 
-def rs_matmul_slicing(x, weight, group, ctx, num_chunks):
+@register(OP, "slicing")
+def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks):
     """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail."""
     rank, world = group_info(group)
     rows = x.shape[0] // world

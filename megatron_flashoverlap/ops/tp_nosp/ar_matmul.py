@@ -1,0 +1,110 @@
+"""Tensor parallel WITHOUT sequence parallel: GEMM + all-reduce, decomposed into Flash-RS + Flash-AG.
+
+Row-parallel (forward all-reduce):
+    x_k [s, b, k/P]    weight_k [h, k/P]    y [s, b, h]  (replicated: every rank holds the same bits)
+    forward  y = AR(x @ w^T) = AG(RS(x @ w^T))
+    dgrad    dx = dy @ w        (dy is replicated: no communication)
+    wgrad    dw = dy^T @ x      (local)
+Column-parallel (backward all-reduce, Megatron's `allreduce_dgrad`), the dual:
+    x [s, b, h] (replicated)    weight_n [n/P, h]    y_n [s, b, n/P]
+    forward  y = x @ w^T + bias (local)
+    dgrad    dx = AR(dy @ w)    the same decomposed all-reduce, with the wgrad filling its tail
+    wgrad    dw = dy^T @ x      bgrad db = sum dy
+
+The decomposition ("flash"): the sequence is cut in C chunks of whole rank-blocks (multiples of P rows).
+Chunk c is a Flash-RS (its GEMM slices produce partials, own block last); the all-gather of its reduced
+block then rides in the same ring walk as the GEMM slices of chunk c+1 (merged schedules, tags 0 / 1):
+
+    walk     | chunk 0       | chunk 1             | ... | chunk C-1               | tail
+    comm     | RS0 hops      | RS1 hops + AG0 hops | ... | RS(C-1) + AG(C-2) hops  | AG(C-1) hops
+    compute  | GEMM0 slices  | GEMM1 slices        | ... | GEMM(C-1) slices        | forward: nothing (EXPOSED)
+                                                                                     | column dgrad: wgrad slices
+
+What stays exposed in forward: the tail, P-1 hops of s/(C*P) * b * h elements (1/C of an all-gather of y),
+plus any hop that outlasts the GEMM slice it rides with, plus the final add of each Flash-RS. In the
+column backward the wgrad GEMM (cut in P-1 slices) hides the tail too. Partial sums travel in fp32 for
+bf16/fp16 and are rounded once before the all-gather, so every rank ends with identical bits.
+Sequence not divisible by P: one log line, then the reference (GEMM, then `dist.all_reduce`).
+
+This file: the plain functions (no autograd), one per algorithm, one signature
+(x, weight, group, ctx, *, num_chunks, tail=None) -> y, registered as "matmul_all_reduce" in ops/registry.py;
+`tail = (n, fn)`: n independent compute pieces fn(i) that run while the all-reduce's last part flies.
+all_reduce_matmul.py holds the autograd.Functions and the public wrappers.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ...runtime import acc_dtype, gather, group_info, scatter, tail as tail_pass, walk
+from ...runtime.handlers import chunk_bounds
+from ..registry import register
+
+OP = "matmul_all_reduce"
+DEFAULT_CHUNKS = 2  # C: the forward tail is 1/C of the all-gather; more chunks = smaller GEMM slices
+
+
+def chunk_rows(rows: int, world: int, chunks: int) -> list[tuple[int, int]]:
+    """Row ranges of the C sequence chunks, each a whole number of rank-blocks (a multiple of P rows)."""
+    return [(a * world, b * world) for a, b in chunk_bounds(rows // world, chunks)]
+
+
+def _run_tail(tail) -> None:
+    if tail is not None:
+        for piece in range(tail[0]):
+            tail[1](piece)
+
+
+@register(OP, "reference")
+def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None):
+    """Unfused, as stock Megatron: one GEMM, then one `dist.all_reduce`; with `tail` (the column backward's
+    wgrad) the all-reduce is async and the tail runs while it flies (Megatron's `allreduce_dgrad`)."""
+    y = F.linear(x, weight)
+    world = group_info(group)[1]
+    work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
+    _run_tail(tail)
+    if work is not None:
+        work.wait(ctx.timeout)
+    return y
+
+
+@register(OP, "slicing")
+def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None):
+    """Data slicing: the all-reduce of chunk j in flight while chunk j+1 multiplies; the last is the tail
+    (in the column backward the wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
+    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
+    works = []
+    for a, b in chunk_bounds(x.shape[0], num_chunks):
+        y[a:b] = F.linear(x[a:b], weight)
+        works.append(dist.all_reduce(y[a:b], group=group, async_op=True))
+    _run_tail(tail)
+    for w in works:
+        w.wait(ctx.timeout)
+    return y
+
+
+@register(OP, "flash")
+@register(OP, "flash_bidir", bidirectional=True)
+def ar_matmul_ring(x, weight, group, ctx, *, num_chunks=DEFAULT_CHUNKS, tail=None, bidirectional=False):
+    """Chunked Flash-RS + Flash-AG (module docstring): chunk c's RS, chunk c-1's AG in one walk; the last
+    AG with the `tail` pieces spread over its hops."""
+    world = group_info(group)[1]
+    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
+    pending = None  # the all-gather pass still to run
+    for a, b in chunk_rows(x.shape[0], world, num_chunks):
+        rs = scatter(lambda span, a=a: F.linear(x[a + span[0]:a + span[1]], weight), (b - a) // world,
+                     tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype,
+                     device=x.device, bidirectional=bidirectional, name="ar.rs", tag=0)
+        walk(group, ctx, rs, pending)
+        pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, bidirectional)
+    walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))
+    return y
+
+
+def _gather_into(block, y_chunk, group, ctx, bidirectional):
+    """The all-gather pass of one reduced chunk: every arrived block is copied into its rows of y_chunk."""
+    def consume(span, ys):
+        y_chunk[span[0]:span[1]].copy_(ys)
+
+    return gather(block, consume, group, ctx, bidirectional=bidirectional, name="ar.ag", tag=1)

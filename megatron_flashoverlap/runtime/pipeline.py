@@ -1,0 +1,116 @@
+"""The pipeline API: an operator writes only its compute closure; building the schedule and the handler
+and walking them is done here, once.
+
+    gather_and_consume(x_shard, consume, group, ctx)   Flash-AG: consume(rows, x_slice) per arrived slice
+    produce_and_scatter(produce, block_rows, tail, group, ctx, acc_dtype=, out_dtype=, device=)
+                                                       Flash-RS: produce(rows) -> partial; -> own block
+    exchange(x, algo, group, ctx)                      all-reduce on the P2P steps of schedules.allreduce
+    walk(group, ctx, pass_a, pass_b, ...)              several passes in ONE merged walk, e.g.
+
+        rs = scatter(produce_dx, ..., tag=0); ag = gather(x_shard, consume_dw, ..., tag=1)
+        walk(group, ctx, rs, ag)        # step i: RS hop i + AG hop i in flight, one dx and one dw slice
+
+`gather`, `scatter` and `tail` build the passes (a schedule of one rank + its data-side handler) that
+`walk` merges; rows are (start, stop) of the gathered / pre-scatter dim 0. The all-to-all pipeline
+functions (`produce_all_to_all`, `consume_all_to_all`) live in runtime/alltoall.py.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..schedules import Schedule, Slice, Step, all_gather_ring, all_reduce_schedule, merge, reduce_scatter_ring
+from .context import OverlapContext
+from .executor import execute
+from .group import group_info
+from .handlers import ExchangePass, GatherPass, ScatterPass, TailPass
+
+Rows = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One collective of a walk: this rank's schedule and the handler that owns its tensors."""
+
+    schedule: Schedule
+    handler: object
+
+
+def walk(group, ctx: OverlapContext, *passes: Pass | None) -> None:
+    """Run the passes in ONE executor walk: schedules merged step by step (None entries skipped)."""
+    passes = [p for p in passes if p is not None]
+    tags = [p.handler.tag for p in passes]
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"walk: passes share a tag {tags}; give each pass of one walk its own tag=")
+    if passes:
+        execute(merge(*(p.schedule for p in passes)), group, {p.handler.tag: p.handler for p in passes}, ctx)
+
+
+def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group, ctx: OverlapContext, *,
+           bidirectional: bool = False, keep_gathered: bool = False, name: str = "ag", tag: int = 0) -> Pass:
+    """The Flash-AG pass of x_shard [s/P, ...]: local shard first; `handler.gathered` [s, ...] if kept."""
+    rank, world = group_info(group)
+    sched = all_gather_ring(rank, world, bidirectional=bidirectional, tag=tag)
+    return Pass(sched, GatherPass(x_shard, rank, world, sched.parts, consume, ctx, keep_gathered, name, tag))
+
+
+def scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
+            ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
+            bidirectional: bool = False, name: str = "rs", tag: int = 0) -> Pass:
+    """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`."""
+    rank, world = group_info(group)
+    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional, tag=tag)
+    handler = ScatterPass(block_rows, rank, sched.parts, produce, tail_shape, acc_dtype, out_dtype, device, ctx,
+                          name, tag)
+    return Pass(sched, handler)
+
+
+def tail(pieces: int, fn: Callable[[int], None], group, *, tag: int) -> Pass | None:
+    """Compute-only pass: pieces 0..n-1 of `fn`, spread over the P-1 hop steps of a ring it is merged with."""
+    if pieces == 0:
+        return None
+    rank, world = group_info(group)
+    hops = max(world - 1, 1)
+    steps = tuple(Step(compute=tuple(Slice(i, 0, tag) for i in range(pieces) if i % hops == s)) for s in range(hops))
+    return Pass(Schedule("produce", rank, world, steps, name="tail"), TailPass(fn, tag))
+
+
+def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group,
+                       ctx: OverlapContext, *, bidirectional: bool = False, keep_gathered: bool = False,
+                       name: str = "ag") -> torch.Tensor | None:
+    """Flash-AG of x_shard [s/P, ...], each slice consumed as it arrives. -> AG(x) [s, ...] if kept, else None."""
+    p = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, keep_gathered=keep_gathered, name=name)
+    walk(group, ctx, p)
+    return p.handler.gathered
+
+
+def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
+                        ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
+                        bidirectional: bool = False, name: str = "rs") -> torch.Tensor:
+    """Flash-RS: produce(rows) -> partial [rows, *tail_shape], summed over the group in acc_dtype.
+    -> this rank's block [block_rows, *tail_shape] in out_dtype."""
+    p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
+                device=device, bidirectional=bidirectional, name=name)
+    walk(group, ctx, p)
+    return p.handler.result()
+
+
+_schedule = functools.lru_cache(maxsize=256)(all_reduce_schedule)  # pure data: build once per layout
+
+
+def exchange(x: torch.Tensor, algo: str, group, ctx: OverlapContext, *, local_world_size: int | None = None,
+             name: str = "ar") -> torch.Tensor:
+    """x [*] summed over the group on the P2P steps of schedules.all_reduce_schedule(algo) -> out [*].
+
+    The message is flattened and zero-padded to a multiple of the schedule's block count (zeros add nothing)."""
+    rank, world = group_info(group)
+    sched = _schedule(algo, rank, world, local_world_size)
+    blocks, n = len(sched.final), x.numel()
+    flat = torch.empty(-(-n // blocks) * blocks, dtype=x.dtype, device=x.device)  # [blocks * size]
+    flat[:n].copy_(x.reshape(-1))
+    flat[n:].zero_()
+    execute(sched.steps, group, {0: ExchangePass(flat, blocks, ctx, name)}, ctx)
+    return flat[:n].view(x.shape)
