@@ -6,8 +6,8 @@
 
 The provider (`FlashOverlapSpecProvider`) is Megatron's `LocalSpecProvider` with the column/row linears
 replaced by ModuleSpecs of FlashColumnParallelLinear / FlashRowParallelLinear that carry the
-FlashOverlapConfig as a constructor parameter; norms, core attention and experts fall back to the local
-provider. Works with megatron-core 0.16.x (the MLP spec is a ModuleSpec) through 0.19.x (a
+FlashOverlapConfig as a constructor parameter; norms are SequenceParallelNorm (norm.py: SP without apex),
+core attention is SDPA or TE's (sdpa.py), experts fall back to the local provider. Works with megatron-core 0.16.x (the MLP spec is a ModuleSpec) through 0.19.x (a
 functools.partial of MLP.as_mlp_submodule): both are rebuilt through Megatron's
 `get_mlp_module_spec_for_backend` with our provider, so neither shape is touched by hand.
 

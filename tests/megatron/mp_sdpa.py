@@ -17,12 +17,12 @@ def _config(heads=4, groups=None, kv=8, dropout=0.0):
                              params_dtype=torch.float32, tensor_model_parallel_size=torch.distributed.get_world_size())
 
 
-def _pair(cfg, mask_type, softmax_scale=None, kernels=None):
+def _pair(cfg, mask_type, softmax_scale=None, kernels=None, layer_number=1):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from megatron_flashoverlap.megatron.sdpa import SdpaDotProductAttention
 
-    kw = dict(layer_number=1, attn_mask_type=mask_type, attention_type="self", softmax_scale=softmax_scale)
+    kw = dict(layer_number=layer_number, attn_mask_type=mask_type, attention_type="self", softmax_scale=softmax_scale)
     return DotProductAttention(cfg, **kw), SdpaDotProductAttention(cfg, **kw, kernels=kernels)
 
 
@@ -72,7 +72,8 @@ def versus_dpa(rank, world, mask=None, mask_type="causal", groups=None, softmax_
     try:
         cfg = _config(groups=groups)
         cfg.apply_query_key_layer_scaling = layer_scaling  # set after __post_init__ (it wants fp16 there)
-        dpa, ours = _pair(cfg, getattr(AttnMaskType, mask_type), softmax_scale, kernels)
+        # layer 3: with layer scaling DotProductAttention divides the scale by 3 and multiplies it back
+        dpa, ours = _pair(cfg, getattr(AttnMaskType, mask_type), softmax_scale, kernels, 3 if layer_scaling else 1)
         dpa.train(train), ours.train(train)
         q, k, v = _qkv(cfg, rank)
         dy = torch.randn(SQ, B, q.shape[2] * q.shape[3], generator=torch.Generator().manual_seed(99))
