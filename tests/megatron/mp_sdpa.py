@@ -1,0 +1,143 @@
+"""Worker bodies for test_sdpa.py: SdpaDotProductAttention vs Megatron's DotProductAttention at TP=world
+(each rank holds its np/tp heads and ng/tp groups), on the same q, k, v and output gradient."""
+from __future__ import annotations
+
+import torch
+
+from megatron_flashoverlap.megatron import models as tm
+
+SQ, B = 16, 2
+
+
+def _config(heads=4, groups=None, kv=8, dropout=0.0):
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=heads, num_query_groups=groups,
+                             kv_channels=kv, attention_dropout=dropout, use_cpu_initialization=True,
+                             params_dtype=torch.float32, tensor_model_parallel_size=torch.distributed.get_world_size())
+
+
+def _pair(cfg, mask_type, softmax_scale=None, kernels=None, layer_number=1):
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from megatron_flashoverlap.megatron.sdpa import SdpaDotProductAttention
+
+    kw = dict(layer_number=layer_number, attn_mask_type=mask_type, attention_type="self", softmax_scale=softmax_scale)
+    return DotProductAttention(cfg, **kw), SdpaDotProductAttention(cfg, **kw, kernels=kernels)
+
+
+def _qkv(cfg, rank, sq=SQ):
+    """q [sq, b, np/tp, hn], k / v [sq, b, ng/tp, hn], this rank's heads (seeded per rank)."""
+    tp = torch.distributed.get_world_size()
+    g = torch.Generator().manual_seed(10 + rank)
+    groups = cfg.num_query_groups // tp
+    q = torch.randn(sq, B, cfg.num_attention_heads // tp, cfg.kv_channels, generator=g)
+    k, v = (torch.randn(sq, B, groups, cfg.kv_channels, generator=g) for _ in range(2))
+    return q, k, v
+
+
+def _mask(kind):
+    """Megatron's bool masks, True = masked out: causal [1,1,s,s]; padding [b,1,1,s] (sample 1: last 5 keys
+    padded); causal+left-padding [b,1,s,s] (sample 1's first 3 query rows see no key at all)."""
+    causal = torch.triu(torch.ones(1, 1, SQ, SQ, dtype=torch.bool), 1)
+    pad = torch.zeros(B, 1, 1, SQ, dtype=torch.bool)
+    pad[1, ..., SQ - 5:] = True
+    if kind == "causal":
+        return causal
+    if kind == "padding":
+        return pad
+    left = torch.zeros(B, 1, 1, SQ, dtype=torch.bool)
+    left[1, ..., :3] = True
+    return causal | left
+
+
+def _run(module, q, k, v, mask, dy, **kw):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    y = module(q, k, v, mask, **kw)
+    y.backward(dy)
+    return [y.detach(), q.grad, k.grad, v.grad]
+
+
+def _rel(a, b) -> float:
+    scale = a.double().abs().max().item()
+    return (a.double() - b.double()).abs().max().item() / scale
+
+
+def versus_dpa(rank, world, mask=None, mask_type="causal", groups=None, softmax_scale=None, train=False,
+               kernels=None, layer_scaling=False):
+    """-> max relative difference of (y, dq, dk, dv) between DotProductAttention and ours."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    tm.init_tp(world)
+    try:
+        cfg = _config(groups=groups)
+        cfg.apply_query_key_layer_scaling = layer_scaling  # set after __post_init__ (it wants fp16 there)
+        # layer 3: with layer scaling DotProductAttention divides the scale by 3 and multiplies it back
+        dpa, ours = _pair(cfg, getattr(AttnMaskType, mask_type), softmax_scale, kernels, 3 if layer_scaling else 1)
+        dpa.train(train), ours.train(train)
+        q, k, v = _qkv(cfg, rank)
+        dy = torch.randn(SQ, B, q.shape[2] * q.shape[3], generator=torch.Generator().manual_seed(99))
+        m = None if mask is None else _mask(mask)
+        ref, got = _run(dpa, q, k, v, m, dy), _run(ours, q, k, v, m, dy)
+        return {"rel": [_rel(a, b) for a, b in zip(ref, got)], "shape": list(got[0].shape),
+                "finite": all(torch.isfinite(t).all().item() for t in got)}
+    finally:
+        tm.destroy()
+
+
+def _one_hot_probe(module, sk, seed):
+    """q = k = 0 -> every prob 1/sk; v[j] = e_j -> y[i, j] = keep_ij / (sk (1 - p)): the dropout mask, read."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    heads = module.config.num_attention_heads // torch.distributed.get_world_size()
+    q = torch.zeros(sk, B, heads, sk)
+    v = torch.eye(sk).view(sk, 1, 1, sk).expand(sk, B, heads, sk).contiguous()
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    return module(q, q.clone(), v, None)
+
+
+def dropout_stats(rank, world, p=0.3, sk=64):
+    """Dropout of ours and DotProductAttention's on the one-hot probe: zero fraction, kept value, repeats."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    tm.init_tp(world)
+    try:
+        cfg = _config(heads=4, kv=sk, dropout=p)
+        out = {}
+        for name, module in zip(("dpa", "ours"), _pair(cfg, AttnMaskType.no_mask)):
+            module.train()
+            y1, y2, y3 = (_one_hot_probe(module, sk, s) for s in (5, 5, 6))
+            kept = y1[y1 != 0]
+            out[name] = {"zero_fraction": (y1 == 0).double().mean().item(), "n": y1.numel(),
+                         "kept_min": kept.min().item(), "kept_max": kept.max().item(),
+                         "same_seed_equal": torch.equal(y1, y2), "other_seed_differs": not torch.equal(y1, y3)}
+        return out
+    finally:
+        tm.destroy()
+
+
+def unsupported(rank, world):
+    """-> the ValueError messages of what ours refuses (forward-time ones on a built module)."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    tm.init_tp(world)
+    try:
+        cfg = _config()
+        _, ours = _pair(cfg, AttnMaskType.causal)
+        q, k, v = _qkv(cfg, rank)
+        calls = {"bias": lambda: ours(q, k, v, None, attention_bias=torch.zeros(1)),
+                 "packed": lambda: ours(q, k, v, None, packed_seq_params=object()),
+                 "float_mask": lambda: ours(q, k, v, torch.zeros(1, 1, SQ, SQ)),
+                 "causal_sq_ne_sk": lambda: ours(q[:4], k, v, None),
+                 "fused_kernel_on_cpu": lambda: _pair(cfg, AttnMaskType.causal, kernels=("efficient",))[1](q, k, v, None)}
+        out = {}
+        for name, call in calls.items():
+            try:
+                call()
+                out[name] = None
+            except ValueError as err:
+                out[name] = str(err)
+        return out
+    finally:
+        tm.destroy()
