@@ -129,11 +129,9 @@ def ddp_rows(cfg: dict) -> list[dict]:
     from megatron.core.transformer import TransformerConfig
 
     from megatron_flashoverlap.megatron import cpu
-    from megatron_flashoverlap.megatron.cpu_optimizer import enable_cpu_optimizer
     from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
 
-    cpu.enable()
-    enable_cpu_optimizer()  # also the CUDA-stream shim of 0.19's start_grad_sync
+    cpu.enable()  # also the optimizer's and 0.19's start_grad_sync CUDA-stream shims
     ps.initialize_model_parallel(tensor_model_parallel_size=1)
     model_parallel_cuda_manual_seed(1)
     h, f, layers, tokens = cfg["hidden"], cfg["width"], cfg["ddp_layers"], cfg["dp_tokens"]
