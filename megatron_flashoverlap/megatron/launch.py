@@ -94,29 +94,34 @@ def uninstall() -> None:
 
 
 def use_installed_helpers() -> Optional[str]:
-    """If the imported `megatron.core.datasets` has no compiled helpers (a fresh checkout), load the installed
-    megatron-core wheel's `helpers_cpp*.so` in their place and skip Megatron's `make`; -> its path, or None
-    (already compiled, or no wheel: Megatron then builds them as usual)."""
+    """Dataset helpers without `make`: Megatron's start-up runs `make` in `megatron/core/datasets` (needs
+    pybind11 and python3-config) even where `helpers_cpp*.so` is already there. Compiled helpers: `make` is
+    skipped. None (a fresh checkout): the installed megatron-core wheel's prebuilt `.so` is loaded in their
+    place and `make` skipped. -> the `.so` in use, or None where there is none (Megatron then builds them)."""
     from megatron.core import datasets
+    from megatron.core.datasets import utils
 
-    if glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*.so")):
+    found = glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*.so")) or _wheel_helpers()
+    if not found:
         return None
+    if not glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*.so")):
+        name = "megatron.core.datasets.helpers_cpp"
+        spec = importlib.util.spec_from_file_location(name, found[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = datasets.helpers_cpp = module
+    utils.compile_helpers = lambda: None  # compiled (or loaded): nothing to build
+    return found[0]
+
+
+def _wheel_helpers() -> list[str]:
+    """The installed megatron-core distribution's prebuilt helpers, found through its file list (a checkout
+    earlier on sys.path shadows the package itself)."""
     try:
         files = importlib.metadata.files("megatron-core") or []
     except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [str(f.locate()) for f in files if f.name.startswith("helpers_cpp") and f.name.endswith(".so")]
-    if not found:
-        return None
-    name = "megatron.core.datasets.helpers_cpp"
-    spec = importlib.util.spec_from_file_location(name, found[0])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = datasets.helpers_cpp = module
-    from megatron.core.datasets import utils
-
-    utils.compile_helpers = lambda: None  # already loaded: nothing to build
-    return found[0]
+        return []
+    return [str(f.locate()) for f in files if f.name.startswith("helpers_cpp") and f.name.endswith(".so")]
 
 
 def launcher_options(argv: Sequence[str]) -> tuple[bool, Optional[int], list[str]]:
