@@ -26,7 +26,7 @@ $(OLD)/.ok: requirements/oldest.txt
 	touch $@
 
 demo: $(VENV)/.ok
-	$(VENV)/bin/python examples/train_tiny_gpt.py
+	$(VENV)/bin/python examples/pretrain_tiny_gpt.py
 
 test: test-newest test-oldest
 

@@ -117,10 +117,8 @@ def measure_ddp(hidden: int, ffn: int, layers: int, tokens: int, repeats: int) -
     from megatron.core.transformer import TransformerConfig
 
     from ..megatron import cpu
-    from ..megatron.cpu_optimizer import enable_cpu_optimizer
 
-    cpu.enable()
-    enable_cpu_optimizer()  # also the CUDA-stream shim of 0.19's start_grad_sync
+    cpu.enable()  # the optimizer's and 0.19's start_grad_sync CUDA-stream shims too
     ps.initialize_model_parallel(tensor_model_parallel_size=1)
     try:
         model_parallel_cuda_manual_seed(1)

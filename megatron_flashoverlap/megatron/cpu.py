@@ -1,29 +1,45 @@
-"""Run a real Megatron-Core model on CPU over gloo: `megatron_flashoverlap.megatron.cpu.enable()`.
+"""Run Megatron (megatron-core 0.16.x - 0.19.x, and Megatron-LM's training loop) on CPU over gloo: `enable()`.
 
-Megatron-Core (0.16.x - 0.19.x) assumes CUDA in four places that the local (non-TE) spec reaches. Each shim
-below replaces exactly one of them, and says what it replaces:
+One call, in every process, before any Megatron module is built (tests, examples, benchmarks, and the
+launcher's `--cpu`). Each shim replaces one CUDA-only call, and says which:
 
-    1. current device    `torch.cuda.current_device()` allocates buffers (SP gather buffer, attention
-                         baddbmm buffer, reduce-scatter outputs)                 -> "cpu"
-    2. RNG tracker       `CudaRNGStatesTracker` reads/writes the CUDA generator  -> the CPU generator
-    3. LayerNorm + SP    `WrappedTorchNorm` asserts `not sequence_parallel`      -> build it, tag params
-                         `sequence_parallel` as apex's FusedLayerNorm does
-    4. causal mask       `get_default_causal_mask` builds its mask on "cuda"     -> on "cpu"
+    model         1. current device     `torch.cuda.current_device()` feeds `device=` of buffers  -> "cpu"
+                  2. RNG tracker        CudaRNGStatesTracker reads/writes the CUDA generator      -> the CPU one
+                  3. norm + SP          WrappedTorchNorm asserts `not sequence_parallel`          -> build it,
+                                        tag its params `sequence_parallel` (as apex's FusedLayerNorm does)
+    every module  4. device "cuda"      `device="cuda"` factories (causal mask, optimizer found_inf / loss
+                                        scale / grad norm, the schedules' token count, the rerun machine,
+                                        the training loop's flags), `Tensor.cuda()` / `.to("cuda")` (the
+                                        batch, `Module.cuda`), `pin_memory` (the CP RoPE index)
+                                        -> a global TorchFunctionMode puts them on the CPU
+    optimizer     5. type names         `param.type() == 'torch.cuda.FloatTensor'` in DistributedOptimizer's
+                                        param sort and clip_grad_by_total_norm_fp32 -> during those calls only,
+                                        a CPU tensor's `type()` says torch.cuda.<Type>
+    streams       6. torch.cuda         synchronize (timers), Stream / stream / current_stream (the DDP side
+                                        stream, 0.19's start_grad_sync), empty_cache, memory stats (the
+                                        training log)                                             -> no-ops
+    training      7. initialize         `assert torch.cuda.is_available()`, and `device_count() == 0` skips
+                                        model-parallel init and seeding silently -> initialize sees 1 device
+                  8. arch version       validate_args reads the GPU's major version (TP > 1)      -> 0 (not
+                                        Blackwell: CUDA_DEVICE_MAX_CONNECTIONS=1 is then required, and set)
 
-Rules: one explicit call (tests, examples and benchmarks call it in every process before building
-modules), idempotent, and never applied when CUDA is available: then `enable()` changes nothing and
-returns False (GPU runs use Megatron untouched). megatron-core 0.19.x imports `triton` at import time;
-the `.venv` lane has the real `triton` wheel installed, so no stub is needed here (checked by `enable`).
-Call it before `model_parallel_cuda_manual_seed(...)` and before building any module.
+Never applied when CUDA is available: `enable()` then changes nothing and returns False (GPU runs use
+Megatron untouched). Outside 0.16.x - 0.19.x it raises, naming the supported versions. megatron-core 0.19
+imports `triton` at import time; the lanes install the real wheel (checked, with the fix, by `enable`).
 """
 from __future__ import annotations
 
 import copy
+import functools
 import logging
+import os
+import types
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 log = logging.getLogger(__name__)
+SUPPORTED = ((0, 16), (0, 17), (0, 18), (0, 19))
 _ENABLED = False
 
 
@@ -33,63 +49,73 @@ def is_enabled() -> bool:
 
 
 def enable() -> bool:
-    """Install the CPU shims for Megatron-Core; True if active, False (untouched) when CUDA is available."""
+    """Install every CPU shim (idempotent); True if active, False (untouched) when CUDA is available."""
     global _ENABLED
     if _ENABLED:
         return True
     if torch.cuda.is_available():
         log.warning("megatron_flashoverlap.megatron.cpu.enable(): CUDA is available, Megatron left untouched (GPU path)")
         return False
-    _check_importable()
-    _shim_current_device()
-    _shim_rng_tracker()
-    _shim_torch_norm()
-    _shim_causal_mask()
+    check_version(_megatron_version())
+    for shim in (_shim_current_device, _shim_rng_tracker, _shim_torch_norm, _shim_cuda_devices,
+                 _shim_type_names, _shim_cuda_runtime, _shim_training):
+        shim()
     _ENABLED = True
     return True
 
 
-def _check_importable() -> None:
-    """megatron-core 0.19 does `import triton` at import time; say the fix instead of a bare ImportError."""
+def _megatron_version() -> str:
+    """megatron-core's version; megatron-core 0.19 does `import triton`: say the fix, not a bare ImportError."""
     try:
-        import megatron.core  # noqa: F401
+        from megatron.core.package_info import __version__
     except ModuleNotFoundError as err:
         if err.name == "triton":
             raise ModuleNotFoundError(
                 "megatron-core >= 0.17 imports triton at import time: `pip install triton` "
                 "(the CUDA torch wheel brings it), or use megatron-core 0.16.x on CPU torch") from err
         raise
+    return __version__
 
 
+def check_version(version: str) -> None:
+    """ValueError unless `version` (e.g. "0.19.2+abc") is one the shims were checked against."""
+    try:
+        major_minor = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    if major_minor not in SUPPORTED:
+        names = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
+        raise ValueError(f"megatron_flashoverlap's CPU shims support megatron-core {names}; found {version}. "
+                         f"Install a supported megatron-core (pip install 'megatron-core>=0.16.1,<0.20') or run "
+                         f"on a GPU (no shims)")
+
+
+# ------------------------------------------------------------------------------------------- model
 def _shim_current_device() -> None:
-    # Replaces: torch.cuda.current_device() -> int (raises without a GPU). Megatron passes it as `device=`
-    # to torch.empty in GlobalMemoryBuffer.get_tensor, mappings._gather/_reduce_scatter_along_first_dim and
-    # the SP backward of linear_with_grad_accumulation_and_async_allreduce; "cpu" makes those CPU tensors.
+    # 1. torch.cuda.current_device() -> int raises without a GPU; Megatron passes it as `device=` to
+    # torch.empty in GlobalMemoryBuffer.get_tensor, mappings' gather/reduce-scatter and the SP backward.
     torch.cuda.current_device = lambda: "cpu"
 
 
 def _shim_rng_tracker() -> None:
-    # Replaces: the CUDA default generator behind Megatron's RNG tracker (model_parallel_cuda_manual_seed,
-    # CudaRNGStatesTracker.add/fork, used for dropout and CPU-side init under `get_cuda_rng_tracker().fork()`).
-    # On CPU the "CUDA generator" is the CPU generator: same seeds, same fork/restore semantics.
+    # 2. the CUDA default generator behind Megatron's RNG tracker (model_parallel_cuda_manual_seed,
+    # CudaRNGStatesTracker.add/fork: dropout, init under fork()). On CPU it is the CPU generator.
     from megatron.core.tensor_parallel import random as mrandom
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # used directly by the tracker's add()
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # the tracker's add(), the rerun machine
     torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # model_parallel_cuda_manual_seed
+    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)
 
 
 def _shim_torch_norm() -> None:
-    # Replaces: WrappedTorchNorm's `assert not config.sequence_parallel` (the local spec picks it when apex is
-    # missing). A norm is the same math with SP on; what SP needs is the `sequence_parallel` tag on its params,
-    # so finalize_model_grads all-reduces their grads over TP (apex FusedLayerNorm sets the same tag).
+    # 3. WrappedTorchNorm's `assert not config.sequence_parallel` (the local spec picks it without apex). The
+    # math is the same under SP; what SP needs is the `sequence_parallel` tag on its params, so
+    # finalize_model_grads all-reduces their grads over TP.
     from megatron.core.transformer import torch_norm
 
     cls = torch_norm.WrappedTorchNorm
-    if getattr(cls.__new__, "_flashoverlap_cpu", False):
-        return
     original = cls.__new__
 
     def new(klass, config, hidden_size, eps=1e-5, *args, **kwargs):
@@ -100,21 +126,125 @@ def _shim_torch_norm() -> None:
             p.sequence_parallel = config.sequence_parallel
         return module
 
-    new._flashoverlap_cpu = True
     cls.__new__ = staticmethod(new)
 
 
-def _causal_mask_cpu(sq: int) -> torch.Tensor:
-    """mask [sq, sq] bool, True above the diagonal (masked out), as Megatron's, on CPU."""
-    return torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool()
+# ------------------------------------------------------------------------------------ every module
+def _is_cuda(device) -> bool:
+    return isinstance(device, (str, torch.device)) and str(device).startswith("cuda")
 
 
-def _shim_causal_mask() -> None:
-    # Replaces: megatron.core.transformer.utils.get_default_causal_mask, which hard-codes device="cuda"
-    # (reached by FusedScaleMaskSoftmax when attention_mask is None). fused_softmax imports it by name,
-    # so both bindings are replaced.
-    from megatron.core.fusions import fused_softmax
-    from megatron.core.transformer import utils as tutils
+class CudaOnCpu(TorchFunctionMode):
+    """4. Every torch call: device "cuda..." -> "cpu", `pin_memory` off, `Tensor.cuda()` / `pin_memory()` -> self.
 
-    tutils.get_default_causal_mask = _causal_mask_cpu
-    fused_softmax.get_default_causal_mask = _causal_mask_cpu
+    A mode instead of per-module proxies: the CUDA literals move between Megatron modules from release to
+    release (the DDP side stream, the batch's `.cuda()`), a mode sees them wherever they are."""
+
+    _SELF = (torch.Tensor.cuda, torch.Tensor.pin_memory)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in self._SELF:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _shim_cuda_devices() -> None:
+    CudaOnCpu().__enter__()  # pushed for the life of the process (never exited): every thread sees it
+
+
+def _cuda_type_names(fn):
+    """5. Wrap `fn`: while it runs, a CPU tensor's type() says torch.cuda.<Type>."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        original = torch.Tensor.type
+
+        def type_(t, *a, **k):
+            name = original(t, *a, **k)
+            if a or k or t.device.type != "cpu" or name.startswith("torch.cuda."):  # nested calls: once
+                return name
+            return name.replace("torch.", "torch.cuda.", 1)
+
+        torch.Tensor.type = type_
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.Tensor.type = original
+    return wrapped
+
+
+def _shim_type_names() -> None:
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+
+    cls = distrib_optimizer.DistributedOptimizer
+    cls.__init__ = _cuda_type_names(cls.__init__)
+    clip = _cuda_type_names(clip_grads.clip_grad_by_total_norm_fp32)
+    clip_grads.clip_grad_by_total_norm_fp32 = optimizer.clip_grad_by_total_norm_fp32 = clip
+
+
+# ------------------------------------------------------------------------------- streams, training
+class _NullStream:
+    """The CPU has one implicit stream: waiting on it or on its events is a no-op; `with` it does nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _returning(value):
+    """A new function per attribute (torch._dynamo keys its rules by function object: no sharing)."""
+    return lambda *args, **kwargs: value() if callable(value) else value
+
+
+def _shim_cuda_runtime() -> None:
+    # 6. torch.cuda calls that raise without a driver and mean nothing on one CPU "device".
+    cuda = torch.cuda
+    for name in ("synchronize", "empty_cache", "set_device", "set_stream"):
+        setattr(cuda, name, _returning(None))
+    for name in ("current_stream", "default_stream", "stream"):
+        setattr(cuda, name, _returning(_NullStream))
+    cuda.Stream = _NullStream
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        setattr(cuda, name, _returning(0))
+    cuda.memory_stats = _returning(dict)
+
+
+def _shim_training() -> None:
+    # 7 + 8: Megatron-LM's training package (a checkout's, or the megatron-core >= 0.17 wheel's); absent in
+    # the 0.16.x wheel, where there is nothing to shim.
+    try:
+        from megatron.training import arguments, initialize
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("megatron"):
+            raise
+        return
+    proxy = types.ModuleType("torch_one_cpu_device")
+    proxy.__dict__.update(torch.__dict__)
+    proxy.cuda = types.ModuleType("torch_cuda_one_cpu_device")
+    proxy.cuda.__dict__.update(torch.cuda.__dict__)
+    proxy.cuda.is_available = lambda: True
+    proxy.cuda.device_count = lambda: 1
+    initialize.torch = proxy
+    if hasattr(arguments, "get_device_arch_version"):
+        arguments.get_device_arch_version = lambda: 0
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")

@@ -1,33 +1,65 @@
-"""Run a Megatron-LM pretrain script with the `--flash-overlap` flag, unmodified.
+"""Run a Megatron-LM pretrain script, unmodified, with `--flash-overlap` understood (and on CPU with `--cpu`).
 
-    python -m megatron_flashoverlap.launch pretrain_gpt.py <megatron args> --flash-overlap \
-        [--flash-overlap-config configs/flash.yaml]
-    torchrun --nproc-per-node 8 -m megatron_flashoverlap.launch pretrain_gpt.py ...   (same, per rank)
+    flashoverlap-launch [--cpu] [--nproc-per-node N] SCRIPT.py <megatron args> [--flash-overlap
+        [--flash-overlap-config configs/flash.yaml]]
+    torchrun --nproc-per-node N -m megatron_flashoverlap.launch [--cpu] SCRIPT.py ...   (the same, per rank)
 
-Megatron-LM's `pretrain_gpt.py` hard-codes its `extra_args_provider`, so the launcher wraps the one
-function every parse goes through, `megatron.training.arguments.parse_args` (which
-`parse_and_validate_args` calls by module-global name):
+With `--nproc-per-node N` the launcher starts torchrun itself (`--standalone`, N ranks, each running the
+per-rank form). Per rank, in this order:
 
-    parse_args(provider, ...)  ->  parse_args(with_flash_overlap_args(provider), ...)
-                                   then apply_flash_overlap_args(args): --spec megatron_flashoverlap.spec
-                                   flashoverlap_layer_spec, per-site config loaded and activated
+    --cpu        1. Megatron-LM arguments a CPU run needs and the user need not type (`CPU_DEFAULTS`) are
+                    appended to argv, each only where the user did not give that flag: before Megatron
+                    parses, so its validate_args sees them
+                 2. `megatron_flashoverlap.megatron.cpu.enable()`: the shims for Megatron's CUDA-only calls
+    always       3. a checkout whose dataset helpers are not compiled gets the installed megatron-core's
+                    prebuilt `helpers_cpp*.so` (no `make` at start-up)
+                 4. `megatron.training.arguments.parse_args` (which `parse_and_validate_args` calls by
+                    module-global name) is wrapped: our flags added, `apply_flash_overlap_args` applied
+                    (--spec megatron_flashoverlap.spec flashoverlap_layer_spec, per-site config)
+                 5. the script runs as `__main__` (runpy), with `sys.argv` and `sys.path[0]` as `python
+                    script.py` would set them: the script's folder first, so a checkout's `megatron/` is used
 
-then runs the script as `__main__` (runpy), with `sys.argv` and `sys.path[0]` as `python script.py` would
-set them: the script's folder first, so a Megatron-LM checkout's own `megatron/` package is the one wrapped.
-`patches/` holds the same two calls as a patch to `pretrain_gpt.py`, for users who prefer patching.
+Without `--flash-overlap` the script trains stock (with `--cpu`: stock on CPU), so the two compare.
+`patches/` holds the same two flag calls as a patch to `pretrain_gpt.py`, for users who prefer patching.
 """
 from __future__ import annotations
 
 import functools
+import glob
+import importlib.metadata
+import importlib.util
 import os
 import runpy
+import subprocess
 import sys
 from typing import Optional, Sequence
 
 from .args import apply_flash_overlap_args, with_flash_overlap_args
 
-USAGE = ("usage: python -m megatron_flashoverlap.launch SCRIPT.py [megatron args] --flash-overlap "
-         "[--flash-overlap-config PATH]")
+USAGE = ("usage: flashoverlap-launch [--cpu] [--nproc-per-node N] SCRIPT.py [megatron args] [--flash-overlap "
+         "[--flash-overlap-config PATH]]")
+
+# (flag, value or None for a switch, why a CPU run needs it)
+CPU_DEFAULTS = (
+    ("--distributed-backend", "gloo", "NCCL needs GPUs"),
+    ("--transformer-impl", "local", "the default transformer_engine spec needs Transformer Engine (GPU)"),
+    ("--no-gradient-accumulation-fusion", None, "stock needs apex's fused wgrad CUDA kernel"),
+    ("--no-persist-layer-norm", None, "apex's persistent LayerNorm; torch's LayerNorm asserts it is off"),
+    ("--no-rope-fusion", None, "fused RoPE is a Transformer Engine / apex kernel"),
+    ("--no-bias-gelu-fusion", None, "torch.compile: inductor builds C++ at the first call (~10 s each on CPU)"),
+    ("--no-bias-swiglu-fusion", None, "torch.compile, as above"),
+    ("--no-bias-dropout-fusion", None, "torch.compile, as above"),
+)
+
+
+def cpu_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` + every CPU default whose flag the user did not give (a given flag, any value, wins)."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    extra = []
+    for flag, value, _why in CPU_DEFAULTS:
+        if flag not in given:
+            extra += [flag] if value is None else [flag, value]
+    return [*argv, *extra]
 
 
 def install():
@@ -61,19 +93,87 @@ def uninstall() -> None:
     arguments.parse_args = getattr(arguments.parse_args, "_original", arguments.parse_args)
 
 
+def use_installed_helpers() -> Optional[str]:
+    """Dataset helpers without `make`: Megatron's start-up runs `make` in `megatron/core/datasets` (needs
+    pybind11 and python3-config) even where `helpers_cpp*.so` is already there. Compiled helpers: `make` is
+    skipped. None (a fresh checkout): the installed megatron-core wheel's prebuilt `.so` is loaded in their
+    place and `make` skipped. -> the `.so` in use, or None where there is none (Megatron then builds them)."""
+    from megatron.core import datasets
+    from megatron.core.datasets import utils
+
+    found = glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*.so")) or _wheel_helpers()
+    if not found:
+        return None
+    if not glob.glob(os.path.join(os.path.dirname(datasets.__file__), "helpers_cpp*.so")):
+        name = "megatron.core.datasets.helpers_cpp"
+        spec = importlib.util.spec_from_file_location(name, found[0])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = datasets.helpers_cpp = module
+    utils.compile_helpers = lambda: None  # compiled (or loaded): nothing to build
+    return found[0]
+
+
+def _wheel_helpers() -> list[str]:
+    """The installed megatron-core distribution's prebuilt helpers, found through its file list (a checkout
+    earlier on sys.path shadows the package itself)."""
+    try:
+        files = importlib.metadata.files("megatron-core") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return [str(f.locate()) for f in files if f.name.startswith("helpers_cpp") and f.name.endswith(".so")]
+
+
+def launcher_options(argv: Sequence[str]) -> tuple[bool, Optional[int], list[str]]:
+    """Leading launcher options -> (cpu, nproc_per_node or None, the rest: SCRIPT and its args)."""
+    argv, cpu, nproc = list(argv), False, None
+    while argv and argv[0].split("=", 1)[0] in ("--cpu", "--nproc-per-node"):
+        head = argv.pop(0)
+        if head == "--cpu":
+            cpu = True
+            continue
+        value = head.split("=", 1)[1] if "=" in head else (argv.pop(0) if argv else "")
+        if not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--nproc-per-node needs a positive integer, got {value!r}. {USAGE}")
+        nproc = int(value)
+    return cpu, nproc, argv
+
+
+def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
+    """Start `nproc` ranks of `python -m module [--cpu] rest...` under torchrun (standalone); -> exit code."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", module, *(["--cpu"] if cpu else []), *rest]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(cmd, env=env)
+
+
+def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:
+    """Steps 1-4 for one rank: `sys.argv = [prog, *args (+ CPU defaults)]`, shims, helpers, parse_args."""
+    sys.argv = [prog, *(cpu_argv(args) if cpu else args)]
+    if cpu:
+        from . import cpu as cpu_shims
+
+        if not cpu_shims.enable():
+            raise SystemExit("--cpu was given but CUDA is available: the CPU shims are never applied on a GPU "
+                             "machine; drop --cpu to train on the GPU")
+    use_installed_helpers()
+    install()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """`argv` = [script, *megatron args]; runs the script as `__main__` with our flags understood."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    """`argv` = [--cpu] [--nproc-per-node N] script [megatron args]; runs the script as `__main__`."""
+    cpu, nproc, rest = launcher_options(sys.argv[1:] if argv is None else argv)
+    if not rest or rest[0] in ("-h", "--help"):
         raise SystemExit(USAGE)
-    script = argv[0]
+    script = rest[0]
     if not os.path.isfile(script):
         raise SystemExit(f"{script}: no such file. {USAGE}  (SCRIPT is Megatron-LM's pretrain_gpt.py, "
                          f"e.g. path/to/Megatron-LM/pretrain_gpt.py)")
-    sys.argv = [script, *argv[1:]]
+    if nproc is not None:
+        raise SystemExit(torchrun("megatron_flashoverlap.launch", cpu, nproc, rest))
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # what `python script.py` does
-    install()
-    if "--flash-overlap" in argv and not _callable_spec_supported():
+    prepare(script, rest[1:], cpu)
+    if "--flash-overlap" in rest and not _callable_spec_supported():
         raise SystemExit(LEGACY)
     runpy.run_path(script, run_name="__main__")
 

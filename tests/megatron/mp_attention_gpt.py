@@ -19,30 +19,13 @@ import torch.distributed as dist
 SEQ, VOCAB = 16, 128
 
 
-def _shim_cp_rope() -> None:
-    """CPU shim (test-side): Megatron's get_pos_emb_on_this_cp_rank builds its index with
-    pin_memory=True and .cuda(); the same zigzag index_select, on CPU. Bound by name in two modules."""
-    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding
-
-    def on_cp_rank(pos_emb, seq_dim, cp_group):
-        cp, r = cp_group.size(), cp_group.rank()
-        idx = torch.tensor([r, 2 * cp - r - 1], device=pos_emb.device)
-        pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp, -1, *pos_emb.shape[seq_dim + 1:])
-        pos_emb = pos_emb.index_select(seq_dim, idx)
-        return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
-
-    rope_utils.get_pos_emb_on_this_cp_rank = on_cp_rank
-    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = on_cp_rank
-
-
 def _init(tp, cp, seed=1234):
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from megatron_flashoverlap.megatron import cpu
 
-    cpu.enable()
-    _shim_cp_rope()
+    cpu.enable()  # also the CP RoPE index (pin_memory + .cuda()) on CPU
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
     model_parallel_cuda_manual_seed(seed)
 

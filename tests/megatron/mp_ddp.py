@@ -19,10 +19,8 @@ def _setup(tp):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from megatron_flashoverlap.megatron import cpu
-    from megatron_flashoverlap.megatron.cpu_optimizer import enable_cpu_optimizer
 
     cpu.enable()
-    enable_cpu_optimizer()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp)
     model_parallel_cuda_manual_seed(1234)
     return ps

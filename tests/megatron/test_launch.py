@@ -216,3 +216,34 @@ def test_launcher_runs_a_pretrain_script_and_megatron_builds_our_layers(tmp_path
                                  "fc1": "FlashColumnParallelLinear", "fc2": "FlashRowParallelLinear"}
     expected = load_config(cfg)
     assert result["plans"] == {k: [expected.plan(k).algo, expected.plan(k).num_chunks] for k in result["plans"]}
+
+
+# --------------------------------------------------------------------------- tier 1: --cpu, options
+def test_cpu_defaults_fill_only_what_the_user_left_out():
+    argv = launch.cpu_argv(["--num-layers", "2", "--distributed-backend=gloo", "--transformer-impl", "local",
+                            "--no-rope-fusion"])
+    assert argv[:5] == ["--num-layers", "2", "--distributed-backend=gloo", "--transformer-impl", "local"]
+    assert argv.count("--no-rope-fusion") == 1 and "--distributed-backend" not in argv
+    assert argv.count("--transformer-impl") == 1
+    for flag in ("--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion"):
+        assert flag in argv
+    added = launch.cpu_argv([])
+    assert added[added.index("--distributed-backend") + 1] == "gloo"
+
+
+def test_launcher_options_lead_the_script():
+    assert launch.launcher_options(["--cpu", "--nproc-per-node", "2", "s.py", "--cpu"]) == (True, 2, ["s.py", "--cpu"])
+    assert launch.launcher_options(["--nproc-per-node=4", "s.py"]) == (False, 4, ["s.py"])
+    assert launch.launcher_options(["s.py", "--nproc-per-node", "2"]) == (False, None, ["s.py", "--nproc-per-node", "2"])
+    with pytest.raises(SystemExit, match="positive integer"):
+        launch.launcher_options(["--nproc-per-node", "two", "s.py"])
+
+
+def test_cpu_shims_refuse_an_unsupported_megatron_by_name():
+    from megatron_flashoverlap.megatron import cpu
+
+    for ok in ("0.16.1", "0.19.2+709d5ee", "0.17.0rc1"):
+        cpu.check_version(ok)
+    for bad in ("0.15.3", "0.20.0", "1.0.0", "dev"):
+        with pytest.raises(ValueError, match=r"0\.16\.x, 0\.17\.x, 0\.18\.x, 0\.19\.x; found"):
+            cpu.check_version(bad)

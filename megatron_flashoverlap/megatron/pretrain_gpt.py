@@ -1,0 +1,137 @@
+"""The project entry: Megatron's own training loop (`megatron.training.pretrain`) on its mock GPT data, no
+Megatron-LM checkout needed (megatron-core >= 0.17 ships `megatron.training`).
+
+    python -m megatron_flashoverlap.pretrain_gpt [--cpu] [--nproc-per-node N] <megatron args> --mock-data
+        [--flash-overlap [--flash-overlap-config configs/flash.yaml]]
+
+The launcher's per-rank steps (`launch.prepare`: CPU defaults and shims with `--cpu`, our flags in Megatron's
+`parse_args`), then Megatron-LM 0.19's GPT recipe: `parse_and_validate_args`, the model config and the
+pretrain container from args (GPTModelBuilder builds the model, calling our spec under `--flash-overlap`),
+`pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)`. Megatron logs `lm loss`
+every `--log-interval`; at the end rank 0 prints one line naming what each GEMM site ran:
+
+    GEMM sites: fc1=flash, fc2=flash, proj=flash, qkv=flash        (stock run: "GEMM sites: stock")
+
+Written for the mock data (tokens / labels / loss_mask / position_ids / attention_mask per sample, every
+rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. For real data, PP or CP, run
+Megatron-LM's own `pretrain_gpt.py` through `flashoverlap-launch`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+from . import launch
+
+_MODELS: list = []
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+
+
+def datasets_provider(num_samples, vp_stage=None):
+    """(train, valid, test) MockGPTDatasets of Megatron's sizes `num_samples`, built on every rank."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+    from megatron.training import get_args, get_tokenizer
+
+    args = get_args()
+    config = GPTDatasetConfig(
+        random_seed=args.seed, sequence_length=args.seq_length, split=args.split, tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids, reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss, create_attention_mask=args.create_attention_mask_in_dataloader)
+    return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True, config).build()
+
+
+datasets_provider.is_distributed = True  # Megatron calls it on every rank, not on TP rank 0 only
+
+
+def loss_func(loss_mask: torch.Tensor, per_token: torch.Tensor):
+    """(summed loss, token count, {"lm loss": [sum, count]}): the triple Megatron's schedules average."""
+    mask = loss_mask.reshape(-1).float()
+    loss = (per_token.reshape(-1).float() * mask).sum()
+    count = mask.sum().to(torch.int)
+    return loss, count, {"lm loss": torch.cat([loss.detach().view(1), count.view(1)])}
+
+
+def forward_step(data_iterator, model):
+    """One micro-batch [b, s] through the model; -> (per-token loss [b, s], loss_func)."""
+    batch = next(data_iterator)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    batch = {k: batch[k].to(device) if batch.get(k) is not None else None for k in BATCH_KEYS}
+    per_token = model(batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"],
+                      loss_mask=batch["loss_mask"])
+    return per_token, functools.partial(loss_func, batch["loss_mask"])
+
+
+def sites(model) -> dict:
+    """{site: what its linears ran} over our linears in `model` (a module or a list): {} for a stock model."""
+    ran: dict = {}
+    for chunk in model if isinstance(model, (list, tuple)) else [model]:
+        for module in chunk.modules():
+            plan = getattr(module, "flash_plan", None)
+            if plan is not None:
+                why = module._stock_reason()
+                ran.setdefault(module.flash_site, set()).add(plan.algo if why is None else f"stock ({why})")
+    return {site: "/".join(sorted(algos)) for site, algos in sorted(ran.items())}
+
+
+def sites_line(model) -> str:
+    ran = sites(model)
+    return "GEMM sites: " + (", ".join(f"{k}={v}" for k, v in ran.items()) if ran else "stock")
+
+
+def _keep_models() -> None:
+    """Wrap `megatron.training.training.setup_model_and_optimizer` (called by module-global name in
+    pretrain) so the model it builds stays reachable for the sites line."""
+    from megatron.training import training
+
+    original = training.setup_model_and_optimizer
+
+    @functools.wraps(original)
+    def setup(*args, **kwargs):
+        out = original(*args, **kwargs)
+        _MODELS.append(out[0])
+        return out
+
+    training.setup_model_and_optimizer = setup
+
+
+def _check(args) -> None:
+    if not args.mock_data:
+        raise ValueError("megatron_flashoverlap.pretrain_gpt trains on Megatron's mock GPT data: add --mock-data "
+                         "(for real data run Megatron-LM's pretrain_gpt.py through flashoverlap-launch)")
+    if args.pipeline_model_parallel_size > 1 or args.context_parallel_size > 1:
+        raise ValueError("megatron_flashoverlap.pretrain_gpt runs PP = CP = 1: drop --pipeline-model-parallel-size "
+                         "/ --context-parallel-size, or run Megatron-LM's pretrain_gpt.py through flashoverlap-launch")
+
+
+def run() -> None:
+    """One rank, `sys.argv` prepared: Megatron-LM 0.19's GPT recipe around `pretrain`, then the sites line."""
+    from megatron.core.enums import ModelType
+    from megatron.training import pretrain
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
+    _check(args)
+    container = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
+    _keep_models()
+    pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)
+    if _MODELS and int(os.environ.get("RANK", "0")) == 0:
+        print(sites_line(_MODELS[-1]), flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """`argv` = [--cpu] [--nproc-per-node N] <megatron args>."""
+    cpu, nproc, rest = launch.launcher_options(sys.argv[1:] if argv is None else argv)
+    if nproc is not None:
+        raise SystemExit(launch.torchrun("megatron_flashoverlap.pretrain_gpt", cpu, nproc, rest))
+    launch.prepare("pretrain_gpt", rest, cpu)
+    run()
+
+
+if __name__ == "__main__":
+    main()

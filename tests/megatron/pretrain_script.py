@@ -1,0 +1,43 @@
+"""A pretrain script of the tests' own, for the launcher: what Megatron-LM 0.19's pretrain_gpt.py does with
+megatron.training (parse, model config, pretrain container, pretrain) on mock data, in a few lines, and
+unaware of megatron_flashoverlap: the launcher alone adds --flash-overlap and --cpu."""
+import functools
+
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
+from megatron.core.enums import ModelType
+from megatron.training import get_args, get_tokenizer, pretrain
+from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+from megatron.training.arguments import parse_and_validate_args
+
+
+def datasets(num_samples, vp_stage=None):
+    args = get_args()
+    config = GPTDatasetConfig(random_seed=args.seed, sequence_length=args.seq_length, split=args.split,
+                              tokenizer=get_tokenizer(), reset_position_ids=False, reset_attention_mask=False,
+                              eod_mask_loss=False, create_attention_mask=True)
+    return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True, config).build()
+
+
+datasets.is_distributed = True  # every rank builds the same mock samples: no TP broadcast needed
+
+
+def loss(mask, per_token):
+    mask = mask.reshape(-1).float()
+    total = (per_token.reshape(-1).float() * mask).sum()
+    count = mask.sum().to(torch.int)
+    return total, count, {"lm loss": torch.cat([total.detach().view(1), count.view(1)])}
+
+
+def forward_step(data_iterator, model):
+    b = next(data_iterator)
+    b = {k: b[k].cuda() for k in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")}  # as on GPU
+    out = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"], loss_mask=b["loss_mask"])
+    return out, functools.partial(loss, b["loss_mask"])
+
+
+if __name__ == "__main__":
+    args = parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
+    pretrain(pretrain_cfg_container_from_args(args, gpt_config_from_args(args)), datasets,
+             ModelType.encoder_or_decoder, forward_step)
