@@ -44,13 +44,13 @@ def make_batch(step: int, b: int, s: int, vocab: int, seed: int = 0) -> dict:
 
 def _specs(config, config_path: str) -> dict:
     """local: Megatron's stock local spec; flash: our `--spec` entry point, called as Megatron calls it,
-    with the per-site YAML on the model config (the launcher passes it through $FLASHOVERLAP_CONFIG)."""
+    with the per-layer YAML activated in-process (what the --flash-overlap flag does at parse time)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from megatron_flashoverlap.config import load_config
+    from megatron_flashoverlap.config import activate, load_config
     from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
-    config.flash_overlap_config = load_config(config_path)
+    activate(load_config(config_path))
     return {"local": get_gpt_layer_local_spec(), "flash": flashoverlap_layer_spec(config)}
 
 

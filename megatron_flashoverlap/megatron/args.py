@@ -18,6 +18,8 @@ import argparse
 import os
 from typing import Callable, Optional
 
+from ..config import ENV_VARS
+
 SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
 OUR_SPECS = (SPEC, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"])  # --spec values that are ours
 FLAG, CONFIG_FLAG = "--flash-overlap", "--flash-overlap-config"
@@ -40,7 +42,7 @@ def add_flash_overlap_args(parser: argparse.ArgumentParser) -> argparse.Argument
     group.add_argument(CONFIG_FLAG, type=str, default=None, metavar="PATH",
                        help="Per-layer YAML (see configs/*.yaml: flash, slicing, stock); a relative PATH is "
                             "relative to the working directory the script was started from. Default: "
-                            "$FLASHOVERLAP_CONFIG if set, else flash on every layer. Needs --flash-overlap.")
+                            f"${ENV_VARS['config_path']} if set, else flash on every layer. Needs --flash-overlap.")
     return parser
 
 
@@ -116,7 +118,7 @@ def _check_compatible(args: argparse.Namespace) -> None:
 def activate_config(path: Optional[str]) -> str:
     """Load the per-layer YAML at `path` (errors name the fix) and activate it in-process
     (`config.activate`), where the spec reads it when Megatron builds the model. None: nothing activated;
-    the spec uses $FLASHOVERLAP_CONFIG if set, else the defaults. Returns where the config comes from."""
+    the spec uses the environment's YAML if one is named, else the defaults. Returns where it comes from."""
     from ..config import activate, environment, load_config
 
     if path is None:

@@ -31,6 +31,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from ..config import ENV_VARS
 from ..ops.attention.core import attention_rows, make_spec
 from ..ops.attention.query_split import query_split_attention
 from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
@@ -214,7 +215,7 @@ def select_attention(attn_submodules, flash_config, *, context_parallel_size: in
     if not sequence_parallel:
         raise ValueError("query-split attention needs sequence parallelism (its reduce-scatter is what it hides); "
                          "set --sequence-parallel, or turn attention.query_split off (YAML attention: "
-                         "{query_split: false}, or FLASHOVERLAP_QUERY_SPLIT=0)")
+                         f"{{query_split: false}}, or {ENV_VARS['query_split']}=0)")
     attn_submodules.core_attention = QuerySplitDotProductAttention
     attn_submodules.linear_proj = ModuleSpec(module=QuerySplitRowParallelLinear,
                                              params={"flash_config": flash_config})

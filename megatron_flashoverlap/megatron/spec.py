@@ -16,7 +16,8 @@ functools.partial of MLP.as_mlp_submodule): both are rebuilt through Megatron's
 `get_mlp_module_spec_for_backend` with our provider, so neither shape is touched by hand.
 
 The FlashOverlapConfig of the spec functions is `megatron_flashoverlap.config.active()`: the config the
-`--flash-overlap` flag activated at parse time, else the YAML at $FLASHOVERLAP_CONFIG, else the defaults.
+`--flash-overlap` flag activated at parse time, else the YAML the environment names (config.ENV_VARS), else
+the defaults.
 Megatron's model config is read for Megatron's own fields only.
 """
 from __future__ import annotations
