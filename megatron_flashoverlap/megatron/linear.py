@@ -21,6 +21,7 @@ its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -51,6 +52,9 @@ def layer_context(timeout_s: float | None = None) -> OverlapContext:
 def _load_table(path: str | None) -> None:
     """The config's all-reduce calibration table, for all_reduce(algo="auto") (loaded once per path)."""
     if path is not None and _TABLE[0] != path:
+        if not os.path.isfile(path):
+            raise ValueError(f"all_reduce.table {path!r}: no such file (working directory {os.getcwd()}); write one "
+                             f"with python -m megatron_flashoverlap.bench.calibrate_allreduce, or unset it")
         set_calibration(path)
         _TABLE[0] = path
 

@@ -153,7 +153,8 @@ def spec_equivalence(rank, world, qk_layernorm, normalization, query_split):
 
 def nosp_chunks_and_timeout(rank, world, chunk_counts=(1, 3)):
     """A row layer without SP (matmul_all_reduce) under configs that differ only in all_reduce.num_chunks
-    (and timeout_s): the P2P sends one forward issues, per chunk count, and its context's wait timeout."""
+    (and timeout_s): the P2P sends one forward issues, per chunk count, and its context's wait timeout; the
+    error of a config naming a calibration table that does not exist."""
     from megatron_flashoverlap import config as fc
     from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
     from megatron_flashoverlap.testing import profile
@@ -172,7 +173,14 @@ def nosp_chunks_and_timeout(rank, world, chunk_counts=(1, 3)):
             layer(x)  # warm-up: the once-per-shape peer check
             sends[chunks] = profile.comm_ops(lambda: layer(x)).get("send", 0)
             timeouts[chunks] = layer.flash_context.timeout.total_seconds()
-        return sends, timeouts
+        try:
+            FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True, input_is_parallel=True,
+                                   skip_bias_add=True, tp_comm_buffer_name="fc2",
+                                   flash_config=fc.from_dict({"all_reduce": {"table": "no/such.json"}}))
+            missing = None
+        except ValueError as err:
+            missing = str(err)
+        return sends, timeouts, missing
     finally:
         tm.destroy()
 

@@ -140,12 +140,14 @@ def test_every_spec_entry_builds_the_same_model(pools, qk_layernorm, normalizati
         assert len(q_norms) == 1 and q_norms.isdisjoint({"NoneType", "IdentityOp"}) == qk_layernorm, q_norms
 
 
-def test_all_reduce_chunks_and_timeout_reach_the_nosp_layer(pools):
+def test_all_reduce_settings_and_timeout_reach_the_nosp_layer(pools):
     """The flash ring of matmul_all_reduce per sequence chunk: RS then AG, P-1 sends each at P=2, so the
     sends of one forward grow with all_reduce.num_chunks (3 chunks: 3x the sends of 1)."""
-    sends, timeouts = pools(2).run("tests.megatron.mp_megatron_layers:nosp_chunks_and_timeout", timeout=300)[0]
+    sends, timeouts, missing = pools(2).run("tests.megatron.mp_megatron_layers:nosp_chunks_and_timeout",
+                                            timeout=300)[0]
     assert sends[1] > 0 and sends[3] == 3 * sends[1], sends
     assert timeouts == {1: 41.0, 3: 43.0}
+    assert missing and "all_reduce.table 'no/such.json': no such file" in missing and "calibrate_allreduce" in missing
 
 
 def test_cpu_enable_is_idempotent_and_patches_only_on_cpu(pools):
