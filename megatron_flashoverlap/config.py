@@ -1,29 +1,34 @@
-"""Per-GEMM-site configuration: which overlap algorithm each tensor-parallel GEMM uses.
+"""The one configuration source: what each tensor-parallel layer runs, the attention and all-reduce settings,
+the wait timeout; `environment()` (at the bottom) is the one reader of FLASHOVERLAP_* variables.
 
-Sites are Transformer Engine's names: `<layer>_<pass>` with layer in qkv, proj, fc1, fc2 (Megatron's
-`tp_comm_buffer_name`) and pass in fprop, dgrad, wgrad. Each site picks an algorithm:
+Layers are Megatron's `tp_comm_buffer_name`s: qkv, proj, fc1, fc2. Forward and backward of a layer run as
+ONE operator (the column backward walks its dgrad RS and wgrad AG on the same ring steps), so a layer has
+ONE plan: an algorithm from ALGOS and its knobs.
 
-    flash        decomposed ring, rank-adaptive slices (no tail)
-    flash_bidir  the same on a bidirectional ring (half of each shard each way)
-    slicing      data slicing with `num_chunks` chunks (the TE "pipeline"-like baseline)
-    reference    our layer, unfused: the blocking collective then the GEMM
-    off          our layer steps aside: the stock Megatron forward (blocking collectives)
+    flash          decomposed ring, rank-adaptive slices (no tail)
+    flash_bidir    the same on a bidirectional ring (half of each shard each way)
+    slicing        data slicing with `num_chunks` chunks (the TE "pipeline"-like baseline)
+    reference      the unfused path: Megatron's own forward (the blocking collective, then the GEMM)
+    num_chunks     slicing only: the chunk count
+    keep_gathered  column layers (qkv, fc1): keep AG(x) from forward for the weight gradient
 
-Forward and backward of one layer run as ONE operator (the column backward walks its dgrad RS and wgrad
-AG on the same ring steps), so a layer has one algorithm: a `_dgrad` / `_wgrad` site either is unset
-(inherits `_fprop`) or must equal `_fprop`; anything else is a ValueError that says so.
-Knobs: `num_chunks` (slicing only), `keep_gathered` (column layers qkv/fc1: keep AG(x) from forward for
-the weight gradient instead of re-gathering it; set on `_fprop` or `_wgrad`).
+YAML (files in configs/ only choose values; every key is optional):
+    default: {algo: flash}                        # every layer not named below
+    proj: {algo: slicing, num_chunks: 4}          # one layer
+    attention: {query_split: false, ulysses_algo: flash}
+    all_reduce: {num_chunks: 4, table: calibration.json}
+    timeout_s: 300
+    description: "..."                            # free text
+    stock_megatron: {...}                         # documents an equivalent stock run (kept, not interpreted)
+Where the YAML is silent the environment fills in (FLASHOVERLAP_TIMEOUT_S, FLASHOVERLAP_ALLREDUCE_TABLE,
+FLASHOVERLAP_QUERY_SPLIT, FLASHOVERLAP_ULYSSES), then the defaults.
 
-YAML (files in configs/ only choose values):
-    default: {algo: flash}          # every site not named below
-    proj_fprop: {algo: slicing, num_chunks: 4}
-    description: "..."              # optional free text
-    stock_megatron: {...}           # optional: documents an equivalent stock run (kept, not interpreted)
+The active config (in-process): `activate(cfg)` (the `--flash-overlap` flag does it at parse time) and
+`active()` (the spec and the layers read it when Megatron builds the model; without an activated config:
+the YAML at $FLASHOVERLAP_CONFIG, else the defaults).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import types
 from dataclasses import dataclass, field
@@ -37,91 +42,106 @@ ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarch
 ULYSSES_ALGOS = ("flash", "reference")
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
-PASSES = ("fprop", "dgrad", "wgrad")
-SITES = tuple(f"{layer}_{p}" for layer in LAYERS for p in PASSES)
-SITE_ALGOS = ("flash", "flash_bidir", "slicing", "reference", "off")
-KNOBS = ("algo", "num_chunks", "keep_gathered")
 COLUMN_LAYERS = ("qkv", "fc1")
+PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered")
+DEFAULT_TIMEOUT_S = 300.0
+_SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table")}
 _DOC_KEYS = ("description", "stock_megatron")
+_PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
+
+
+def _positive_int_or_none(value, where: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{where} must be an integer >= 1 (e.g. 4), got {value!r}")
 
 
 @dataclass(frozen=True)
-class SiteConfig:
-    """One GEMM site: algo in SITE_ALGOS; num_chunks for slicing; keep_gathered for column wgrad."""
+class LayerPlan:
+    """What one layer runs, forward and backward together: algo in ALGOS, and its knobs."""
     algo: str = "flash"
     num_chunks: int | None = None
     keep_gathered: bool = False
 
     def __post_init__(self):
-        if self.algo not in SITE_ALGOS:
-            raise ValueError(f"unknown algo {self.algo!r}; choose one of {SITE_ALGOS}")
-        if self.algo == "slicing" and (not isinstance(self.num_chunks, int) or self.num_chunks < 1):
-            raise ValueError(f"algo 'slicing' needs num_chunks >= 1 (e.g. num_chunks: 4), got {self.num_chunks!r}")
-        if self.algo != "slicing" and self.num_chunks is not None:
+        if self.algo in ("off", False):  # YAML 1.1 reads a bare `off` as false
+            raise ValueError("algo 'off' is now called 'reference' (the unfused path: Megatron's own forward); "
+                             "write algo: reference")
+        if self.algo not in ALGOS:
+            raise ValueError(f"unknown algo {self.algo!r}; choose one of {ALGOS}")
+        if self.algo == "slicing":
+            if self.num_chunks is None:
+                raise ValueError("algo 'slicing' needs num_chunks >= 1 (e.g. num_chunks: 4)")
+            _positive_int_or_none(self.num_chunks, "num_chunks")
+        elif self.num_chunks is not None:
             raise ValueError(f"num_chunks is a knob of algo 'slicing' only; remove it for algo {self.algo!r}")
         if not isinstance(self.keep_gathered, bool):
             raise ValueError(f"keep_gathered must be true or false, got {self.keep_gathered!r}")
 
+    @property
+    def is_reference(self) -> bool:
+        """The unfused path: the layer runs Megatron's own forward."""
+        return self.algo == "reference"
+
 
 @dataclass(frozen=True)
-class LayerPlan:
-    """What one layer (one tp_comm_buffer_name) runs: forward and backward together."""
-    algo: str
+class AttentionSettings:
+    """query_split: attention + proj + RS as one operator (TP with SP, cp == 1). ulysses_algo: the a2a of
+    Ulysses attention (cp > 1), one of ULYSSES_ALGOS."""
+    query_split: bool = False
+    ulysses_algo: str = "flash"
+
+    def __post_init__(self):
+        if not isinstance(self.query_split, bool):
+            raise ValueError(f"attention.query_split must be true or false, got {self.query_split!r}")
+        if self.ulysses_algo == "stock":
+            raise ValueError("attention.ulysses_algo 'stock' is now called 'reference'; write ulysses_algo: reference")
+        if self.ulysses_algo not in ULYSSES_ALGOS:
+            raise ValueError(f"attention.ulysses_algo {self.ulysses_algo!r}: choose one of {ULYSSES_ALGOS}")
+
+
+@dataclass(frozen=True)
+class AllReduceSettings:
+    """num_chunks: the flash sequence chunk count of matmul_all_reduce (TP without SP; None: the operator's
+    default). table: the calibration JSON that all_reduce(algo="auto") chooses by (None: no table, stock)."""
     num_chunks: int | None = None
-    keep_gathered: bool = False
+    table: str | None = None
 
-    @property
-    def stock(self) -> bool:
-        return self.algo == "off"
+    def __post_init__(self):
+        _positive_int_or_none(self.num_chunks, "all_reduce.num_chunks")
+        if self.table is not None and not isinstance(self.table, str):
+            raise ValueError(f"all_reduce.table must be a path, got {self.table!r}")
 
 
-def _fprop():
-    return field(default_factory=SiteConfig)
+def _plan():
+    return field(default_factory=LayerPlan)
 
 
 @dataclass(frozen=True)
 class FlashOverlapConfig:
-    """Frozen per-site choices; `plan(layer)` gives what a layer runs. dgrad/wgrad None = inherit fprop."""
-    qkv_fprop: SiteConfig = _fprop()
-    qkv_dgrad: SiteConfig | None = None
-    qkv_wgrad: SiteConfig | None = None
-    proj_fprop: SiteConfig = _fprop()
-    proj_dgrad: SiteConfig | None = None
-    proj_wgrad: SiteConfig | None = None
-    fc1_fprop: SiteConfig = _fprop()
-    fc1_dgrad: SiteConfig | None = None
-    fc1_wgrad: SiteConfig | None = None
-    fc2_fprop: SiteConfig = _fprop()
-    fc2_dgrad: SiteConfig | None = None
-    fc2_wgrad: SiteConfig | None = None
+    """Frozen: one LayerPlan per layer, the attention and all-reduce settings, the P2P wait timeout."""
+    qkv: LayerPlan = _plan()
+    proj: LayerPlan = _plan()
+    fc1: LayerPlan = _plan()
+    fc2: LayerPlan = _plan()
+    attention: AttentionSettings = field(default_factory=AttentionSettings)
+    all_reduce: AllReduceSettings = field(default_factory=AllReduceSettings)
+    timeout_s: float = DEFAULT_TIMEOUT_S
     description: str = ""
     stock_megatron: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
 
     def __post_init__(self):
         for layer in LAYERS:
-            self.plan(layer)
+            if getattr(self, layer).keep_gathered and layer not in COLUMN_LAYERS:
+                raise ValueError(f"keep_gathered applies to column layers {COLUMN_LAYERS} only; remove it from "
+                                 f"{layer}")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
 
     def plan(self, layer: str) -> LayerPlan:
-        """The one algorithm of `layer` (qkv/proj/fc1/fc2); ValueError if its passes disagree."""
+        """The plan of `layer` (qkv/proj/fc1/fc2)."""
         if layer not in LAYERS:
             raise ValueError(f"unknown layer {layer!r}; choose one of {LAYERS} (Megatron's tp_comm_buffer_name)")
-        fprop = getattr(self, f"{layer}_fprop")
-        for p in ("dgrad", "wgrad"):
-            other = getattr(self, f"{layer}_{p}")
-            if other is not None and (other.algo, other.num_chunks) != (fprop.algo, fprop.num_chunks):
-                raise ValueError(
-                    f"{layer}_{p}={_show(other)} differs from {layer}_fprop={_show(fprop)}: a layer runs forward "
-                    f"and backward as one operator (one algorithm); set {layer}_{p} equal to {layer}_fprop or "
-                    f"leave it unset")
-        wgrad = getattr(self, f"{layer}_wgrad")
-        keep = fprop.keep_gathered or (wgrad is not None and wgrad.keep_gathered)
-        if keep and layer not in COLUMN_LAYERS:
-            raise ValueError(f"keep_gathered applies to column layers {COLUMN_LAYERS} only; remove it from {layer}")
-        return LayerPlan(fprop.algo, fprop.num_chunks, keep)
-
-
-def _show(site: SiteConfig) -> str:
-    return site.algo if site.num_chunks is None else f"{site.algo}(num_chunks={site.num_chunks})"
+        return getattr(self, layer)
 
 
 def uniform(algo: str = "flash", num_chunks: int | None = None, keep_gathered: bool = False):
@@ -129,68 +149,126 @@ def uniform(algo: str = "flash", num_chunks: int | None = None, keep_gathered: b
     return from_dict({"default": {"algo": algo, "num_chunks": num_chunks, "keep_gathered": keep_gathered}})
 
 
-def from_dict(data: Mapping):
-    """Build a FlashOverlapConfig from the YAML mapping (see the module docstring)."""
+def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConfig:
+    """Build a FlashOverlapConfig from the YAML mapping (module docstring); `env` (default: environment())
+    fills what the mapping leaves out."""
     if not isinstance(data, Mapping):
-        raise ValueError(f"a flash-overlap config is a mapping of site -> settings, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(SITES) - {"default", *_DOC_KEYS})
-    if unknown:
-        raise ValueError(f"unknown site(s) {unknown}; valid sites: {SITES} (plus 'default', {_DOC_KEYS})")
-    default = _site(data.get("default") or {}, "default")
-    sites = {s: _site(data[s] or {}, s) for s in SITES if s in data}
-    for layer in LAYERS:  # the default fills every fprop not named; keep_gathered only reaches column layers
-        keep = default.keep_gathered and layer in COLUMN_LAYERS
-        sites.setdefault(f"{layer}_fprop", dataclasses.replace(default, keep_gathered=keep))
-    doc = {"description": str(data.get("description", "")),
+        raise ValueError(f"a flash-overlap config is a mapping (layer -> settings, ...), got {type(data).__name__}")
+    _check_keys(data)
+    env = environment() if env is None else env
+    default = _mapping(data.get("default"), "default")
+    if set(default) - set(PLAN_KNOBS):
+        raise ValueError(f"default: unknown knob(s) {sorted(set(default) - set(PLAN_KNOBS))}; valid knobs: {PLAN_KNOBS}")
+    plans = {layer: _layer_plan(layer, default, data.get(layer)) for layer in LAYERS}
+    attention = _section(data, "attention", {"query_split": env.query_split, "ulysses_algo": env.ulysses})
+    all_reduce = _section(data, "all_reduce", {"table": env.allreduce_table})
+    doc = {"description": str(data.get("description") or ""),
            "stock_megatron": types.MappingProxyType(dict(data.get("stock_megatron") or {}))}
-    return FlashOverlapConfig(**sites, **doc)
+    timeout = data.get("timeout_s", env.timeout_s)
+    return FlashOverlapConfig(**plans, attention=AttentionSettings(**attention),
+                              all_reduce=AllReduceSettings(**all_reduce), timeout_s=timeout, **doc)
 
 
-def _site(values: Mapping, where: str) -> SiteConfig:
+def _check_keys(data: Mapping) -> None:
+    for key in data:
+        layer, _, p = str(key).rpartition("_")
+        if layer in LAYERS and p in _PASSES:
+            raise ValueError(f"{key}: a layer has one algorithm (forward and backward run as one operator); "
+                             f"write {layer}: {{algo: ...}} instead of {key}")
+    valid = ("default", *LAYERS, *_SECTIONS, "timeout_s", *_DOC_KEYS)
+    unknown = sorted(str(k) for k in set(data) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; valid keys: {valid}")
+
+
+def _mapping(values, where: str) -> dict:
+    """The knobs of one YAML entry, checked; None values dropped (absent)."""
+    if values is None:
+        return {}
     if not isinstance(values, Mapping):
         raise ValueError(f"{where}: expected a mapping like {{algo: flash}}, got {values!r}")
-    unknown = sorted(set(values) - set(KNOBS))
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _layer_plan(layer: str, default: dict, values) -> LayerPlan:
+    """The layer's own entry, else the default (whose keep_gathered reaches column layers only)."""
+    where = layer if values is not None else "default"
+    kw = _mapping(values, layer) if values is not None else dict(default)
+    if values is None and layer not in COLUMN_LAYERS:
+        kw.pop("keep_gathered", None)
+    unknown = sorted(set(kw) - set(PLAN_KNOBS))
     if unknown:
-        raise ValueError(f"{where}: unknown knob(s) {unknown}; valid knobs: {KNOBS}")
-    kw = {k: v for k, v in values.items() if v is not None}
-    if kw.get("algo") is False:  # YAML 1.1 reads a bare `off` as false
-        kw["algo"] = "off"
+        raise ValueError(f"{where}: unknown knob(s) {unknown}; valid knobs: {PLAN_KNOBS}")
     try:
-        return SiteConfig(**kw)
+        return LayerPlan(**kw)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
 
 
-def load_config(path: str | Path):
-    """Read a YAML file from configs/ (or anywhere) into a FlashOverlapConfig; errors name the file."""
+def _section(data: Mapping, name: str, silent: dict) -> dict:
+    """A settings section: its YAML values over `silent` (what the environment says where YAML is silent)."""
+    values = _mapping(data.get(name), name)
+    unknown = sorted(set(values) - set(_SECTIONS[name]))
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {unknown}; valid keys: {_SECTIONS[name]}")
+    return {**silent, **values}
+
+
+def load_config(path: str | Path, env: Environment | None = None) -> FlashOverlapConfig:
+    """Read a YAML file from configs/ (or anywhere; relative to the working directory) into a
+    FlashOverlapConfig; errors name the file."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"flash-overlap config {str(path)!r} does not exist; see configs/*.yaml for examples")
+        raise ValueError(f"flash-overlap config {str(path)!r} does not exist (working directory {os.getcwd()}); "
+                         f"see configs/*.yaml for examples")
     try:
-        return from_dict(yaml.safe_load(path.read_text()) or {})
+        return from_dict(yaml.safe_load(path.read_text()) or {}, env)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+# ---------------------------------------------------------------- the active config (in-process)
+
+_ACTIVE: FlashOverlapConfig | None = None
+
+
+def activate(cfg: FlashOverlapConfig | None) -> FlashOverlapConfig | None:
+    """Make `cfg` the config `active()` returns (None: back to $FLASHOVERLAP_CONFIG / the defaults).
+    Returns the previously activated one, so a caller can restore it."""
+    global _ACTIVE
+    if cfg is not None and not isinstance(cfg, FlashOverlapConfig):
+        raise ValueError(f"activate() takes a FlashOverlapConfig (load_config(path) reads a YAML), got "
+                         f"{type(cfg).__name__}")
+    previous, _ACTIVE = _ACTIVE, cfg
+    return previous
+
+
+def active() -> FlashOverlapConfig:
+    """The activated config, else the YAML at $FLASHOVERLAP_CONFIG, else the defaults (env-filled)."""
+    if _ACTIVE is not None:
+        return _ACTIVE
+    env = environment()
+    return load_config(env.config_path, env) if env.config_path else from_dict({}, env)
 
 
 # ---------------------------------------------------------------- the environment: read here and nowhere else
 
 ENV_VARS = {
-    "config_path": "FLASHOVERLAP_CONFIG",            # per-site YAML the spec loads when the model config names none
-    "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # gloo: seconds a P2P wait may take before PeerTimeoutError
+    "config_path": "FLASHOVERLAP_CONFIG",            # YAML that active() loads when no config was activated
+    "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # seconds a P2P wait may take before PeerTimeoutError
     "allreduce_table": "FLASHOVERLAP_ALLREDUCE_TABLE",  # calibration JSON for all_reduce(algo="auto")
     "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
-    "ulysses": "FLASHOVERLAP_ULYSSES",               # "flash" (default) or "stock": the a2a of Ulysses attention
+    "ulysses": "FLASHOVERLAP_ULYSSES",               # "flash" (default) or "reference": the a2a of Ulysses attention
 }
-ULYSSES_CHOICES = ("flash", "stock")
 
 
 @dataclass(frozen=True)
 class Environment:
     """Every FLASHOVERLAP_* variable, parsed and checked (`environment()` reads them)."""
     config_path: str | None = None
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     allreduce_table: str | None = None
     query_split: bool = False
     ulysses: str = "flash"
@@ -201,7 +279,7 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
     env = os.environ if environ is None else environ
     get = {k: env.get(v) for k, v in ENV_VARS.items()}
     try:
-        timeout = float(get["timeout_s"]) if get["timeout_s"] else 300.0
+        timeout = float(get["timeout_s"]) if get["timeout_s"] else DEFAULT_TIMEOUT_S
     except ValueError:
         raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} is not a number of seconds") from None
     if timeout <= 0:
@@ -209,8 +287,9 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
     if get["query_split"] not in (None, "", "0", "1"):
         raise ValueError(f"{ENV_VARS['query_split']}={get['query_split']!r}: use 1 (on) or 0 (off)")
     ulysses = get["ulysses"] or "flash"
-    if ulysses not in ULYSSES_CHOICES:
-        raise ValueError(f"{ENV_VARS['ulysses']}={ulysses!r}: choose one of {ULYSSES_CHOICES}")
+    if ulysses not in ULYSSES_ALGOS:
+        renamed = " ('stock' is now called 'reference')" if ulysses == "stock" else ""
+        raise ValueError(f"{ENV_VARS['ulysses']}={ulysses!r}: choose one of {ULYSSES_ALGOS}{renamed}")
     return Environment(config_path=get["config_path"] or None, timeout_s=timeout,
                        allreduce_table=get["allreduce_table"] or None, query_split=get["query_split"] == "1",
                        ulysses=ulysses)

@@ -1,13 +1,16 @@
 """The `--flash-overlap` flags for Megatron-LM's pretrain scripts, shared by the launcher and the patch.
 
-    with_flash_overlap_args(provider) -> provider   an `extra_args_provider` (parser -> parser) that adds
-                                                    our flags, then calls the script's own provider
+    with_flash_overlap_args(provider) -> provider   an `extra_args_provider` (parser -> parser) that adds our
+                                                    flags, calls the script's own provider, and makes the
+                                                    parser apply them right after parsing: BEFORE Megatron's
+                                                    validate_args (and --use-checkpoint-args) sees them
     apply_flash_overlap_args(args) -> args          if `--flash-overlap`: check the flags, select our spec
-                                                    (`--spec megatron_flashoverlap.spec flashoverlap_layer_spec`)
-                                                    and load + activate the per-site config
+                                                    (`--spec megatron_flashoverlap.spec flashoverlap_layer`),
+                                                    load the per-site YAML and activate it (config.activate)
 
-`args` keeps plain values only (a bool, a path, the spec pair): Megatron saves `args` in every checkpoint,
-so no object of ours ends up there.
+`args` keeps plain values only (a bool, an absolute path, the spec pair): Megatron saves `args` in every
+checkpoint, so no object of ours ends up there, and the saved `args.spec` names a ModuleSpec that every
+Megatron path rebuilds (0.19's GPTModelBuilder, the legacy gpt_builder, tools/checkpoint).
 """
 from __future__ import annotations
 
@@ -15,7 +18,10 @@ import argparse
 import os
 from typing import Callable, Optional
 
-SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"]
+from ..config import ENV_VARS
+
+SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
+OUR_SPECS = (SPEC, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"])  # --spec values that are ours
 FLAG, CONFIG_FLAG = "--flash-overlap", "--flash-overlap-config"
 
 Provider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
@@ -28,25 +34,47 @@ def add_flash_overlap_args(parser: argparse.ArgumentParser) -> argparse.Argument
     group = parser.add_argument_group(title="flash-overlap (megatron-flashoverlap)")
     group.add_argument(FLAG, action="store_true",
                        help="Run the TP linears of the GPT layers with megatron-flashoverlap's decomposed, "
-                            "tail-free comm/GEMM overlap (selects --spec " + " ".join(SPEC) + "). "
-                            "Needs --sequence-parallel for the overlap; without it the layers run stock.")
+                            "tail-free comm/GEMM overlap (selects --spec " + " ".join(SPEC) + "). With TP or "
+                            "CP > 1 on GPUs older than Blackwell, set CUDA_DEVICE_MAX_CONNECTIONS=1 in the "
+                            "launch environment (Megatron requires it; it also keeps each ring step's P2P and "
+                            "GEMM slice queued in the order issued). Not with --attention-backend local, "
+                            "--tp-comm-overlap or another --spec.")
     group.add_argument(CONFIG_FLAG, type=str, default=None, metavar="PATH",
-                       help="Per-GEMM-site YAML (see configs/*.yaml: flash, slicing, stock); "
-                            "default: $FLASHOVERLAP_CONFIG if set, else flash on every site. "
-                            "Needs --flash-overlap.")
+                       help="Per-layer YAML (see configs/*.yaml: flash, slicing, stock); a relative PATH is "
+                            "relative to the working directory the script was started from. Default: "
+                            f"${ENV_VARS['config_path']} if set, else flash on every layer. Needs --flash-overlap.")
     return parser
 
 
 def with_flash_overlap_args(provider: Optional[Provider] = None) -> Provider:
-    """`extra_args_provider` for `parse_args` / `parse_and_validate_args`: ours, then `provider`."""
+    """`extra_args_provider` for `parse_args` / `parse_and_validate_args`: ours, then `provider`; the
+    parser it returns applies our flags to what it parses (before Megatron validates it)."""
     def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         parser = add_flash_overlap_args(parser)
-        return provider(parser) if provider is not None else parser
+        parser = provider(parser) if provider is not None else parser
+        return _applying(parser)
     return extra_args_provider
 
 
+def _applying(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make `parser` run apply_flash_overlap_args on its result. Megatron's parse_args calls
+    parser.parse_args() / parse_known_args() (the former calls the latter) and only then validate_args."""
+    if getattr(parser, "_flash_overlap_applying", False):
+        return parser
+    parse_known = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        parsed, rest = parse_known(args, namespace)
+        return apply_flash_overlap_args(parsed), rest
+
+    parser.parse_known_args = parse_known_args
+    parser._flash_overlap_applying = True
+    return parser
+
+
 def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Check the flags; with `--flash-overlap`, set `args.spec` to ours and activate the config."""
+    """Check the flags; with `--flash-overlap`, set `args.spec` to ours and activate the config.
+    Idempotent (the launcher on a patched script applies twice)."""
     enabled = getattr(args, "flash_overlap", False)
     path = getattr(args, "flash_overlap_config", None)
     if not enabled:
@@ -55,8 +83,10 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
                              f"(or drop {CONFIG_FLAG} for a stock run)")
         return args
     _check_compatible(args)
+    if path is not None:
+        args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
-    _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-site config: {activate_config(path)}")
+    _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
     return args
 
 
@@ -72,7 +102,7 @@ def _log_once(line: str) -> None:
 
 def _check_compatible(args: argparse.Namespace) -> None:
     spec = getattr(args, "spec", None)
-    if spec and list(spec) != SPEC:
+    if spec and list(spec) not in OUR_SPECS:
         raise ValueError(f"{FLAG} selects its own layer spec ({' '.join(SPEC)}) but --spec {' '.join(spec)} "
                          f"was given; drop --spec (or drop {FLAG} to keep your spec)")
     if getattr(args, "tp_comm_overlap", False):
@@ -80,23 +110,22 @@ def _check_compatible(args: argparse.Namespace) -> None:
                          f"still be initialized and then unused); drop --tp-comm-overlap")
     backend = getattr(args, "attention_backend", None)
     if backend is not None and getattr(backend, "name", str(backend)) == "local":
-        raise ValueError(f"{FLAG} cannot be combined with --attention-backend local (Megatron then "
-                         f"requires --spec local); use --attention-backend auto or unfused")
+        raise ValueError(f"{FLAG} cannot be combined with --attention-backend local (Megatron then replaces "
+                         f"the spec's core attention and requires --spec local); use --attention-backend auto "
+                         f"or unfused")
 
 
 def activate_config(path: Optional[str]) -> str:
-    """Load the per-site YAML at `path` (errors name the fix) and publish it to our spec through
-    $FLASHOVERLAP_CONFIG (absolute path), which `flashoverlap_layer_spec` reads when Megatron calls it
-    with its own model config. None: nothing to load; the spec uses $FLASHOVERLAP_CONFIG if set, else
-    `flash` on every site. Returns where the spec's config comes from (for the log line)."""
-    from ..config import load_config
-    from .spec import ENV_CONFIG
+    """Load the per-layer YAML at `path` (errors name the fix) and activate it in-process
+    (`config.activate`), where the spec reads it when Megatron builds the model. None: nothing activated;
+    the spec uses the environment's YAML if one is named, else the defaults. Returns where it comes from."""
+    from ..config import activate, environment, load_config
 
     if path is None:
-        return os.environ.get(ENV_CONFIG, "default (flash on every site)")
+        activate(None)
+        return environment().config_path or "default (flash on every layer)"
     if not os.path.isfile(path):
-        raise ValueError(f"{CONFIG_FLAG} {path}: no such file (cwd {os.getcwd()}); pass the path of a "
-                         f"YAML such as configs/flash.yaml from the megatron-flashoverlap checkout")
-    load_config(path)  # fail here, at parse time, not when the model is built
-    os.environ[ENV_CONFIG] = os.path.abspath(path)
-    return os.environ[ENV_CONFIG]
+        raise ValueError(f"{CONFIG_FLAG} {path}: no such file (working directory {os.getcwd()}); pass the path "
+                         f"of a YAML such as configs/flash.yaml from the megatron-flashoverlap checkout")
+    activate(load_config(path))  # fails here, at parse time, not when the model is built
+    return os.path.abspath(path)

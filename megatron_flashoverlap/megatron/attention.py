@@ -4,7 +4,7 @@
         the same constructor and forward contract as Megatron's local `DotProductAttention` (which asserts
         context_parallel_size == 1: this is the separate class a spec selects for cp > 1,
         cp_comm_type="a2a"). The a2a exchanges sequence shards for head shards over the CP group
-        (ops/ulysses.py): flash = pairwise steps on our executor, stock = all_to_all_single.
+        (ops/attention/ulysses.py): flash = pairwise steps on our executor, reference = all_to_all_single.
         Megatron's zigzag CP split (get_batch_on_this_cp_rank) is handled by positions, not reorders:
         causal masks and the already applied RoPE stay right. With cp == 1 it is plain local attention.
 
@@ -13,7 +13,7 @@
         the core attention returns a shape-only stand-in carrying q, k, v (`PendingAttention`); linear_proj
         runs query_split_attention with its own weight, so the RS hides behind attention. The linear keeps
         RowParallelLinear's parameters, checkpoint keys and return; its site plan ('proj') picks the algo
-        (flash / flash_bidir = query split; slicing / reference / off = attention, then that GEMM+RS).
+        (flash / flash_bidir = query split; slicing / reference = attention, then that GEMM+RS).
 
 Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -10000, fp32 softmax for
 bf16/fp16). Dropout keep-masks are a counter-based hash of (seed, head, row, key) (ops/attention/core.py
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
@@ -34,6 +33,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from ..config import ENV_VARS
 from ..ops.attention.core import attention_rows, make_spec
 from ..ops.attention.query_split import query_split_attention
 from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
@@ -193,7 +193,7 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
             return super().forward(input_)
         q, k, v = input_.qkv
         plan = self.flash_plan
-        algo, chunks = ("reference", None) if plan is None or plan.stock else (plan.algo, plan.num_chunks)
+        algo, chunks = ("reference", None) if plan is None else (plan.algo, plan.num_chunks)
         output = query_split_attention(q, k, v, self.weight, self.tp_group, algo=algo, num_chunks=chunks,
                                        context=self.flash_context, **input_.attend)
         if self.skip_bias_add:
@@ -201,26 +201,30 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
         return (output + self.bias if self.bias is not None else output), None
 
 
-ENV_QUERY_SPLIT = "FLASHOVERLAP_QUERY_SPLIT"  # "1": query-split attention on (TP with SP, cp == 1)
-ENV_ULYSSES = "FLASHOVERLAP_ULYSSES"  # "flash" (default) or "stock": the a2a of UlyssesDotProductAttention
-
-
-def select_attention(attn_submodules, config, flash_config=None) -> None:
-    """Spec hook (spec.flashoverlap_layer_spec): choose core_attention / linear_proj of SelfAttentionSubmodules.
+def select_attention(attn_submodules, flash_config, *, context_parallel_size: int,
+                     sequence_parallel: bool | None) -> None:
+    """Spec hook: choose core_attention / linear_proj of SelfAttentionSubmodules from `flash_config.attention`.
 
     - context_parallel_size > 1: UlyssesDotProductAttention (the local DotProductAttention refuses CP),
-      a2a algo from config.flash_ulysses_algo or $FLASHOVERLAP_ULYSSES (default flash);
-    - else, when config.flash_query_split or $FLASHOVERLAP_QUERY_SPLIT=1: the query-split pair (needs SP);
+      its a2a algo = attention.ulysses_algo;
+    - else, with attention.query_split: the query-split pair (needs SP: `sequence_parallel` must be True;
+      None = unknown to the caller, a ValueError that says where to pass it);
     - else: unchanged (Megatron's DotProductAttention, our FlashRowParallelLinear for proj)."""
-    if getattr(config, "context_parallel_size", 1) > 1:
-        algo = getattr(config, "flash_ulysses_algo", None) or os.environ.get(ENV_ULYSSES, "flash")
-        attn_submodules.core_attention = ModuleSpec(module=UlyssesDotProductAttention, params={"algo": algo})
+    settings = flash_config.attention
+    if context_parallel_size > 1:
+        attn_submodules.core_attention = ModuleSpec(module=UlyssesDotProductAttention,
+                                                    params={"algo": settings.ulysses_algo})
         return
-    if not (getattr(config, "flash_query_split", False) or os.environ.get(ENV_QUERY_SPLIT) == "1"):
+    if not settings.query_split:
         return
-    if not getattr(config, "sequence_parallel", False):
+    if sequence_parallel is None:
+        raise ValueError("query-split attention needs sequence parallelism, which get_gpt_layer_flashoverlap_spec "
+                         "cannot see (get_gpt_layer_local_spec's arguments do not carry it): pass "
+                         "sequence_parallel=True, or turn attention.query_split off")
+    if not sequence_parallel:
         raise ValueError("query-split attention needs sequence parallelism (its reduce-scatter is what it hides); "
-                         "set --sequence-parallel, or unset flash_query_split / FLASHOVERLAP_QUERY_SPLIT")
+                         "set --sequence-parallel, or turn attention.query_split off (YAML attention: "
+                         f"{{query_split: false}}, or {ENV_VARS['query_split']}=0)")
     attn_submodules.core_attention = QuerySplitDotProductAttention
     attn_submodules.linear_proj = ModuleSpec(module=QuerySplitRowParallelLinear,
                                              params={"flash_config": flash_config})

@@ -11,18 +11,23 @@
 
 Same constructor, parameters, attributes, sharded_state_dict, backward_dw and (output, bias) return as
 the stock classes (they ARE the stock classes, only `forward` differs). The site (`tp_comm_buffer_name`:
-qkv, proj, fc1, fc2) picks its LayerPlan from the `flash_config` the spec passes in. Where the overlap does
-not apply (no SP, TP=1, site `off`, another buffer name, gather_output, an explicit weight, experts) the
-stock forward runs, logged once per layer kind and reason. Without SP that is Megatron's blocking
-all-reduce: `_forward_without_sp` is the hook where a non-SP all-reduce overlap plugs in.
+qkv, proj, fc1, fc2) picks its LayerPlan from the `flash_config` the spec passes in (None: `config.active()`).
+Where the overlap does not apply (TP=1, algo `reference`, another buffer name, gather_output, an explicit
+weight, experts) the stock forward runs, logged once per layer kind and reason. Without SP the all-reduce
+runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `all_reduce.num_chunks`
+sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P wait of these layers and
+its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
 """
 from __future__ import annotations
 
 import logging
+import os
+from datetime import timedelta
 
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-from ..config import LAYERS, FlashOverlapConfig, LayerPlan
+from ..config import LAYERS, FlashOverlapConfig, LayerPlan, active
+from ..ops.all_reduce.select import set_calibration
 from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from ..ops.checks import check_peers_agree
@@ -30,17 +35,28 @@ from ..runtime import OverlapContext, group_info
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
-_CONTEXT: OverlapContext | None = None
+_CONTEXTS: dict[float | None, OverlapContext] = {}
+_TABLE: list = [None]  # the calibration table path last loaded from a config
 
 
-def layer_context() -> OverlapContext:
-    """The context all Flash layers share (buffers, timeout). Its per-call peer check is off: a layer
-    checks its peers once per input shape instead (one small all-gather on the first call), so steady-state
-    steps issue no collective besides the P2P ring."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = OverlapContext(check_peers=False)
-    return _CONTEXT
+def layer_context(timeout_s: float | None = None) -> OverlapContext:
+    """The context the Flash layers share (buffers, timeout), one per timeout (None: the runtime's
+    default). Its per-call peer check is off: a layer checks its peers once per input shape instead (one
+    small all-gather on the first call), so steady-state steps issue no collective besides the P2P ring."""
+    if timeout_s not in _CONTEXTS:
+        kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        _CONTEXTS[timeout_s] = OverlapContext(check_peers=False, **kw)
+    return _CONTEXTS[timeout_s]
+
+
+def _load_table(path: str | None) -> None:
+    """The config's all-reduce calibration table, for all_reduce(algo="auto") (loaded once per path)."""
+    if path is not None and _TABLE[0] != path:
+        if not os.path.isfile(path):
+            raise ValueError(f"all_reduce.table {path!r}: no such file (working directory {os.getcwd()}); write one "
+                             f"with python -m megatron_flashoverlap.bench.calibrate_allreduce, or unset it")
+        set_calibration(path)
+        _TABLE[0] = path
 
 
 def _log_once(kind: str, why: str) -> None:
@@ -49,11 +65,9 @@ def _log_once(kind: str, why: str) -> None:
         log.info("%s: stock Megatron forward (%s)", kind, why)
 
 
-def _site_plan(flash_config: FlashOverlapConfig | None, buffer_name: str | None) -> LayerPlan | None:
+def _site_plan(flash_config: FlashOverlapConfig, buffer_name: str | None) -> LayerPlan | None:
     """The plan of this layer's site, or None when the name is not one of qkv/proj/fc1/fc2."""
-    if buffer_name not in LAYERS:
-        return None
-    return (flash_config or FlashOverlapConfig()).plan(buffer_name)
+    return flash_config.plan(buffer_name) if buffer_name in LAYERS else None
 
 
 class _FlashMixin:
@@ -63,17 +77,18 @@ class _FlashMixin:
         if flash_config is not None and not isinstance(flash_config, FlashOverlapConfig):
             raise ValueError(f"flash_config must be a FlashOverlapConfig (see megatron_flashoverlap.config), "
                              f"got {type(flash_config).__name__}")
-        self.flash_config = flash_config
+        self.flash_config = active() if flash_config is None else flash_config
         self.flash_site = tp_comm_buffer_name
-        self.flash_plan = _site_plan(flash_config, tp_comm_buffer_name)
-        self.flash_context = layer_context()
+        self.flash_plan = _site_plan(self.flash_config, tp_comm_buffer_name)
+        self.flash_context = layer_context(self.flash_config.timeout_s)
+        _load_table(self.flash_config.all_reduce.table)
         self._flash_checked: set = set()
         if config.gradient_accumulation_fusion and self._overlap_possible():
             raise ValueError(
                 f"{type(self).__name__} ({tp_comm_buffer_name}): gradient_accumulation_fusion=True is not supported "
                 f"by the overlap operators (they return the weight gradient in .grad); set "
                 f"gradient_accumulation_fusion=False (Megatron's DDP then adds .grad into main_grad), or set this "
-                f"site to algo 'off'")
+                f"layer to algo 'reference'")
 
     def _overlap_possible(self) -> bool:
         return self._stock_reason() is None
@@ -82,8 +97,8 @@ class _FlashMixin:
         """Why this layer runs the stock forward, or None when it runs the overlap operator."""
         if self.flash_plan is None:
             return f"tp_comm_buffer_name={self.flash_site!r} is not a site {LAYERS}"
-        if self.flash_plan.stock:
-            return f"site {self.flash_site} is 'off'"
+        if self.flash_plan.is_reference:
+            return f"layer {self.flash_site} runs algo 'reference'"
         if group_info(self.tp_group)[1] == 1:
             return "tensor-parallel size 1"
         if not self.sequence_parallel:
@@ -92,8 +107,9 @@ class _FlashMixin:
             return "expert / GTP-remat layer"
         return None
 
-    def _ops_kwargs(self, input_) -> dict:
-        """The site's operator arguments; checks once per input shape that all TP peers agree on it."""
+    def _ops_kwargs(self, input_, all_reduce: bool = False) -> dict:
+        """The site's operator arguments; checks once per input shape that all TP peers agree on it.
+        all_reduce: the non-SP operators, whose flash algos take the config's all_reduce.num_chunks."""
         shape = tuple(input_.shape)
         if shape not in self._flash_checked:
             world = group_info(self.tp_group)[1]
@@ -101,7 +117,10 @@ class _FlashMixin:
                               *shape, *self.weight.shape)
             self._flash_checked.add(shape)
         plan = self.flash_plan
-        return {"algo": plan.algo, "num_chunks": plan.num_chunks, "context": self.flash_context}
+        chunks = plan.num_chunks  # slicing's own; the flash algos of the all-reduce take the config's
+        if all_reduce and chunks is None:
+            chunks = self.flash_config.all_reduce.num_chunks
+        return {"algo": plan.algo, "num_chunks": chunks, "context": self.flash_context}
 
 
 class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
@@ -142,7 +161,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
             _log_once(type(self).__name__, "no sequence parallel")
             return super().forward(input_, weight, runtime_gather_output)
         bias = None if self.skip_bias_add else self.bias
-        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, **self._ops_kwargs(input_))
+        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias,
+                                        **self._ops_kwargs(input_, all_reduce=True))
         return output, (self.bias if self.skip_bias_add else None)
 
 
@@ -184,7 +204,7 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         if self.explicit_expert_comm or not self.input_is_parallel or getattr(self, "gtp_remat_size", 1) != 1:
             _log_once(type(self).__name__, "no sequence parallel")
             return super().forward(input_)
-        output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_))
+        output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_, all_reduce=True))
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

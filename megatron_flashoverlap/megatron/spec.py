@@ -1,46 +1,50 @@
 """Layer spec: Megatron's own local GPT layer spec with our linears in the four TP GEMM sites.
 
-    --spec megatron_flashoverlap.spec flashoverlap_layer_spec        (Megatron-LM pretrain scripts)
-    flashoverlap_layer_spec(config, vp_stage=None) -> block spec     (config: Megatron's model config)
-    layer_spec(flash_config, qk_layernorm=..., normalization=...)   (explicit, for your own model code)
+    --spec megatron_flashoverlap.spec flashoverlap_layer        a ModuleSpec: every Megatron path takes it
+                                                                (what --flash-overlap puts in args.spec)
+    --spec megatron_flashoverlap.spec flashoverlap_layer_spec   0.19's GPTModelBuilder calls it
+    flashoverlap_layer_spec(config, vp_stage=None) -> block spec        config: Megatron's model config
+                                            (our layers, and our norm as the block's final norm too)
+    get_gpt_layer_flashoverlap_spec(num_experts=None, ...) -> ModuleSpec
+                                            get_gpt_layer_local_spec's signature, for model providers
+    layer_spec(flash_config, qk_layernorm=..., normalization=...)      explicit, for your own model code
 
 The provider (`FlashOverlapSpecProvider`) is Megatron's `LocalSpecProvider` with the column/row linears
 replaced by ModuleSpecs of FlashColumnParallelLinear / FlashRowParallelLinear that carry the
-FlashOverlapConfig as a constructor parameter; norms are SequenceParallelNorm (norm.py: SP without apex),
-core attention is SDPA or TE's (sdpa.py), experts fall back to the local provider. Works with megatron-core 0.16.x (the MLP spec is a ModuleSpec) through 0.19.x (a
+FlashOverlapConfig as a constructor parameter; norms, core attention and experts fall back to the local
+provider. Works with megatron-core 0.16.x (the MLP spec is a ModuleSpec) through 0.19.x (a
 functools.partial of MLP.as_mlp_submodule): both are rebuilt through Megatron's
 `get_mlp_module_spec_for_backend` with our provider, so neither shape is touched by hand.
 
-Where the FlashOverlapConfig comes from in `flashoverlap_layer_spec` (first that exists):
-  1. `config.flash_overlap_config`: a FlashOverlapConfig or a YAML path (what the launcher sets);
-  2. the environment variable FLASHOVERLAP_CONFIG = a YAML path;
-  3. the default: `flash` on every site.
+The FlashOverlapConfig of the spec functions is `megatron_flashoverlap.config.active()`: the config the
+`--flash-overlap` flag activated at parse time, else the YAML the environment names (config.ENV_VARS), else
+the defaults.
+Megatron's model config is read for Megatron's own fields only.
 """
 from __future__ import annotations
 
 import functools
-import os
+import warnings
 
+from megatron.core import parallel_state
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_mlp_module_spec_for_backend
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from ..config import FlashOverlapConfig, load_config
-from ..config import LAYERS
+from ..config import LAYERS, FlashOverlapConfig, active
 from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
-
-ENV_CONFIG = "FLASHOVERLAP_CONFIG"
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
     """LocalSpecProvider whose column/row parallel linears are ours, configured by `flash_config`."""
 
     def __init__(self, flash_config: FlashOverlapConfig | None = None):
-        self.flash_config = flash_config or FlashOverlapConfig()
+        self.flash_config = active() if flash_config is None else flash_config
 
     def column_parallel_linear(self) -> ModuleSpec:
         return ModuleSpec(module=FlashColumnParallelLinear, params={"flash_config": self.flash_config})
@@ -73,40 +77,91 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
 def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_norm: bool) -> None:
     """Norms: SequenceParallelNorm (TENorm with TE; builds under SP without apex, RMSNorm included) in the
     slots the local spec fills. Core attention: TE's with TE, else SDPA (norm.py, sdpa.py); a config that is
-    `off` on every site keeps Megatron's DotProductAttention: that config is the stock local layer, the
+    `reference` on every layer keeps Megatron's DotProductAttention: that config is the stock local layer, the
     serial baseline of every comparison."""
     layer.input_layernorm = layer.pre_mlp_layernorm = SequenceParallelNorm
     if qk_norm:
         attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
-    if not all(flash_config.plan(name).stock for name in LAYERS):
+    if not all(flash_config.plan(name).is_reference for name in LAYERS):
         attention.core_attention = core_attention_for(None, "auto")
 
 
+def _refuse_unsupported(where: str, num_experts=None, multi_latent_attention=False) -> None:
+    if num_experts:
+        raise ValueError(f"{where}: MoE layers are not supported yet; drop --num-experts (num_experts) or use "
+                         f"the stock spec")
+    if multi_latent_attention:
+        raise ValueError(f"{where}: multi-latent attention is not supported yet; drop --multi-latent-attention "
+                         f"or use the stock spec")
+
+
+def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
+          sequence_parallel) -> ModuleSpec:
+    """The one builder behind every spec function: layer_spec + the core attention the config asks for."""
+    spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
+                      qk_l2_norm=bool(qk_l2_norm))
+    select_attention(submodules_of(spec.submodules.self_attention), flash_config,
+                     context_parallel_size=context_parallel_size, sequence_parallel=sequence_parallel)
+    return spec
+
+
 def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> TransformerBlockSubmodules:
-    """The `--spec` entry point: Megatron calls it with its model config (and vp_stage, unused: every
-    layer of every virtual stage gets the same spec). Dense GPT layers only."""
-    if getattr(config, "num_moe_experts", None):
-        raise ValueError("flashoverlap_layer_spec: MoE layers are not supported yet; drop --num-experts or use "
-                         "the stock spec")
-    if getattr(config, "multi_latent_attention", False):
-        raise ValueError("flashoverlap_layer_spec: multi-latent attention is not supported yet; drop "
-                         "--multi-latent-attention or use the stock spec")
-    flash_config = resolve_flash_config(config)
-    spec = layer_spec(flash_config, qk_layernorm=bool(getattr(config, "qk_layernorm", False)),
-                      normalization=getattr(config, "normalization", None),
-                      qk_l2_norm=bool(getattr(config, "qk_l2_norm", False)))
-    select_attention(submodules_of(spec.submodules.self_attention), config, flash_config)
-    return decoder_block_spec(spec, config, vp_stage)  # the block's final norm: SequenceParallelNorm too
+    """The `--spec` entry point: Megatron calls it with its model config (and vp_stage: the block spec builds
+    that stage's layers). Dense GPT layers only. A block spec, so the block's final norm is ours too."""
+    return decoder_block_spec(_layer_for(config), config, vp_stage)
 
 
-def resolve_flash_config(config=None) -> FlashOverlapConfig:
-    """config.flash_overlap_config (object or YAML path), else $FLASHOVERLAP_CONFIG, else all-flash."""
-    chosen = getattr(config, "flash_overlap_config", None) or os.environ.get(ENV_CONFIG)
-    if chosen is None:
-        return FlashOverlapConfig()
-    if isinstance(chosen, FlashOverlapConfig):
-        return chosen
-    return load_config(chosen)
+def _layer_for(config) -> ModuleSpec:
+    """The layer spec for Megatron's model config (what every layer of the block gets)."""
+    _refuse_unsupported("flashoverlap_layer_spec", getattr(config, "num_moe_experts", None),
+                        getattr(config, "multi_latent_attention", False))
+    return _spec(active(), qk_layernorm=getattr(config, "qk_layernorm", False),
+                 normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
+                 context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
+                 sequence_parallel=bool(getattr(config, "sequence_parallel", False)))
+
+
+def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
+                                    multi_latent_attention=False, fp8=None, normalization=None, qk_l2_norm=False,
+                                    use_kitchen=False, use_kitchen_attention=False, kitchen_attention_backend="sdpa",
+                                    *, moe_use_legacy_grouped_gemm=False, flash_config=None,
+                                    sequence_parallel=None, context_parallel_size=None) -> ModuleSpec:
+    """Drop-in for megatron-core 0.19's `get_gpt_layer_local_spec` (same arguments, same order; 0.16's
+    `moe_use_legacy_grouped_gemm` by keyword): the layer `flashoverlap_layer_spec` builds for the same
+    settings. Keyword-only extras: flash_config (default: config.active()), sequence_parallel (needed only
+    for query-split attention) and context_parallel_size (default: Megatron's CP group size, else 1).
+    MoE, MLA and Kitchen are a ValueError; fp8 is ignored, as in the stock function (deprecated there)."""
+    where = "get_gpt_layer_flashoverlap_spec"
+    _refuse_unsupported(where, num_experts, multi_latent_attention)
+    if moe_grouped_gemm or moe_use_legacy_grouped_gemm:
+        raise ValueError(f"{where}: moe_grouped_gemm / moe_use_legacy_grouped_gemm are MoE options (not "
+                         f"supported yet); leave them False")
+    if use_kitchen or use_kitchen_attention:
+        raise ValueError(f"{where}: Kitchen replaces the linears/attention with its own; use Megatron's "
+                         f"get_gpt_layer_local_spec(use_kitchen=True) instead, or leave use_kitchen* False")
+    if fp8 is not None:
+        warnings.warn(f"{where}: fp8 is deprecated and ignored (as in get_gpt_layer_local_spec)", stacklevel=2)
+    if context_parallel_size is None:
+        initialized = parallel_state.model_parallel_is_initialized()
+        context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
+    return _spec(active() if flash_config is None else flash_config, qk_layernorm=qk_layernorm,
+                 normalization=normalization, qk_l2_norm=qk_l2_norm, context_parallel_size=context_parallel_size,
+                 sequence_parallel=sequence_parallel)
+
+
+class FlashOverlapTransformerLayer(TransformerLayer):
+    """A TransformerLayer whose submodules come from `flashoverlap_layer_spec(config)` when it is built
+    (config: the layer's TransformerConfig), so one module-level ModuleSpec, `flashoverlap_layer`, serves
+    every Megatron path that takes a `--spec` object as it is (legacy gpt_builder, tools/checkpoint,
+    --use-checkpoint-args) as well as 0.19's GPTModelBuilder. Same modules, state_dict keys and forward."""
+
+    def __init__(self, config, submodules=None, *args, **kwargs):
+        if submodules is None:
+            submodules = _layer_for(config).submodules
+        super().__init__(config, submodules, *args, **kwargs)
+
+
+flashoverlap_layer = ModuleSpec(module=FlashOverlapTransformerLayer)
 
 
 def hybrid_stack_spec(flash_config: FlashOverlapConfig | None = None, stock: bool = False) -> ModuleSpec:
@@ -120,7 +175,7 @@ def hybrid_stack_spec(flash_config: FlashOverlapConfig | None = None, stock: boo
     except ImportError as err:
         raise ValueError("hybrid_stack_spec needs megatron-core >= 0.19 (HybridModel); use layer_spec with "
                          "GPTModel on older versions") from err
-    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+    from megatron.core.transformer.transformer_layer import TransformerLayerSubmodules
 
     full = (get_gpt_layer_local_spec() if stock else layer_spec(flash_config)).submodules
     attention = ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(

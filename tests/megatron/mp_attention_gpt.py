@@ -51,8 +51,13 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
     if kind == "spec":
         from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
-        cfg.flash_query_split = algo == "query_split"
-        spec = flashoverlap_layer_spec(cfg)
+        from megatron_flashoverlap import config as fc
+
+        previous = fc.activate(fc.from_dict({"attention": {"query_split": algo == "query_split"}}))
+        try:
+            spec = flashoverlap_layer_spec(cfg)
+        finally:
+            fc.activate(previous)
     else:
         spec = get_gpt_layer_local_spec()
     attn = submodules_of(spec.submodules.self_attention)

@@ -121,42 +121,68 @@ def grad_accum_fusion_refused(rank, world):
         tm.destroy()
 
 
-def spec_config_sources(rank, world, bad_path):
-    """resolve_flash_config from $FLASHOVERLAP_CONFIG and from config.flash_overlap_config (a bad file)."""
-    import os
-    from types import SimpleNamespace
+def spec_equivalence(rank, world, qk_layernorm, normalization, query_split):
+    """Three ways to our layer for the same settings: flashoverlap_layer_spec(config),
+    get_gpt_layer_flashoverlap_spec(...) and the module-level ModuleSpec flashoverlap_layer -> their GPT
+    models' state_dict keys/shapes, whether the logits are equal, the core attention and q-norm classes."""
+    from megatron_flashoverlap import config as fc
+    from megatron_flashoverlap.megatron import spec as sp
 
-    from megatron_flashoverlap.megatron.spec import ENV_CONFIG, resolve_flash_config
-
-    old = os.environ.get(ENV_CONFIG)
-    os.environ[ENV_CONFIG] = "configs/slicing.yaml"
+    tm.init_tp(world)
+    previous = fc.activate(fc.from_dict({"attention": {"query_split": query_split}}))
     try:
-        from_env = resolve_flash_config(None).plan("fc2").algo
+        cfg = tm.tiny_config(world, True, qk_layernorm=qk_layernorm, normalization=normalization)
+        specs = {"config": sp.flashoverlap_layer_spec(cfg),
+                 "signature": sp.get_gpt_layer_flashoverlap_spec(qk_layernorm=qk_layernorm,
+                                                                 normalization=normalization, sequence_parallel=True),
+                 "module_spec": sp.flashoverlap_layer}
+        models = {k: tm.build_gpt(cfg, spec, seed=5) for k, spec in specs.items()}
+        data = tm.batch(1)
+        with torch.no_grad():
+            logits = {k: tm.gpt_logits(m, data) for k, m in models.items()}
+        attention = {k: m.decoder.layers[0].self_attention for k, m in models.items()}
+        return {"keys": {k: [(n, tuple(t.shape)) for n, t in m.state_dict().items() if t is not None]
+                         for k, m in models.items()},
+                "logits_equal": all(torch.equal(logits["config"], v) for v in logits.values()),
+                "core_attention": {k: type(a.core_attention).__name__ for k, a in attention.items()},
+                "q_layernorm": {k: type(a.q_layernorm).__name__ for k, a in attention.items()}}
     finally:
-        os.environ.pop(ENV_CONFIG) if old is None else os.environ.__setitem__(ENV_CONFIG, old)
-    default = resolve_flash_config(SimpleNamespace()).plan("fc2").algo
+        fc.activate(previous)
+        tm.destroy()
+
+
+def nosp_chunks_and_timeout(rank, world, chunk_counts=(1, 3)):
+    """A row layer without SP (matmul_all_reduce) under configs that differ only in all_reduce.num_chunks
+    (and timeout_s): the P2P sends one forward issues, per chunk count, and its context's wait timeout; the
+    error of a config naming a calibration table that does not exist."""
+    from megatron_flashoverlap import config as fc
+    from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
+    from megatron_flashoverlap.testing import profile
+
+    tm.init_tp(world)
     try:
-        resolve_flash_config(SimpleNamespace(flash_overlap_config=bad_path))
-        bad = None
-    except ValueError as err:
-        bad = str(err)
-    return from_env, default, bad
-
-
-def spec_refusals(rank, world):
-    """flashoverlap_layer_spec on MoE / MLA configs -> the ValueError texts."""
-    from types import SimpleNamespace
-
-    from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
-
-    msgs = []
-    for cfg in (SimpleNamespace(num_moe_experts=8), SimpleNamespace(multi_latent_attention=True)):
+        cfg = tm.tiny_config(world, False)
+        sends, timeouts = {}, {}
+        for chunks in chunk_counts:
+            flash = fc.from_dict({"default": {"algo": "flash"}, "all_reduce": {"num_chunks": chunks},
+                                  "timeout_s": 40 + chunks})
+            layer = FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True,
+                                           input_is_parallel=True, skip_bias_add=True, tp_comm_buffer_name="fc2",
+                                           flash_config=flash)
+            x = torch.randn(tm.SEQ, 2, 64 // world)
+            layer(x)  # warm-up: the once-per-shape peer check
+            sends[chunks] = profile.comm_ops(lambda: layer(x)).get("send", 0)
+            timeouts[chunks] = layer.flash_context.timeout.total_seconds()
         try:
-            flashoverlap_layer_spec(cfg)
-            msgs.append(None)
+            FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True, input_is_parallel=True,
+                                   skip_bias_add=True, tp_comm_buffer_name="fc2",
+                                   flash_config=fc.from_dict({"all_reduce": {"table": "no/such.json"}}))
+            missing = None
         except ValueError as err:
-            msgs.append(str(err))
-    return msgs
+            missing = str(err)
+        return sends, timeouts, missing
+    finally:
+        tm.destroy()
 
 
 def cpu_shims(rank, world):

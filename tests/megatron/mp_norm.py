@@ -23,9 +23,7 @@ def _init_without_norm_shim(tp: int) -> None:
 
     assert not cpu.is_enabled(), "this body needs a fresh pool: cpu.enable() ran here already"
     assert not getattr(torch_norm.WrappedTorchNorm.__new__, "_flashoverlap_cpu", False)
-    cpu._shim_current_device()
-    cpu._shim_rng_tracker()
-    cpu._shim_causal_mask()
+    cpu.enable(relax_norm=False)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     model_parallel_cuda_manual_seed(1234)
 

@@ -17,19 +17,25 @@ from pathlib import Path
 
 import pytest
 
+from megatron_flashoverlap import config as fc
 from megatron_flashoverlap.megatron import launch
 from megatron_flashoverlap.megatron.args import SPEC, activate_config, apply_flash_overlap_args, with_flash_overlap_args
-from megatron_flashoverlap.config import load_config
-from megatron_flashoverlap.megatron.spec import ENV_CONFIG, resolve_flash_config
+from megatron_flashoverlap.config import FlashOverlapConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 PATCH = ROOT / "patches" / "megatron-lm-core_v0.19.0-flash-overlap" / "flash-overlap.patch"
 
 
+ENV_CONFIG = "FLASHOVERLAP_CONFIG"
+
+
 @pytest.fixture(autouse=True)
 def _no_config_env(monkeypatch):
     monkeypatch.delenv(ENV_CONFIG, raising=False)
+    previous = fc.activate(None)
+    yield
+    fc.activate(previous)
 
 
 def ns(**kw):
@@ -39,39 +45,64 @@ def ns(**kw):
 
 
 # ------------------------------------------------------------------------------------------- tier 1
-def test_provider_adds_flags_then_calls_the_scripts_own():
+def test_provider_adds_flags_calls_the_scripts_own_and_applies_at_parse_time():
     def own(parser):
         parser.add_argument("--own-flag", type=int, default=3)
         return parser
 
+    cfg = str(ROOT / "configs" / "slicing.yaml")
     parser = with_flash_overlap_args(own)(argparse.ArgumentParser())
-    args = parser.parse_args(["--flash-overlap", "--flash-overlap-config", "x.yaml", "--own-flag", "5"])
-    assert (args.flash_overlap, args.flash_overlap_config, args.own_flag) == (True, "x.yaml", 5)
+    args = parser.parse_args(["--flash-overlap", "--flash-overlap-config", cfg, "--own-flag", "5"])
+    assert (args.flash_overlap, args.flash_overlap_config, args.own_flag, args.spec) == (True, cfg, 5, SPEC)
+    assert fc.active() == load_config(cfg)  # applied by the parser itself, before anyone validates args
+    known, rest = parser.parse_known_args(["--flash-overlap", "--other"])
+    assert known.spec == SPEC and rest == ["--other"]
     assert parser.parse_args([]).flash_overlap is False
     with_flash_overlap_args(None)(parser)  # launcher on a patched script: adding twice is a no-op
+    with pytest.raises(ValueError, match="no such file"):
+        parser.parse_args(["--flash-overlap", "--flash-overlap-config", "x.yaml"])
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_flag_selects_our_spec_and_publishes_each_config(path):
+def test_flag_selects_our_spec_and_activates_each_config(path):
     args = apply_flash_overlap_args(ns(flash_overlap=True, flash_overlap_config=str(path)))
     assert args.spec == SPEC
-    assert os.environ[ENV_CONFIG] == str(path)
-    assert resolve_flash_config(None) == load_config(path)  # what the spec sees == the file
+    assert fc.active() == load_config(path)  # what the spec sees == the file
+    assert ENV_CONFIG not in os.environ  # in-process: no variable written for the spec to read
 
 
-def test_spec_pair_imports_as_megatron_does():
-    from megatron.core.transformer.spec_utils import import_module
+def test_flag_is_idempotent_and_accepts_our_other_spec_name():
+    cfg = str(ROOT / "configs" / "slicing.yaml")
+    for spec in (None, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"]):
+        args = apply_flash_overlap_args(ns(flash_overlap=True, flash_overlap_config=cfg, spec=spec))
+        assert apply_flash_overlap_args(args).spec == SPEC and fc.active() == load_config(cfg)
 
-    from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
+
+def test_relative_config_resolves_against_the_callers_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "mine.yaml").write_text("default: {algo: flash_bidir}\n")
+    monkeypatch.chdir(tmp_path)
+    args = apply_flash_overlap_args(ns(flash_overlap=True, flash_overlap_config="mine.yaml"))
+    monkeypatch.chdir(ROOT)  # later code (Megatron, a tool reading the saved args) may run elsewhere
+    assert args.flash_overlap_config == str(tmp_path / "mine.yaml")
+    assert fc.active().plan("qkv").algo == "flash_bidir"
+    assert load_config(args.flash_overlap_config) == fc.active()
+
+
+def test_spec_pair_imports_as_megatron_does_as_a_module_spec():
+    from megatron.core.transformer.spec_utils import ModuleSpec, import_module
+
+    from megatron_flashoverlap.megatron.spec import FlashOverlapTransformerLayer, flashoverlap_layer
 
     args = apply_flash_overlap_args(ns(flash_overlap=True))
-    assert import_module(args.spec) is flashoverlap_layer_spec
-    assert ENV_CONFIG not in os.environ  # no file given: the spec's default (flash everywhere)
+    spec = import_module(args.spec)
+    assert spec is flashoverlap_layer and isinstance(spec, ModuleSpec)  # legacy paths use it as it is
+    assert spec.module is FlashOverlapTransformerLayer and spec.submodules is None
+    assert fc.active() == FlashOverlapConfig()  # no file given: the defaults (flash everywhere)
 
 
 def test_flag_off_changes_nothing():
     args = apply_flash_overlap_args(ns(spec=["local"]))
-    assert args.spec == ["local"] and ENV_CONFIG not in os.environ
+    assert args.spec == ["local"] and fc.active() == FlashOverlapConfig()
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -85,7 +116,7 @@ def test_bad_flags_name_the_fix(kw, words):
         apply_flash_overlap_args(ns(**kw))
     for w in words:
         assert w in str(err.value), (w, str(err.value))
-    assert ENV_CONFIG not in os.environ
+    assert fc.active() == FlashOverlapConfig()  # nothing activated
 
 
 def test_local_attention_backend_is_refused():
@@ -97,10 +128,15 @@ def test_local_attention_backend_is_refused():
 
 def test_bad_yaml_content_names_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("qkv_fprob: {algo: flash}\n")
-    with pytest.raises(ValueError, match="bad.yaml.*unknown site"):
+    bad.write_text("qkv_dgrad: {algo: flash}\n")
+    with pytest.raises(ValueError, match="bad.yaml.*one algorithm"):
         activate_config(str(bad))
-    assert ENV_CONFIG not in os.environ
+    assert fc.active() == FlashOverlapConfig()
+
+
+def test_flag_help_documents_cuda_device_max_connections():
+    parser = with_flash_overlap_args(None)(argparse.ArgumentParser())
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in parser.format_help()
 
 
 def test_launcher_refuses_a_missing_script():
@@ -123,16 +159,17 @@ def test_launcher_says_where_megatron_training_comes_from():
             launch.uninstall()
 
 
-def test_patch_adds_only_our_two_calls():
-    """The patch touches pretrain_gpt.py only, and the names it imports exist."""
+def test_patch_adds_only_our_provider():
+    """The patch touches pretrain_gpt.py only, the names it imports exist, and it applies the flags through
+    the provider (at parse time), not after parse_and_validate_args (too late: validate_args has run)."""
     text = PATCH.read_text()
     assert [ln for ln in text.splitlines() if ln.startswith("+++ ")] == ["+++ b/pretrain_gpt.py"]
     added = [ln[1:] for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     imports = [ln for ln in added if ln.startswith("from megatron_flashoverlap")]
     assert len(imports) == 1
     exec(imports[0], {})  # noqa: S102 - the patch's own import line must resolve
-    assert any("with_flash_overlap_args(" in ln for ln in added)
-    assert any(ln.strip().startswith("apply_flash_overlap_args(args)") for ln in added)
+    assert any("extra_args_provider=with_flash_overlap_args(" in ln for ln in added)
+    assert not any("apply_flash_overlap_args" in ln for ln in added)
 
 
 # ------------------------------------------------------------------------- tier 1b: megatron.training
@@ -154,7 +191,8 @@ def test_launcher_wraps_megatrons_parse_args(monkeypatch):
         monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, "--flash-overlap",
                                           "--flash-overlap-config", cfg])
         args = arguments.parse_args()
-        assert (args.flash_overlap, args.spec, os.environ[ENV_CONFIG]) == (True, SPEC, cfg)
+        assert (args.flash_overlap, args.spec, args.flash_overlap_config) == (True, SPEC, cfg)
+        assert fc.active() == load_config(cfg)
         monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS])
         assert arguments.parse_args().spec is None  # no flag: stock
         monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, "--flash-overlap",
@@ -197,18 +235,23 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.mark.newest_only
-def test_launcher_runs_a_pretrain_script_and_megatron_builds_our_layers(tmp_path):
+def _rank_env() -> dict:
+    """One gloo rank; this checkout first on the path (not whichever copy is installed)."""
     from megatron_flashoverlap.testing.pool import _free_port
 
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1", "RANK": "0", "PYTHONPATH": path,
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+
+
+@pytest.mark.newest_only
+def test_launcher_runs_a_pretrain_script_and_megatron_builds_our_layers(tmp_path):
     script = tmp_path / "pretrain_gpt.py"
     script.write_text(PRETRAIN_STAND_IN)
     cfg = ROOT / "configs" / "slicing.yaml"  # not the default: proves the file reached the layers
     cmd = [sys.executable, "-m", "megatron_flashoverlap.launch", str(script), *MEGATRON_ARGS,
            "--flash-overlap", "--flash-overlap-config", str(cfg)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1", "RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_rank_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
     assert result["flash_overlap"] is True and result["spec"] == SPEC
@@ -216,6 +259,82 @@ def test_launcher_runs_a_pretrain_script_and_megatron_builds_our_layers(tmp_path
                                  "fc1": "FlashColumnParallelLinear", "fc2": "FlashRowParallelLinear"}
     expected = load_config(cfg)
     assert result["plans"] == {k: [expected.plan(k).algo, expected.plan(k).num_chunks] for k in result["plans"]}
+
+
+@pytest.mark.newest_only
+def test_flags_apply_before_megatron_validates(monkeypatch):
+    """The patch's provider inside Megatron's real parse_and_validate_args: our message, not the TypeError
+    validate_args raises on `args.spec[0]` (arguments.py ~l.435) when the flags came too late."""
+    from megatron.training.arguments import parse_and_validate_args
+
+    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, "--flash-overlap",
+                                      "--attention-backend", "local"])
+    with pytest.raises(ValueError, match="cannot be combined with --attention-backend local"):
+        parse_and_validate_args(extra_args_provider=with_flash_overlap_args(None))
+
+
+# Save a checkpoint's args as Megatron's torch format does (iter_*/mp_rank_00/model_optim_rng.pt holds
+# {"args": the parsed Namespace, ...}), then, as a new run would, reload them with --use-checkpoint-args and
+# WITHOUT --flash-overlap: the saved args.spec must build our layers on 0.19's GPTModelBuilder path and on
+# the legacy gpt_builder path (GPTModel(transformer_layer_spec=import_module(args.spec)), tools/checkpoint).
+RELOAD_STAND_IN = '''
+import json, os, sys, torch
+from megatron.training.arguments import parse_args, parse_and_validate_args, core_transformer_config_from_args
+from megatron_flashoverlap import config as fc
+from megatron_flashoverlap.megatron.args import with_flash_overlap_args
+ckpt, cfg, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.argv = ["pretrain_gpt.py", *argv, "--flash-overlap", "--flash-overlap-config", cfg]
+saved = parse_args(with_flash_overlap_args(None))
+os.makedirs(f"{ckpt}/iter_0000001/mp_rank_00")
+torch.save({"args": saved, "iteration": 1, "checkpoint_version": 3.0}, f"{ckpt}/iter_0000001/mp_rank_00/model_optim_rng.pt")
+open(f"{ckpt}/latest_checkpointed_iteration.txt", "w").write("1")
+fc.activate(None)  # what a new process starts from
+
+sys.argv = ["pretrain_gpt.py", *argv, "--use-checkpoint-args", "--load", ckpt]
+args = parse_and_validate_args(extra_args_provider=with_flash_overlap_args(None))
+
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.core.transformer.spec_utils import import_module
+from megatron.training.argument_utils import gpt_config_from_args
+from megatron.training.models.gpt import GPTModelBuilder
+from megatron_flashoverlap.megatron import cpu
+cpu.enable()
+dist.init_process_group("gloo", rank=0, world_size=1)
+parallel_state.initialize_model_parallel()
+model_parallel_cuda_manual_seed(1)
+built = {"builder": GPTModelBuilder(gpt_config_from_args(args)).build_model(ProcessGroupCollection.use_mpu_process_groups()),
+         "legacy": GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=import_module(args.spec),
+                            vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
+                            share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                            position_embedding_type=args.position_embedding_type)}
+def linears(model):
+    layer = model.decoder.layers[0]
+    return [type(m).__name__ for m in (layer.self_attention.linear_qkv, layer.self_attention.linear_proj,
+                                       layer.mlp.linear_fc1, layer.mlp.linear_fc2)]
+print("RESULT " + json.dumps({"spec": args.spec, "flash_overlap": args.flash_overlap,
+                              "classes": {k: linears(m) for k, m in built.items()},
+                              "keys": {k: sorted(m.state_dict()) for k, m in built.items()}}))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.newest_only
+def test_saved_spec_reloads_with_use_checkpoint_args(tmp_path):
+    script = tmp_path / "reload.py"
+    script.write_text(RELOAD_STAND_IN)
+    cmd = [sys.executable, str(script), str(tmp_path / "ckpt"), str(ROOT / "configs" / "slicing.yaml"),
+           *MEGATRON_ARGS, "--ckpt-format", "torch"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_rank_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    assert result["spec"] == SPEC and result["flash_overlap"] is False  # the spec came from the checkpoint
+    ours = ["FlashColumnParallelLinear", "FlashRowParallelLinear"] * 2
+    assert result["classes"] == {"builder": ours, "legacy": ours}
+    assert result["keys"]["builder"] == result["keys"]["legacy"]
 
 
 # --------------------------------------------------------------------------- tier 1: --cpu, options

@@ -30,17 +30,124 @@ def test_gradient_accumulation_fusion_is_refused(pools):
     assert msg and "gradient_accumulation_fusion=False" in msg
 
 
-def test_spec_reads_config_from_env_and_rejects_bad_files(pools, tmp_path):
+@pytest.fixture
+def clean_config(monkeypatch):
+    from megatron_flashoverlap import config as fc
+
+    monkeypatch.delenv("FLASHOVERLAP_CONFIG", raising=False)
+    monkeypatch.delenv("FLASHOVERLAP_QUERY_SPLIT", raising=False)
+    previous = fc.activate(None)
+    yield fc
+    fc.activate(previous)
+
+
+def _linear_configs(spec):
+    from megatron_flashoverlap.megatron.spec import submodules_of
+
+    attention, mlp = submodules_of(spec.submodules.self_attention), submodules_of(spec.submodules.mlp)
+    return [m.params["flash_config"] for m in (attention.linear_qkv, attention.linear_proj, mlp.linear_fc1,
+                                               mlp.linear_fc2)]
+
+
+def test_spec_reads_the_active_config_else_the_env_file(clean_config, monkeypatch, tmp_path):
+    """In-process (no processes): what flashoverlap_layer_spec hands its linears; Megatron's config is read
+    for Megatron's fields only (a flash_* attribute on it changes nothing)."""
+    from types import SimpleNamespace
+
+    from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
+
+    fc = clean_config
+    megatron_cfg = SimpleNamespace(flash_overlap_config="configs/slicing.yaml", flash_query_split=True)
+    assert _linear_configs(flashoverlap_layer_spec(megatron_cfg)) == [fc.FlashOverlapConfig()] * 4
+    monkeypatch.setenv("FLASHOVERLAP_CONFIG", "configs/slicing.yaml")
+    assert {c.plan("fc2").algo for c in _linear_configs(flashoverlap_layer_spec(megatron_cfg))} == {"slicing"}
+    mine = fc.uniform("flash_bidir")
+    fc.activate(mine)
+    assert all(c is mine for c in _linear_configs(flashoverlap_layer_spec(megatron_cfg)))
+    fc.activate(None)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("qkv_fprop: {algo: warp}\n")
-    from_env, default, err = pools(2).run("tests.megatron.mp_megatron_layers:spec_config_sources", str(bad), timeout=300)[0]
-    assert (from_env, default) == ("slicing", "flash")
-    assert err and "unknown algo 'warp'" in err and "bad.yaml" in err
+    bad.write_text("qkv: {algo: warp}\n")
+    monkeypatch.setenv("FLASHOVERLAP_CONFIG", str(bad))
+    with pytest.raises(ValueError, match="bad.yaml: qkv: unknown algo 'warp'"):
+        flashoverlap_layer_spec(megatron_cfg)
 
 
-def test_spec_refuses_moe_and_mla(pools):
-    moe, mla = pools(2).run("tests.megatron.mp_megatron_layers:spec_refusals", timeout=300)[0]
-    assert "MoE" in moe and "multi-latent" in mla
+@pytest.mark.parametrize("kw, words", [
+    ({"num_experts": 8}, ["MoE"]), ({"moe_grouped_gemm": True}, ["MoE options"]),
+    ({"moe_use_legacy_grouped_gemm": True}, ["MoE options"]), ({"multi_latent_attention": True}, ["multi-latent"]),
+    ({"use_kitchen": True}, ["Kitchen", "get_gpt_layer_local_spec(use_kitchen=True)"]),
+    ({"use_kitchen_attention": True}, ["Kitchen"]),
+], ids=["moe", "grouped_gemm", "legacy_grouped_gemm", "mla", "kitchen", "kitchen_attention"])
+def test_signature_spec_refuses_what_it_does_not_build(clean_config, kw, words):
+    from megatron_flashoverlap.spec import get_gpt_layer_flashoverlap_spec
+
+    with pytest.raises(ValueError) as err:
+        get_gpt_layer_flashoverlap_spec(**kw)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_spec_refuses_moe_and_mla_and_query_split_without_sp(clean_config):
+    from types import SimpleNamespace
+
+    from megatron_flashoverlap.spec import flashoverlap_layer_spec, get_gpt_layer_flashoverlap_spec
+
+    with pytest.raises(ValueError, match="MoE"):
+        flashoverlap_layer_spec(SimpleNamespace(num_moe_experts=8))
+    with pytest.raises(ValueError, match="multi-latent"):
+        flashoverlap_layer_spec(SimpleNamespace(multi_latent_attention=True))
+    clean_config.activate(clean_config.from_dict({"attention": {"query_split": True}}))
+    with pytest.raises(ValueError, match="set --sequence-parallel"):
+        flashoverlap_layer_spec(SimpleNamespace(sequence_parallel=False))
+    with pytest.raises(ValueError, match="pass sequence_parallel=True"):
+        get_gpt_layer_flashoverlap_spec()  # the stock signature cannot say whether SP is on
+
+
+def test_signature_spec_takes_every_argument_of_the_stock_local_spec():
+    """Megatron's own signature is the expected value (0.19: same names, same order; 0.16.1's extra
+    `moe_use_legacy_grouped_gemm` by keyword)."""
+    import inspect
+
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    from megatron_flashoverlap.spec import get_gpt_layer_flashoverlap_spec
+
+    stock = inspect.signature(gpt_layer_specs.get_gpt_layer_local_spec).parameters
+    if list(stock) == ["args", "kwargs"]:  # 0.19 copies the submodules builder's signature at run time
+        stock = inspect.signature(gpt_layer_specs.get_gpt_layer_local_submodules).parameters
+    ours = inspect.signature(get_gpt_layer_flashoverlap_spec).parameters
+    assert all(name in ours and ours[name].default == p.default for name, p in stock.items()), (list(stock), list(ours))
+    positional = [n for n, p in ours.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    if "moe_use_legacy_grouped_gemm" not in stock:
+        assert positional == list(stock)
+
+
+@pytest.mark.parametrize("qk_layernorm, normalization, query_split", [
+    (False, "LayerNorm", False), (True, "RMSNorm", False), (False, "LayerNorm", True)],
+    ids=["layernorm", "rmsnorm_qk_norm", "query_split"])
+def test_every_spec_entry_builds_the_same_model(pools, qk_layernorm, normalization, query_split):
+    """flashoverlap_layer_spec(config) == get_gpt_layer_flashoverlap_spec(same settings) == the ModuleSpec
+    flashoverlap_layer: same keys and shapes, logits exactly equal (the same modules from the same seed run
+    the same code)."""
+    for res in pools(2).run("tests.megatron.mp_megatron_layers:spec_equivalence", qk_layernorm, normalization,
+                            query_split, timeout=300):
+        keys = res["keys"]
+        assert keys["config"] == keys["signature"] == keys["module_spec"] and keys["config"]
+        assert res["logits_equal"]
+        want = "QuerySplitDotProductAttention" if query_split else "DotProductAttention"
+        assert set(res["core_attention"].values()) == {want}
+        q_norms = set(res["q_layernorm"].values())  # no qk norm: None (0.19) or IdentityOp (0.16)
+        assert len(q_norms) == 1 and q_norms.isdisjoint({"NoneType", "IdentityOp"}) == qk_layernorm, q_norms
+
+
+def test_all_reduce_settings_and_timeout_reach_the_nosp_layer(pools):
+    """The flash ring of matmul_all_reduce per sequence chunk: RS then AG, P-1 sends each at P=2, so the
+    sends of one forward grow with all_reduce.num_chunks (3 chunks: 3x the sends of 1)."""
+    sends, timeouts, missing = pools(2).run("tests.megatron.mp_megatron_layers:nosp_chunks_and_timeout",
+                                            timeout=300)[0]
+    assert sends[1] > 0 and sends[3] == 3 * sends[1], sends
+    assert timeouts == {1: 41.0, 3: 43.0}
+    assert missing and "all_reduce.table 'no/such.json': no such file" in missing and "calibrate_allreduce" in missing
 
 
 def test_cpu_enable_is_idempotent_and_patches_only_on_cpu(pools):

@@ -1,15 +1,28 @@
-"""Tier 1 (no processes): the per-site FlashOverlapConfig, its YAML loader and every configs/*.yaml."""
+"""Tier 1 (no processes): FlashOverlapConfig, its YAML loader, every configs/*.yaml, the environment and the
+active config. Expected values are written out here, never read from the module under test."""
 import dataclasses
 from pathlib import Path
 
 import pytest
 
-from megatron_flashoverlap.config import (LAYERS, SITE_ALGOS, SITES, FlashOverlapConfig, SiteConfig, from_dict,
-                                          load_config, uniform)
+from megatron_flashoverlap import config as fc
+from megatron_flashoverlap.config import (LAYERS, Environment, FlashOverlapConfig, LayerPlan, activate, active,
+                                          environment, from_dict, load_config, uniform)
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED = {"stock": ("off", None), "slicing": ("slicing", 4), "flash": ("flash", None),
-            "te_tp_comm_overlap": ("off", None)}
+EXPECTED = {"stock": ("reference", None), "slicing": ("slicing", 4), "flash": ("flash", None),
+            "te_tp_comm_overlap": ("reference", None)}
+QUIET = Environment()  # an empty environment: from_dict(..., QUIET) depends on the mapping only
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for var in ("FLASHOVERLAP_CONFIG", "FLASHOVERLAP_TIMEOUT_S", "FLASHOVERLAP_ALLREDUCE_TABLE",
+                "FLASHOVERLAP_QUERY_SPLIT", "FLASHOVERLAP_ULYSSES"):
+        monkeypatch.delenv(var, raising=False)
+    previous = activate(None)
+    yield
+    activate(previous)
 
 
 def test_every_config_file_is_tested():
@@ -20,44 +33,36 @@ def test_every_config_file_is_tested():
 def test_config_file_loads(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     algo, chunks = EXPECTED[name]
-    for layer in LAYERS:
-        plan = cfg.plan(layer)
-        assert (plan.algo, plan.num_chunks, plan.keep_gathered) == (algo, chunks, False)
-    assert cfg.description
+    assert [cfg.plan(layer) for layer in ("qkv", "proj", "fc1", "fc2")] == [LayerPlan(algo, chunks, False)] * 4
+    assert cfg.description and cfg.timeout_s == 300.0 and cfg.attention.query_split is False
 
 
 def test_te_file_documents_the_stock_gpu_run():
     stock = load_config(ROOT / "configs" / "te_tp_comm_overlap.yaml").stock_megatron
     assert "--tp-comm-overlap" in stock["args"] and "--sequence-parallel" in stock["args"]
     assert set(stock["requires"]) == {"cuda", "transformer_engine"}
-    assert set(stock["tp_comm_overlap_cfg"]) == set(SITES)  # TE's ub_cfg keys are our site names
-
-
-def test_sites_are_te_names():
-    assert len(SITES) == 12 and "fc1_dgrad" in SITES and "proj_wgrad" in SITES
+    te_sites = {f"{layer}_{p}" for layer in ("qkv", "proj", "fc1", "fc2") for p in ("fprop", "dgrad", "wgrad")}
+    assert set(stock["tp_comm_overlap_cfg"]) == te_sites  # TE's ub_cfg keys: 12 GEMM sites
 
 
 def test_default_is_flash_everywhere_and_frozen():
     cfg = FlashOverlapConfig()
     assert {cfg.plan(layer).algo for layer in LAYERS} == {"flash"}
+    assert (cfg.all_reduce.num_chunks, cfg.all_reduce.table, cfg.attention.ulysses_algo) == (None, None, "flash")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.qkv_fprop = SiteConfig("off")
+        cfg.qkv = LayerPlan("reference")
 
 
-def test_per_site_override_and_knobs():
-    cfg = from_dict({"default": {"algo": "flash"}, "proj_fprop": {"algo": "slicing", "num_chunks": 2},
-                     "qkv_fprop": {"algo": "flash_bidir", "keep_gathered": True},
-                     "fc1_wgrad": {"algo": "flash", "keep_gathered": True}, "fc2_fprop": {"algo": "off"}})
-    assert cfg.plan("proj").algo == "slicing" and cfg.plan("proj").num_chunks == 2
-    assert cfg.plan("qkv").keep_gathered and cfg.plan("qkv").algo == "flash_bidir"
-    assert cfg.plan("fc1").keep_gathered  # set on the wgrad site: that is where the gathered x is used
-    assert cfg.plan("fc2").stock
-
-
-def test_yaml_bare_off_means_off(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("default: {algo: off}\n")  # YAML 1.1 reads bare `off` as false
-    assert load_config(path).plan("qkv").stock
+def test_per_layer_override_and_knobs():
+    cfg = from_dict({"default": {"algo": "flash"}, "proj": {"algo": "slicing", "num_chunks": 2},
+                     "qkv": {"algo": "flash_bidir", "keep_gathered": True}, "fc2": {"algo": "reference"},
+                     "all_reduce": {"num_chunks": 3}, "attention": {"query_split": True,
+                                                                   "ulysses_algo": "reference"},
+                     "timeout_s": 12.5}, QUIET)
+    assert cfg.plan("proj") == LayerPlan("slicing", 2) and cfg.plan("qkv") == LayerPlan("flash_bidir", None, True)
+    assert cfg.plan("fc1") == LayerPlan("flash") and cfg.plan("fc2").is_reference
+    assert cfg.all_reduce.num_chunks == 3 and cfg.attention.query_split and cfg.timeout_s == 12.5
+    assert cfg.attention.ulysses_algo == "reference"
 
 
 def test_uniform_keep_gathered_reaches_column_layers_only():
@@ -67,37 +72,92 @@ def test_uniform_keep_gathered_reaches_column_layers_only():
 
 
 @pytest.mark.parametrize("data, words", [
-    ({"qkv_fprp": {}}, ["unknown site", "qkv_fprop"]),
-    ({"default": {"algo": "fast"}}, ["unknown algo 'fast'", str(SITE_ALGOS)]),
-    ({"qkv_fprop": {"algo": "flash", "chunks": 2}}, ["unknown knob", "num_chunks"]),
+    ({"qkv_dgrad": {"algo": "slicing", "num_chunks": 2}}, ["qkv_dgrad", "one algorithm", "qkv: {algo"]),
+    ({"fc2_wgrad": {"algo": "flash"}}, ["fc2_wgrad", "one algorithm", "fc2: {algo"]),
+    ({"proj_fprop": {"algo": "flash"}}, ["proj_fprop", "proj: {algo"]),
+    ({"qkvv": {}}, ["unknown key", "'qkv'", "'all_reduce'"]),
+    ({"default": {"algo": "fast"}}, ["unknown algo 'fast'", "'flash_bidir'", "'reference'"]),
+    ({"default": {"algo": "off"}}, ["'off' is now called 'reference'", "algo: reference"]),
+    ({"qkv": {"algo": False}}, ["'off' is now called 'reference'"]),  # YAML 1.1: bare `off` is false
+    ({"qkv": {"algo": "flash", "chunks": 2}}, ["qkv: unknown knob", "num_chunks"]),
+    ({"default": {"algo": "flash", "chunks": 2}, **{k: {} for k in ("qkv", "proj", "fc1", "fc2")}},
+     ["default: unknown knob"]),
     ({"default": {"algo": "slicing"}}, ["num_chunks >= 1"]),
-    ({"fc1_fprop": {"algo": "flash", "num_chunks": 2}}, ["slicing' only"]),
-    ({"qkv_dgrad": {"algo": "slicing", "num_chunks": 2}}, ["qkv_dgrad", "differs from qkv_fprop", "one algorithm"]),
-    ({"proj_fprop": {"keep_gathered": True}}, ["column layers", "proj"]),
-    ({"qkv_fprop": "flash"}, ["expected a mapping"]),
+    ({"proj": {"algo": "slicing", "num_chunks": 0}}, ["num_chunks must be an integer >= 1"]),
+    ({"fc1": {"algo": "flash", "num_chunks": 2}}, ["slicing' only"]),
+    ({"proj": {"keep_gathered": True}}, ["column layers", "proj"]),
+    ({"qkv": "flash"}, ["expected a mapping"]),
+    ({"attention": {"ulysses_algo": "stock"}}, ["'stock' is now called 'reference'"]),
+    ({"attention": {"query_split": "yes"}}, ["query_split must be true or false"]),
+    ({"attention": {"split": True}}, ["attention: unknown key", "query_split"]),
+    ({"all_reduce": {"num_chunks": 2.5}}, ["all_reduce.num_chunks must be an integer"]),
+    ({"timeout_s": 0}, ["timeout_s must be a number of seconds > 0"]),
 ])
 def test_bad_config_is_a_clear_error(data, words):
     with pytest.raises(ValueError) as err:
-        from_dict(data)
+        from_dict(data, QUIET)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+def test_environment_fills_what_the_yaml_leaves_out():
+    env = environment({"FLASHOVERLAP_TIMEOUT_S": "7", "FLASHOVERLAP_ALLREDUCE_TABLE": "t.json",
+                       "FLASHOVERLAP_QUERY_SPLIT": "1", "FLASHOVERLAP_ULYSSES": "reference"})
+    silent = from_dict({}, env)
+    assert (silent.timeout_s, silent.all_reduce.table, silent.attention.query_split,
+            silent.attention.ulysses_algo) == (7.0, "t.json", True, "reference")
+    said = from_dict({"timeout_s": 9, "all_reduce": {"table": "mine.json"},
+                      "attention": {"query_split": False, "ulysses_algo": "flash"}}, env)
+    assert (said.timeout_s, said.all_reduce.table, said.attention.query_split,
+            said.attention.ulysses_algo) == (9, "mine.json", False, "flash")
+
+
+@pytest.mark.parametrize("var, value, words", [
+    ("FLASHOVERLAP_TIMEOUT_S", "soon", ["FLASHOVERLAP_TIMEOUT_S", "number of seconds"]),
+    ("FLASHOVERLAP_TIMEOUT_S", "-1", ["must be > 0"]),
+    ("FLASHOVERLAP_QUERY_SPLIT", "yes", ["use 1 (on) or 0 (off)"]),
+    ("FLASHOVERLAP_ULYSSES", "stock", ["FLASHOVERLAP_ULYSSES", "'stock' is now called 'reference'"]),
+])
+def test_bad_environment_names_the_variable(var, value, words):
+    with pytest.raises(ValueError) as err:
+        environment({var: value})
     for w in words:
         assert w in str(err.value)
 
 
-def test_matching_backward_site_is_accepted():
-    cfg = from_dict({"fc2_fprop": {"algo": "slicing", "num_chunks": 2},
-                     "fc2_dgrad": {"algo": "slicing", "num_chunks": 2}})
-    assert cfg.plan("fc2").num_chunks == 2
+def test_active_is_the_activated_config_else_the_env_file_else_defaults(monkeypatch, tmp_path):
+    assert active() == FlashOverlapConfig()  # nothing activated, no variables: the defaults
+    path = tmp_path / "c.yaml"
+    path.write_text("default: {algo: slicing, num_chunks: 2}\n")
+    monkeypatch.setenv("FLASHOVERLAP_CONFIG", str(path))
+    assert active().plan("fc2") == LayerPlan("slicing", 2)
+    mine = uniform("flash_bidir")
+    assert activate(mine) is None and active() is mine  # activated wins over $FLASHOVERLAP_CONFIG
+    assert activate(None) is mine and active().plan("fc2") == LayerPlan("slicing", 2)
+    with pytest.raises(ValueError, match="takes a FlashOverlapConfig"):
+        activate(str(path))
+
+
+def test_relative_path_resolves_against_the_working_directory(monkeypatch, tmp_path):
+    (tmp_path / "mine.yaml").write_text("fc1: {algo: flash_bidir}\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("mine.yaml").plan("fc1").algo == "flash_bidir"
 
 
 def test_bad_file_errors_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("qkv_fprop: {algo: warp}\n")
-    with pytest.raises(ValueError, match="bad.yaml: qkv_fprop: unknown algo 'warp'"):
+    bad.write_text("qkv: {algo: warp}\n")
+    with pytest.raises(ValueError, match="bad.yaml: qkv: unknown algo 'warp'"):
         load_config(bad)
 
 
 def test_unknown_layer_plan():
     with pytest.raises(ValueError, match="tp_comm_buffer_name"):
         FlashOverlapConfig().plan("output_layer")
+
+
+def test_the_word_lists_are_the_agreed_ones():
+    assert fc.ALGOS == ("flash", "flash_bidir", "slicing", "reference")
+    assert fc.ULYSSES_ALGOS == ("flash", "reference") and "reference" in fc.ALL_REDUCE_ALGOS
