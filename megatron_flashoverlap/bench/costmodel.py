@@ -109,12 +109,12 @@ def predict(kind: str, shape: Shape, method: Method, probes: dict, world: int, m
 
 def choose_site(site: str, side: str, rows: int, k: int, n: int, shard_bytes: float, probes: dict,
                 world: int, methods) -> tuple[str, str]:
-    """(choice, one-line reason) among flash / slicing k / off for one GEMM site."""
+    """(choice, one-line reason) among flash / slicing k / reference for one GEMM site."""
     times = {m.name: op_time(side, m, rows, k, n, shard_bytes, probes, world) for m in methods}
     best = min(times, key=times.get)
     hop = shard_bytes / probes["link_Bps"]
     whole = gemm_time(rows, k, n, probes["gemm_flops"])
-    algo = {"stock": "off"}.get(best, best)
+    algo = {"stock": "reference"}.get(best, best)
     others = ", ".join(f"{m} {t * 1e3:.1f}" for m, t in sorted(times.items(), key=lambda kv: kv[1])[1:4])
     reason = (f"{site}: {algo} ({times[best] * 1e3:.1f} ms predicted; next: {others} ms); "
               f"hop {hop * 1e3:.1f} ms vs GEMM {whole * 1e3:.1f} ms, comm/compute {hop / whole:.2f}")

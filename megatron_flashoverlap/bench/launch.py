@@ -18,7 +18,7 @@ A failing rank raises RuntimeError (its traceback is on stderr above), the timeo
 Ctrl-C, stop every rank first (torchrun's own teardown, then its process group is killed).
 
 Example (an examples/ script starting 2 gloo ranks of its own function and reading rank 0's dict):
-    out = run_ranks("examples.train_tiny_gpt:rank_main", 2, args=(opts,), env={"PYTHONPATH": ROOT})[0]
+    out = run_ranks("examples.my_demo:rank_main", 2, args=(opts,), env={"PYTHONPATH": ROOT})[0]
 
     run_rates(cfg, rates, burst, unshaped) -> [worker output + {"rate"}]   the overlap sweep, one run per rate
 """
