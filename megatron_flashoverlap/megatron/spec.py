@@ -61,20 +61,22 @@ def submodules_of(spec):
 
 
 def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: bool = False,
-               normalization: str | None = None, qk_l2_norm: bool = False) -> ModuleSpec:
+               normalization: str | None = None, qk_l2_norm: bool = False, attention_backend="auto") -> ModuleSpec:
     """TransformerLayer spec = get_gpt_layer_local_spec(...) with linear_qkv/proj/fc1/fc2 ours, and the norms
-    and core attention of `_norms_and_attention`."""
+    and core attention of `_norms_and_attention` (attention_backend: Megatron's --attention-backend, an
+    AttnBackend or its name; see sdpa.core_attention_for)."""
     provider = FlashOverlapSpecProvider(flash_config)
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm)
     attention = submodules_of(spec.submodules.self_attention)
     attention.linear_qkv = provider.column_parallel_linear()
     attention.linear_proj = provider.row_parallel_linear()
-    _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm)
+    _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm,
+                         attention_backend)
     spec.submodules.mlp = get_mlp_module_spec_for_backend(backend=provider)
     return spec
 
 
-def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_norm: bool) -> None:
+def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_norm: bool, backend) -> None:
     """Norms: SequenceParallelNorm (TENorm with TE; builds under SP without apex, RMSNorm included) in the
     slots the local spec fills. Core attention: TE's with TE, else SDPA (norm.py, sdpa.py); a config that is
     `reference` on every layer keeps Megatron's DotProductAttention: that config is the stock local layer, the
@@ -83,7 +85,7 @@ def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_
     if qk_norm:
         attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
     if not all(flash_config.plan(name).is_reference for name in LAYERS):
-        attention.core_attention = core_attention_for(None, "auto")
+        attention.core_attention = core_attention_for(None, backend)
 
 
 def _refuse_unsupported(where: str, num_experts=None, multi_latent_attention=False) -> None:
@@ -96,10 +98,10 @@ def _refuse_unsupported(where: str, num_experts=None, multi_latent_attention=Fal
 
 
 def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
-          sequence_parallel) -> ModuleSpec:
+          sequence_parallel, attention_backend="auto") -> ModuleSpec:
     """The one builder behind every spec function: layer_spec + the core attention the config asks for."""
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
-                      qk_l2_norm=bool(qk_l2_norm))
+                      qk_l2_norm=bool(qk_l2_norm), attention_backend=attention_backend or "auto")
     select_attention(submodules_of(spec.submodules.self_attention), flash_config,
                      context_parallel_size=context_parallel_size, sequence_parallel=sequence_parallel)
     return spec
@@ -118,7 +120,8 @@ def _layer_for(config) -> ModuleSpec:
     return _spec(active(), qk_layernorm=getattr(config, "qk_layernorm", False),
                  normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
                  context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
-                 sequence_parallel=bool(getattr(config, "sequence_parallel", False)))
+                 sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
+                 attention_backend=getattr(config, "attention_backend", None))  # --attention-backend, honoured
 
 
 def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,

@@ -98,4 +98,23 @@ def test_spec_default_path_selects_sdpa_and_stock_config_keeps_megatron():
         return submodules_of(spec.submodules.self_attention).core_attention
 
     assert core(layer_spec()) is sdpa.SdpaDotProductAttention
-    assert core(layer_spec(uniform("off"))) is DotProductAttention  # the stock local layer, exactly
+    assert core(layer_spec(uniform("reference"))) is DotProductAttention  # the stock local layer, exactly
+
+
+def test_spec_honours_megatrons_attention_backend():
+    """--attention-backend reaches the spec through Megatron's model config (config.attention_backend)."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.enums import AttnBackend
+
+    from megatron_flashoverlap.megatron.spec import _layer_for, submodules_of
+
+    def core(backend):
+        return submodules_of(_layer_for(SimpleNamespace(attention_backend=backend)).submodules.self_attention
+                             ).core_attention
+
+    assert core(AttnBackend.auto) is sdpa.SdpaDotProductAttention
+    assert core(None) is sdpa.SdpaDotProductAttention  # a config without the field: Megatron's default, auto
+    for name, kernels in (("flash", ("flash",)), ("fused", ("efficient", "cudnn")), ("unfused", ("math",))):
+        spec = core(getattr(AttnBackend, name))
+        assert spec.module is sdpa.SdpaDotProductAttention and spec.params == {"kernels": kernels}
