@@ -57,7 +57,8 @@ def test_spec_reads_the_active_config_else_the_env_file(clean_config, monkeypatc
     from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
     fc = clean_config
-    megatron_cfg = SimpleNamespace(flash_overlap_config="configs/slicing.yaml", flash_query_split=True)
+    megatron_cfg = SimpleNamespace(flash_overlap_config="configs/slicing.yaml", flash_query_split=True, num_layers=2,
+                                   pipeline_model_parallel_size=1)  # the block spec reads the layer count
     assert _linear_configs(flashoverlap_layer_spec(megatron_cfg)) == [fc.FlashOverlapConfig()] * 4
     monkeypatch.setenv("FLASHOVERLAP_CONFIG", "configs/slicing.yaml")
     assert {c.plan("fc2").algo for c in _linear_configs(flashoverlap_layer_spec(megatron_cfg))} == {"slicing"}
@@ -134,7 +135,7 @@ def test_every_spec_entry_builds_the_same_model(pools, qk_layernorm, normalizati
         keys = res["keys"]
         assert keys["config"] == keys["signature"] == keys["module_spec"] and keys["config"]
         assert res["logits_equal"]
-        want = "QuerySplitDotProductAttention" if query_split else "DotProductAttention"
+        want = "QuerySplitDotProductAttention" if query_split else "SdpaDotProductAttention"  # no TE here
         assert set(res["core_attention"].values()) == {want}
         q_norms = set(res["q_layernorm"].values())  # no qk norm: None (0.19) or IdentityOp (0.16)
         assert len(q_norms) == 1 and q_norms.isdisjoint({"NoneType", "IdentityOp"}) == qk_layernorm, q_norms
