@@ -90,27 +90,30 @@ def heads_to_seq(ys: Sequence[torch.Tensor], group, ctx, algo: str = "flash") ->
     return plain(H2S, algo)(ys, group, ctx)
 
 
-class SeqToHeads(torch.autograd.Function):
-    """Forward seq -> heads; backward heads -> seq of the gradients (the dual)."""
+class _AllToAll(torch.autograd.Function):
+    """Forward one direction (`there`), backward the other (`back`) on the gradients: the dual."""
 
     @staticmethod
-    def forward(ctx, group, octx, algo, *xs):
-        ctx.group, ctx.octx, ctx.algo = group, octx, algo
-        return tuple(seq_to_heads([x.contiguous() for x in xs], group, octx, algo))
+    def forward(ctx, there, back, group, octx, algo, *xs):
+        ctx.back, ctx.group, ctx.octx, ctx.algo = back, group, octx, algo
+        return tuple(there([x.contiguous() for x in xs], group, octx, algo))
 
     @staticmethod
     def backward(ctx, *dys):
-        return (None, None, None) + tuple(heads_to_seq([d.contiguous() for d in dys], ctx.group, ctx.octx, ctx.algo))
+        return (None,) * 5 + tuple(ctx.back([d.contiguous() for d in dys], ctx.group, ctx.octx, ctx.algo))
 
 
-class HeadsToSeq(torch.autograd.Function):
-    """Forward heads -> seq; backward seq -> heads of the gradients (the dual)."""
-
-    @staticmethod
-    def forward(ctx, group, octx, algo, *ys):
-        ctx.group, ctx.octx, ctx.algo = group, octx, algo
-        return tuple(heads_to_seq([y.contiguous() for y in ys], group, octx, algo))
+class SeqToHeads:
+    """Forward seq -> heads; backward heads -> seq of the gradients. `apply(group, octx, algo, *xs)`."""
 
     @staticmethod
-    def backward(ctx, *dxs):
-        return (None, None, None) + tuple(seq_to_heads([d.contiguous() for d in dxs], ctx.group, ctx.octx, ctx.algo))
+    def apply(group, octx, algo, *xs):
+        return _AllToAll.apply(seq_to_heads, heads_to_seq, group, octx, algo, *xs)
+
+
+class HeadsToSeq:
+    """Forward heads -> seq; backward seq -> heads of the gradients. `apply(group, octx, algo, *ys)`."""
+
+    @staticmethod
+    def apply(group, octx, algo, *ys):
+        return _AllToAll.apply(heads_to_seq, seq_to_heads, group, octx, algo, *ys)
