@@ -145,7 +145,8 @@ def build_with_fusion(rank, world):
                                         gather_output=False, tp_comm_buffer_name="fc1")
         row = FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True,
                                      input_is_parallel=True, skip_bias_add=True, tp_comm_buffer_name="fc2")
-        return {"config_is_shared": col.config is cfg and row.config is cfg, "config_flag": cfg.gradient_accumulation_fusion,
+        return {"config_is_shared": col.config is cfg and row.config is cfg,
+                "config_flag": cfg.gradient_accumulation_fusion,
                 "ours": (col.flash_fuse_wgrad, row.flash_fuse_wgrad),
                 "stock_forward": (col.gradient_accumulation_fusion, row.gradient_accumulation_fusion)}
     finally:

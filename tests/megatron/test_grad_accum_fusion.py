@@ -36,7 +36,8 @@ def test_fused_main_grad_matches_unfused_and_stock(pools, sp, dist_opt):
         assert res["log"] == [], "every site runs our operators: no stock forward"
 
 
-@pytest.mark.parametrize("flash", [{"default": {"algo": "flash_bidir"}}, {"default": {"algo": "slicing", "num_chunks": 2}},
+@pytest.mark.parametrize("flash", [{"default": {"algo": "flash_bidir"}},
+                                   {"default": {"algo": "slicing", "num_chunks": 2}},
                                    {"default": {"algo": "flash", "keep_gathered": True}}],
                          ids=["flash_bidir", "slicing", "keep_gathered"])
 def test_other_algorithms_fuse_too(pools, flash):
