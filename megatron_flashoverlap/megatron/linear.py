@@ -17,14 +17,26 @@ weight, experts) the stock forward runs, logged once per layer kind and reason. 
 runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `all_reduce.num_chunks`
 sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P wait of these layers and
 its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
+
+gradient_accumulation_fusion (Megatron-LM's default): the overlap operators add dW slice by slice straight
+into the fp32 `weight.main_grad` (pure torch, no apex: ops/accumulate.py), set `grad_added_to_main_grad`
+and hand autograd Megatron's dummy gradient, as the stock fused path does. The stock constructor, which
+raises without apex's fused_weight_gradient_mlp_cuda, is given a copy of the config with the flag off;
+the flag is restored on the layer. Where the layer runs the stock forward (reference, TP=1, ...), that
+forward takes Megatron's fused path when apex is there, and otherwise runs with the fusion off (logged
+once): its dW goes to `.grad` and Megatron's DDP hook adds it into main_grad, the sum
+--no-gradient-accumulation-fusion gives.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from datetime import timedelta
 
+import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel import layers as megatron_layers
 
 from ..config import LAYERS, FlashOverlapConfig, LayerPlan, active
 from ..ops.all_reduce.select import set_calibration
@@ -65,6 +77,21 @@ def _log_once(kind: str, why: str) -> None:
         log.info("%s: stock Megatron forward (%s)", kind, why)
 
 
+def _stock_config(config):
+    """The config the stock constructor sees: a shallow copy with gradient_accumulation_fusion off (the
+    stock ColumnParallelLinear raises without apex); Megatron's own config object is left as it is."""
+    if not config.gradient_accumulation_fusion:
+        return config
+    stock = copy.copy(config)
+    stock.gradient_accumulation_fusion = False
+    return stock
+
+
+def _apex_fused_wgrad() -> bool:
+    """Whether Megatron's own fused-wgrad path can run (apex's fused_weight_gradient_mlp_cuda imported)."""
+    return bool(getattr(megatron_layers, "_grad_accum_fusion_available", False))
+
+
 def _site_plan(flash_config: FlashOverlapConfig, buffer_name: str | None) -> LayerPlan | None:
     """The plan of this layer's site, or None when the name is not one of qkv/proj/fc1/fc2."""
     return flash_config.plan(buffer_name) if buffer_name in LAYERS else None
@@ -83,15 +110,33 @@ class _FlashMixin:
         self.flash_context = layer_context(self.flash_config.timeout_s)
         _load_table(self.flash_config.all_reduce.table)
         self._flash_checked: set = set()
-        if config.gradient_accumulation_fusion and self._overlap_possible():
-            raise ValueError(
-                f"{type(self).__name__} ({tp_comm_buffer_name}): gradient_accumulation_fusion=True is not supported "
-                f"by the overlap operators (they return the weight gradient in .grad); set "
-                f"gradient_accumulation_fusion=False (Megatron's DDP then adds .grad into main_grad), or set this "
-                f"layer to algo 'reference'")
+        self.config = config  # the stock ctor saw _stock_config(config)
+        self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
+        self.gradient_accumulation_fusion = self.flash_fuse_wgrad and _apex_fused_wgrad()  # the stock forward's
 
-    def _overlap_possible(self) -> bool:
-        return self._stock_reason() is None
+    def _wgrad_into(self):
+        """The buffer the operators add dW into under gradient_accumulation_fusion: weight.main_grad (None
+        when the fusion is off or no weight gradient is taken)."""
+        if not (self.flash_fuse_wgrad and torch.is_grad_enabled() and self.weight.requires_grad):
+            return None
+        name = f"{type(self).__name__} ({self.flash_site})"
+        if hasattr(self.weight, "__fsdp_param__"):
+            raise ValueError(f"{name}: gradient_accumulation_fusion with Megatron-FSDP is not supported by the "
+                             f"overlap layers; pass --no-gradient-accumulation-fusion")
+        main_grad = getattr(self.weight, "main_grad", None)
+        if main_grad is None:
+            raise ValueError(f"{name}: gradient_accumulation_fusion=True adds the weight gradient into "
+                             f"weight.main_grad, which this weight lacks; wrap the model in Megatron's "
+                             f"DistributedDataParallel (it allocates main_grad) or set "
+                             f"gradient_accumulation_fusion=False (--no-gradient-accumulation-fusion)")
+        return main_grad
+
+    def _log_stock(self, why: str) -> None:
+        """The one log line of a stock forward, saying where its dW goes under the fusion."""
+        if self.flash_fuse_wgrad and not self.gradient_accumulation_fusion:
+            why += ("; gradient_accumulation_fusion off for this forward (apex's fused_weight_gradient_mlp_cuda "
+                    "is missing): dW goes to .grad and Megatron's DDP adds it into main_grad")
+        _log_once(type(self).__name__, why)
 
     def _stock_reason(self) -> str | None:
         """Why this layer runs the stock forward, or None when it runs the overlap operator."""
@@ -120,7 +165,8 @@ class _FlashMixin:
         chunks = plan.num_chunks  # slicing's own; the flash algos of the all-reduce take the config's
         if all_reduce and chunks is None:
             chunks = self.flash_config.all_reduce.num_chunks
-        return {"algo": plan.algo, "num_chunks": chunks, "context": self.flash_context}
+        return {"algo": plan.algo, "num_chunks": chunks, "context": self.flash_context,
+                "wgrad_into": self._wgrad_into()}
 
 
 class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
@@ -128,7 +174,7 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
 
     def __init__(self, input_size, output_size, *, config, init_method, flash_config=None,
                  tp_comm_buffer_name=None, **kwargs):
-        super().__init__(input_size, output_size, config=config, init_method=init_method,
+        super().__init__(input_size, output_size, config=_stock_config(config), init_method=init_method,
                          tp_comm_buffer_name=tp_comm_buffer_name, **kwargs)
         self._flash_init(config, flash_config, tp_comm_buffer_name)
 
@@ -149,7 +195,7 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
     def _forward_stock(self, why, input_, weight, runtime_gather_output):
         if why == "no sequence parallel":
             return self._forward_without_sp(input_, weight, runtime_gather_output)
-        _log_once(type(self).__name__, why)
+        self._log_stock(why)
         return super().forward(input_, weight, runtime_gather_output)
 
     def _forward_without_sp(self, input_, weight, runtime_gather_output):
@@ -158,7 +204,7 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if (weight is not None or gather or not self.allreduce_dgrad or self.explicit_expert_comm
                 or getattr(self, "gtp_remat_size", 1) != 1):
-            _log_once(type(self).__name__, "no sequence parallel")
+            self._log_stock("no sequence parallel")
             return super().forward(input_, weight, runtime_gather_output)
         bias = None if self.skip_bias_add else self.bias
         output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias,
@@ -171,7 +217,7 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
 
     def __init__(self, input_size, output_size, *, config, init_method, flash_config=None,
                  tp_comm_buffer_name=None, **kwargs):
-        super().__init__(input_size, output_size, config=config, init_method=init_method,
+        super().__init__(input_size, output_size, config=_stock_config(config), init_method=init_method,
                          tp_comm_buffer_name=tp_comm_buffer_name, **kwargs)
         self._flash_init(config, flash_config, tp_comm_buffer_name)
 
@@ -195,14 +241,14 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
     def _forward_stock(self, why, input_):
         if why == "no sequence parallel":
             return self._forward_without_sp(input_)
-        _log_once(type(self).__name__, why)
+        self._log_stock(why)
         return super().forward(input_)
 
     def _forward_without_sp(self, input_):
         """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce;
         the bias is added after it, as in the stock layer."""
         if self.explicit_expert_comm or not self.input_is_parallel or getattr(self, "gtp_remat_size", 1) != 1:
-            _log_once(type(self).__name__, "no sequence parallel")
+            self._log_stock("no sequence parallel")
             return super().forward(input_)
         output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_, all_reduce=True))
         if self.skip_bias_add:

@@ -103,24 +103,6 @@ def _sharded(module):
                   for k, v in sd.items())
 
 
-def grad_accum_fusion_refused(rank, world):
-    """A Flash row layer on an SP site with gradient_accumulation_fusion=True -> the ValueError text."""
-    from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
-
-    tm.init_tp(world)
-    try:
-        cfg = tm.tiny_config(world, True)
-        cfg.gradient_accumulation_fusion = True
-        try:
-            FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True,
-                                   input_is_parallel=True, skip_bias_add=True, tp_comm_buffer_name="fc2")
-        except ValueError as err:
-            return str(err)
-        return None
-    finally:
-        tm.destroy()
-
-
 def spec_equivalence(rank, world, qk_layernorm, normalization, query_split):
     """Three ways to our layer for the same settings: flashoverlap_layer_spec(config),
     get_gpt_layer_flashoverlap_spec(...) and the module-level ModuleSpec flashoverlap_layer -> their GPT

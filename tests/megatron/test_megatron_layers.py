@@ -25,11 +25,6 @@ def test_layer_is_a_drop_in(pools, kind, sp, skip_bias_add, site):
         assert res["grad_rel"] <= 1e-5
 
 
-def test_gradient_accumulation_fusion_is_refused(pools):
-    msg = pools(2).run("tests.megatron.mp_megatron_layers:grad_accum_fusion_refused", timeout=300)[0]
-    assert msg and "gradient_accumulation_fusion=False" in msg
-
-
 @pytest.fixture
 def clean_config(monkeypatch):
     from megatron_flashoverlap import config as fc

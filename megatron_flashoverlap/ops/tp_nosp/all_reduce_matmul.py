@@ -11,6 +11,9 @@ then `all_reduce(algo=decode_all_reduce)` ("auto": ours only where the calibrati
 else stock). That choice is explicit: `decode_all_reduce=None` runs `algo` for decode inputs too, and
 algo="reference" or `force_reference()` run the reference (GEMM, then dist.all_reduce) whatever the shape.
 Sequence not divisible by P (and not decode): one log line, then the reference.
+wgrad_into [weight's shape] (optional, e.g. Megatron's fp32 main_grad): dw is added into it (slice by slice
+in the column backward's all-reduce tail) instead of being returned; the weight then gets Megatron's dummy
+gradient (ops/accumulate.py: weight_grad).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import torch.nn.functional as F
 
 from ...runtime import OverlapContext, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
-from ...runtime.numerics import zeros_acc
+from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
+from ..accumulate import check_wgrad_into, linear_into, weight_grad
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import checked_context
@@ -54,27 +58,42 @@ def ar_matmul_forward(x, weight, group, ctx, algo, num_chunks, tail=None):
     return plain(OP, algo)(x, weight, group, ctx, num_chunks=num_chunks, tail=tail)
 
 
-def column_nosp_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=True):
-    """-> (dx [s, b, h] = AR(dy @ w), dw [n/P, h] = dy^T x or None); the wgrad fills the all-reduce tail."""
+def column_nosp_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=True, wgrad_into=None):
+    """-> (dx [s, b, h] = AR(dy @ w), dw [n/P, h] = dy^T x, or None when not wanted or added into
+    wgrad_into); the wgrad fills the all-reduce tail."""
     dy = dy.contiguous()
     world = group_info(group)[1]
-    dw = zeros_acc(weight) if need_dw else None
+    dw = wgrad_target(weight, wgrad_into, need_dw)
     spans = chunk_bounds(dy.shape[0], max(world - 1, 1))
 
     def piece(i):
         a, b = spans[i]
-        dw.add_(wgrad(dy[a:b], x[a:b]))
+        add_wgrad(dw, dy[a:b], x[a:b])
 
     dx = ar_matmul_forward(dy, weight.t(), group, ctx, algo, num_chunks, (len(spans), piece) if need_dw else None)
-    return dx, (dw.to(weight.dtype) if need_dw else None)
+    return dx, wgrad_result(weight, dw, wgrad_into)
+
+
+def _weight_grad(weight, dw, into, need_dw, dtype):
+    """The weight's autograd gradient: dw, or Megatron's dummy once dw went into `into`."""
+    return weight_grad(weight, into, dtype) if need_dw and into is not None else dw
+
+
+def _local_wgrad(dy, x, weight, into):
+    """The row backward's local dw = dy^T x (dy is replicated): returned, or added into `into`."""
+    if into is None:
+        return wgrad(dy, x).to(weight.dtype)
+    add_wgrad(into, dy, x)
+    return None
 
 
 class MatmulAllReduce(torch.autograd.Function):
     """Row-parallel without SP: forward y = AR(x w^T); backward local (dy is replicated)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, octx, algo, num_chunks, decode_all_reduce):
+    def forward(ctx, x, weight, group, octx, algo, num_chunks, decode_all_reduce, wgrad_into):
         ctx.save_for_backward(x, weight)
+        ctx.wgrad_into = wgrad_into
         if _should_use_decode_all_reduce(x, algo, decode_all_reduce):
             return all_reduce(F.linear(x, weight), group, algo=decode_all_reduce, context=octx)
         return ar_matmul_forward(x, weight, group, octx, algo, num_chunks)
@@ -82,52 +101,60 @@ class MatmulAllReduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
+        need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx = F.linear(dy, weight.t()) if ctx.needs_input_grad[0] else None
-        dw = wgrad(dy, x).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None, None, None
+        dw = _local_wgrad(dy, x, weight, into) if need_dw else None
+        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), None, None, None, None, None, None
 
 
 class MatmulAllReduceDgrad(torch.autograd.Function):
     """Column-parallel without SP: forward local y = x w^T + b; backward dx = AR(dy w), the dual."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, octx, algo, num_chunks):
+    def forward(ctx, x, weight, bias, group, octx, algo, num_chunks, wgrad_into):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
+        ctx.wgrad_into = wgrad_into
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
+        need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = column_nosp_backward(dy, x, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
-                                      need_dw=ctx.needs_input_grad[1])
+                                      need_dw=need_dw, wgrad_into=into)
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None, None
+        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), db, None, None, None, None, None
 
 
 def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "flash",
                       num_chunks: int | None = None, decode_all_reduce: str | None = "auto",
-                      context: OverlapContext | None = None) -> torch.Tensor:
+                      context: OverlapContext | None = None, wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
     """y [s, b, h] = AR(x [s, b, k/P] @ weight[h, k/P]^T), replicated, with autograd (row-parallel, no SP).
 
     num_chunks: sequence chunks C (flash: the exposed tail is 1/C of an all-gather; slicing: chunks).
-    decode_all_reduce: the all_reduce algo for decode-shaped x [1, b, k/P] (module docstring); None = off."""
+    decode_all_reduce: the all_reduce algo for decode-shaped x [1, b, k/P] (module docstring); None = off.
+    wgrad_into [h, k/P]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_all_reduce", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
     if decode_all_reduce is not None:
         check_algo("all_reduce", decode_all_reduce)
     ctx = checked_context("matmul_all_reduce", x, weight, None, group, context)
+    check_wgrad_into("matmul_all_reduce", weight, wgrad_into)
     if ctx is None:
-        return F.linear(x, weight)
-    return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce)
+        return linear_into(x, weight, None, wgrad_into)
+    return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce, wgrad_into)
 
 
 def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
                            algo: str = "flash", num_chunks: int | None = None,
-                           context: OverlapContext | None = None) -> torch.Tensor:
+                           context: OverlapContext | None = None,
+                           wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
     """y [s, b, n/P] = x [s, b, h] @ weight[n/P, h]^T (+ bias), whose input gradient is all-reduced over
-    `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`)."""
+    `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`).
+    wgrad_into [n/P, h]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_allreduce_dgrad", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
     ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context)
+    check_wgrad_into("matmul_allreduce_dgrad", weight, wgrad_into)
     if ctx is None:
-        return F.linear(x, weight, bias)
-    return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks)
+        return linear_into(x, weight, bias, wgrad_into)
+    return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks, wgrad_into)

@@ -11,8 +11,11 @@ Row (forward GEMM + RS), given dy [s/P, b, h], x [s, b, k/P], w [h, k/P]:
     dx [s, b, k/P] = AG(dy) @ w        dw [h, k/P] = AG(dy)^T @ x
   flash: one Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw.
 Weight gradients are summed in fp32 for bf16/fp16 (across slices the sum order differs from one GEMM).
+wgrad_into [n, h] (e.g. Megatron's fp32 `main_grad`, gradient_accumulation_fusion): each slice's dw is
+added straight into it (runtime.numerics.add_wgrad: no [n, h] temporary) and the returned dw is None.
 Plain functions, one per algorithm, registered as "all_gather_matmul.backward" (column) and
-"matmul_reduce_scatter.backward" (row): (dy, saved..., weight, group, ctx, *, num_chunks, need_dw) -> (dx, dw).
+"matmul_reduce_scatter.backward" (row):
+(dy, saved..., weight, group, ctx, *, num_chunks, need_dw, wgrad_into=None) -> (dx, dw or None).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import acc_dtype, gather, gather_and_consume, scatter, walk, wgrad
-from ...runtime.numerics import zeros_acc
+from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
 from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
@@ -30,78 +33,90 @@ from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
 COLUMN, ROW = "all_gather_matmul.backward", "matmul_reduce_scatter.backward"
 
 
-def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw):
+def _whole_wgrad(dy, x, weight, into):
+    """The unfused paths' one wgrad GEMM: dw = dy^T x rounded to weight.dtype (stock), or added into `into`."""
+    if into is None:
+        return wgrad(dy, x).to(weight.dtype)
+    add_wgrad(into, dy, x)
+    return None
+
+
+def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, into):
     """dx by the given GEMM + RS function; dw from AG(x) (kept, or re-gathered with the stock collective)."""
     dx = rs_matmul(dy, weight.t(), group, ctx, num_chunks=num_chunks)
     if not need_dw:
         return dx, None
     full = gathered if gathered is not None else gather_reference(x_shard, group)
-    return dx, wgrad(dy, full).to(weight.dtype)
+    return dx, _whole_wgrad(dy, full, weight, into)
 
 
 @register(COLUMN, "reference")
-def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True):
+def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
+                              wgrad_into=None):
     """-> (dx [s/P, b, h], dw [n/P, h] or None): stock RS of dy @ w; dw = AG(x)^T dy."""
-    return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+    return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
+                           wgrad_into)
 
 
 @register(COLUMN, "slicing")
-def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True):
-    return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None):
+    return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
+                           wgrad_into)
 
 
 @register(COLUMN, "flash")
 @register(COLUMN, "flash_bidir", bidirectional=True)
 def column_backward_ring(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
-                         bidirectional=False):
+                         wgrad_into=None, bidirectional=False):
     """The dgrad RS and the wgrad AG of x in ONE walk; from a kept AG(x) only the RS runs on the ring."""
     if gathered is None and need_dw:
-        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional)
+        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wgrad_into)
     rs = functools.partial(rs_matmul_ring, bidirectional=bidirectional)
-    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wgrad_into)
 
 
-def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional):
-    dw = zeros_acc(weight)
+def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into):
+    dw = wgrad_target(weight, into)
 
     def consume(span, xs):
-        dw.add_(wgrad(dy[span[0]:span[1]], xs))
+        add_wgrad(dw, dy[span[0]:span[1]], xs)
 
     rs = scatter(lambda span: F.linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
                  tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx, acc_dtype=acc_dtype(dy.dtype),
                  out_dtype=dy.dtype, device=dy.device, bidirectional=bidirectional, name="bwd.rs", tag=0)
     ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
     walk(group, ctx, rs, ag)
-    return rs.handler.result(), dw.to(weight.dtype)
+    return rs.handler.result(), wgrad_result(weight, dw, into)
 
 
-def _row_unfused(ag_matmul, dy, x, weight, group, ctx, num_chunks, need_dw):
+def _row_unfused(ag_matmul, dy, x, weight, group, ctx, num_chunks, need_dw, into):
     dx, full = ag_matmul(dy, weight.t(), None, group, ctx, num_chunks=num_chunks, keep_gathered=True)
-    return dx, (wgrad(full, x).to(weight.dtype) if need_dw else None)
+    return dx, (_whole_wgrad(full, x, weight, into) if need_dw else None)
 
 
 @register(ROW, "reference")
-def row_backward_reference(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True):
+def row_backward_reference(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, wgrad_into=None):
     """-> (dx [s, b, k/P], dw [h, k/P] or None): stock AG of dy, then the two GEMMs."""
-    return _row_unfused(ag_matmul_reference, dy, x, weight, group, ctx, num_chunks, need_dw)
+    return _row_unfused(ag_matmul_reference, dy, x, weight, group, ctx, num_chunks, need_dw, wgrad_into)
 
 
 @register(ROW, "slicing")
-def row_backward_slicing(dy, x, weight, group, ctx, *, num_chunks, need_dw=True):
-    return _row_unfused(ag_matmul_slicing, dy, x, weight, group, ctx, num_chunks, need_dw)
+def row_backward_slicing(dy, x, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None):
+    return _row_unfused(ag_matmul_slicing, dy, x, weight, group, ctx, num_chunks, need_dw, wgrad_into)
 
 
 @register(ROW, "flash")
 @register(ROW, "flash_bidir", bidirectional=True)
-def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, bidirectional=False):
-    """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw."""
+def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, wgrad_into=None,
+                      bidirectional=False):
+    """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw (or to wgrad_into)."""
     dx = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
-    dw = zeros_acc(weight) if need_dw else None
+    dw = wgrad_target(weight, wgrad_into, need_dw)
 
     def consume(span, dys):
         dx[span[0]:span[1]] = F.linear(dys, weight.t())
         if dw is not None:
-            dw.add_(wgrad(dys, x[span[0]:span[1]]))
+            add_wgrad(dw, dys, x[span[0]:span[1]])
 
     gather_and_consume(dy, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag")
-    return dx, (dw.to(weight.dtype) if dw is not None else None)
+    return dx, wgrad_result(weight, dw, wgrad_into)

@@ -8,13 +8,15 @@
 algo: "flash" (decomposed ring, rank-adaptive), "flash_bidir" (the same on a bidirectional ring),
 "slicing" (data slicing with `num_chunks`, the baseline), "reference" (collective, then GEMM).
 `force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM.
+wgrad_into [n, h] (optional, e.g. Megatron's fp32 main_grad): dw is added into it slice by slice instead of
+being returned; the weight then gets Megatron's dummy gradient (ops/accumulate.py: weight_grad).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...runtime import OverlapContext
+from ..accumulate import check_wgrad_into, linear_into, weight_grad
 from ..checks import checked_context
 from ..registry import plain, resolve
 from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the registry's tables)
@@ -22,56 +24,67 @@ from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the regis
 
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered):
+    def forward(ctx, x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered, wgrad_into):
         y, gathered = plain(ag_matmul.OP, algo)(x_shard, weight, bias, group, octx, num_chunks=num_chunks,
                                                 keep_gathered=keep_gathered)
         ctx.save_for_backward(x_shard, weight, gathered)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
+        ctx.wgrad_into = wgrad_into  # not saved: an in-place target (as Megatron keeps main_grad on ctx)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x_shard, weight, gathered = ctx.saved_tensors
+        need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = plain(backward.COLUMN, ctx.algo)(dy.contiguous(), x_shard, gathered, weight, ctx.group, ctx.octx,
-                                                  num_chunks=ctx.num_chunks, need_dw=ctx.needs_input_grad[1])
+                                                  num_chunks=ctx.num_chunks, need_dw=need_dw, wgrad_into=into)
+        if need_dw and into is not None:
+            dw = weight_grad(weight, into, x_shard.dtype)
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 class MatmulReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, group, octx, algo, num_chunks):
+    def forward(ctx, x, weight, group, octx, algo, num_chunks, wgrad_into):
         ctx.save_for_backward(x, weight)
-        ctx.group, ctx.octx, ctx.algo, ctx.num_chunks = group, octx, algo, num_chunks
+        ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.wgrad_into = group, octx, algo, num_chunks, wgrad_into
         return plain(matmul_rs.OP, algo)(x, weight, group, octx, num_chunks=num_chunks)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
+        need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = plain(backward.ROW, ctx.algo)(dy.contiguous(), x, weight, ctx.group, ctx.octx,
-                                               num_chunks=ctx.num_chunks, need_dw=ctx.needs_input_grad[1])
-        return dx, dw, None, None, None, None
+                                               num_chunks=ctx.num_chunks, need_dw=need_dw, wgrad_into=into)
+        if need_dw and into is not None:
+            dw = weight_grad(weight, into, x.dtype)
+        return dx, dw, None, None, None, None, None
 
 
 def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
                       algo: str = "flash", num_chunks: int | None = None, keep_gathered: bool = False,
-                      context: OverlapContext | None = None) -> torch.Tensor:
+                      context: OverlapContext | None = None, wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
     """y [s, b, n/P] = AG(x_shard [s/P, b, h]) @ weight[n/P, h]^T (+ bias [n/P]), with autograd.
 
     keep_gathered: keep AG(x) from forward for the weight gradient (memory for time) instead of
-    re-gathering it with Flash-AG in backward."""
+    re-gathering it with Flash-AG in backward. wgrad_into [n/P, h]: dw is added into it (module docstring)."""
     algo, num_chunks = resolve("all_gather_matmul", algo, num_chunks)
     ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context)
+    check_wgrad_into("all_gather_matmul", weight, wgrad_into)
     if ctx is None:
-        return F.linear(x_shard, weight, bias)
-    return AllGatherMatmul.apply(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered)
+        return linear_into(x_shard, weight, bias, wgrad_into)
+    return AllGatherMatmul.apply(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered, wgrad_into)
 
 
 def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "flash",
-                          num_chunks: int | None = None, context: OverlapContext | None = None) -> torch.Tensor:
-    """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), with autograd; fp32 partial sums for bf16/fp16."""
+                          num_chunks: int | None = None, context: OverlapContext | None = None,
+                          wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
+    """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), with autograd; fp32 partial sums for bf16/fp16.
+    wgrad_into [h, k/P]: dw is added into it (module docstring)."""
     algo, num_chunks = resolve("matmul_reduce_scatter", algo, num_chunks)
     ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, divisible=True)
+    check_wgrad_into("matmul_reduce_scatter", weight, wgrad_into)
     if ctx is None:
-        return F.linear(x, weight)
-    return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks)
+        return linear_into(x, weight, None, wgrad_into)
+    return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks, wgrad_into)
