@@ -11,8 +11,11 @@ Row (forward GEMM + RS), given dy [s/P, b, h], x [s, b, k/P], w [h, k/P]:
     dx [s, b, k/P] = AG(dy) @ w        dw [h, k/P] = AG(dy)^T @ x
   flash: one Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw.
 Weight gradients are summed in fp32 for bf16/fp16 (across slices the sum order differs from one GEMM).
+The column dgrad RS keeps its sums in fp32 and sends them in the wire dtype (`wire`: "input", stock's
+bytes, or "fp32"; runtime/numerics.py), as the forward RS does.
 Plain functions, one per algorithm, registered as "all_gather_matmul.backward" (column) and
-"matmul_reduce_scatter.backward" (row): (dy, saved..., weight, group, ctx, *, num_chunks, need_dw) -> (dx, dw).
+"matmul_reduce_scatter.backward" (row): (dy, saved..., weight, group, ctx, *, num_chunks, need_dw) -> (dx, dw);
+the column ones also take `wire`.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...runtime import acc_dtype, gather, gather_and_consume, scatter, walk, wgrad
+from ...runtime import acc_dtype, gather, gather_and_consume, partial_linear, scatter, walk, wgrad, wire_dtype
 from ...runtime.numerics import zeros_acc
 from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
@@ -30,9 +33,9 @@ from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
 COLUMN, ROW = "all_gather_matmul.backward", "matmul_reduce_scatter.backward"
 
 
-def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw):
+def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wire):
     """dx by the given GEMM + RS function; dw from AG(x) (kept, or re-gathered with the stock collective)."""
-    dx = rs_matmul(dy, weight.t(), group, ctx, num_chunks=num_chunks)
+    dx = rs_matmul(dy, weight.t(), group, ctx, num_chunks=num_chunks, wire=wire)
     if not need_dw:
         return dx, None
     full = gathered if gathered is not None else gather_reference(x_shard, group)
@@ -40,36 +43,39 @@ def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_ch
 
 
 @register(COLUMN, "reference")
-def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True):
+def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
+                              wire="input"):
     """-> (dx [s/P, b, h], dw [n/P, h] or None): stock RS of dy @ w; dw = AG(x)^T dy."""
-    return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+    return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
+                           wire)
 
 
 @register(COLUMN, "slicing")
-def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True):
-    return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True, wire="input"):
+    return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wire)
 
 
 @register(COLUMN, "flash")
 @register(COLUMN, "flash_bidir", bidirectional=True)
 def column_backward_ring(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
-                         bidirectional=False):
+                         wire="input", bidirectional=False):
     """The dgrad RS and the wgrad AG of x in ONE walk; from a kept AG(x) only the RS runs on the ring."""
     if gathered is None and need_dw:
-        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional)
+        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wire)
     rs = functools.partial(rs_matmul_ring, bidirectional=bidirectional)
-    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw)
+    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wire)
 
 
-def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional):
+def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wire):
     dw = zeros_acc(weight)
 
     def consume(span, xs):
         dw.add_(wgrad(dy[span[0]:span[1]], xs))
 
-    rs = scatter(lambda span: F.linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
+    rs = scatter(lambda span: partial_linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
                  tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx, acc_dtype=acc_dtype(dy.dtype),
-                 out_dtype=dy.dtype, device=dy.device, bidirectional=bidirectional, name="bwd.rs", tag=0)
+                 out_dtype=dy.dtype, device=dy.device, wire_dtype=wire_dtype(dy.dtype, wire),
+                 bidirectional=bidirectional, name="bwd.rs", tag=0)
     ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
     walk(group, ctx, rs, ag)
     return rs.handler.result(), dw.to(weight.dtype)
