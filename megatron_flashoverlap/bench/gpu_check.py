@@ -23,9 +23,7 @@ import time
 
 import torch
 
-import megatron_flashoverlap.ops as fo
 from ..runtime import OverlapContext
-
 from .gpu_ops import FUSED, fake_group, first_sync, flash_layer, layer_forward, operator_calls
 from .rounds import cuda_timed, interleaved
 

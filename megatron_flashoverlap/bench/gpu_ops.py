@@ -10,7 +10,9 @@ no data exchange (a fake receive writes nothing). What benchmarks/gpu_check.py a
     first_sync(fn)                              -> None, or the message of the first host sync fn() makes
 
 Sizes (by default small: the checks are about syncs, shapes and dtypes): s = 64 P tokens, b = 2, h = 256, ffn 4h,
-16 query heads in 8 groups of hn = 16 (divisible by P = 8 for Ulysses). What the fake group cannot show:
+16 query heads in 8 groups of hn = 16 (divisible by P = 8 for Ulysses). The Ulysses operators take only
+"flash" | "reference": under algo="flash_bidir" they run "flash"; all_reduce runs "ring" under a fused algo.
+What the fake group cannot show:
 ProcessGroupNCCL's `work.wait(timeout)` polls on the host without a CUDA sync call, so only the host
 run-ahead check on two or more GPUs (gpu_check.py part f) catches that.
 """
@@ -25,7 +27,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import megatron_flashoverlap.ops as fo
-from ..runtime import OverlapContext
 
 B, H, HEADS, GROUPS, HN = 2, 256, 16, 8, 16
 FUSED = ("flash", "flash_bidir")

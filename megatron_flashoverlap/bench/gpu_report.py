@@ -99,7 +99,8 @@ def _section(part: str, body) -> list[str]:
 def _multi_lines(body: dict) -> list[str]:
     lines = [f"world {body['world']}; relative RMS error vs fp64: " + ", ".join(
         f"{k} {v:.3e}" for k, v in body["numerics"]["rel_rms"].items()),
-        f"all_gather_matmul flash == reference bit for bit: {body['numerics']['ag_flash_equals_reference']}",
+        f"all_gather_matmul flash == reference bit for bit: {body['numerics']['ag_flash_equals_reference']} "
+        f"(max relative difference {body['numerics']['ag_max_rel_diff']:.2e})",
         f"host run-ahead: {body['run_ahead']}", ""]
     return lines + _table([{"variant": k, **v} for k, v in body["overlap"].items()])
 
