@@ -4,10 +4,11 @@ from .alltoall import consume_all_to_all, produce_all_to_all
 from .context import OverlapContext, TraceEvent, default_context
 from .executor import PeerTimeoutError, execute
 from .group import all_gather_into, global_rank, group_info, reduce_scatter_into
-from .numerics import acc_dtype, wgrad
+from .numerics import WIRE_DTYPES, acc_dtype, check_wire, partial_linear, wgrad, wire_dtype
 from .pipeline import Pass, exchange, gather, gather_and_consume, produce_and_scatter, scatter, tail, walk
 
-__all__ = ["OverlapContext", "Pass", "PeerTimeoutError", "TraceEvent", "acc_dtype", "all_gather_into",
+__all__ = ["OverlapContext", "Pass", "PeerTimeoutError", "TraceEvent", "WIRE_DTYPES", "acc_dtype", "all_gather_into",
+           "check_wire", "partial_linear", "wire_dtype",
            "consume_all_to_all", "default_context", "exchange", "execute", "gather", "gather_and_consume",
            "global_rank", "group_info", "produce_all_to_all", "produce_and_scatter", "reduce_scatter_into",
            "scatter", "tail", "walk", "wgrad"]

@@ -6,8 +6,10 @@ A handler owns the tensors of one collective and turns the executor's slice call
   land in `gathered [s, ...]` (kept for reuse) or in two ring slots per direction (memory-lean).
   `consume(rows, x_slice)` is the GEMM of the arrived rows; rows index the gathered dim 0.
 - `ScatterPass` (produce, accumulate): `produce(rows) -> partial [rows, ...]` for output rows of the
-  full [s, ...] tensor; partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in it;
-  `result()` is this rank's block [s/P, ...] in `out_dtype`.
+  full [s, ...] tensor; partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in
+  `wire_dtype` (by default `out_dtype`, the input's: stock's bytes): a sum is rounded to it only to be
+  sent, an arrival is upcast-added into the accumulator; `result()` is this rank's block [s/P, ...] in
+  `out_dtype`, rounded once from the accumulator (numerics.py).
 - `ExchangePass` (all-reduce): `flat [blocks * size]` cut in equal blocks; arrivals add (or copy).
 - `TailPass` (compute only): piece i of independent work runs as slice (i, 0); no transfers of its own.
 """
@@ -87,8 +89,9 @@ class GatherPass:
 class ScatterPass:
     def __init__(self, block_rows: int, rank: int, parts: int, produce: Callable[[tuple[int, int]], torch.Tensor],
                  tail_shape: tuple, acc_dtype: torch.dtype, out_dtype: torch.dtype, device, ctx: OverlapContext,
-                 name: str = "rs", tag: int = 0):
+                 name: str = "rs", tag: int = 0, wire_dtype: torch.dtype | None = None):
         self.tag = tag
+        self.wire_dtype = out_dtype if wire_dtype is None else wire_dtype
         self.rows, self.rank, self.parts, self.produce = block_rows, rank, parts, produce
         self.tail, self.acc_dtype, self.out_dtype, self.device = tuple(tail_shape), acc_dtype, out_dtype, device
         self.ctx, self.name = ctx, name
@@ -107,13 +110,18 @@ class ScatterPass:
         self.acc[x] = buf
 
     def send(self, x: Slice) -> torch.Tensor:
-        return self.acc.pop(x)
+        acc = self.acc.pop(x)
+        if self.wire_dtype == acc.dtype:
+            return acc
+        # one send per part in flight, waited before the next is made: one slot per part
+        wire = self.ctx.buffer(f"{self.name}.send.{x.part}", acc.shape, self.wire_dtype, self.device)
+        return wire.copy_(acc)  # the fp32 sum rounded to the wire dtype, once per hop
 
     def recv(self, x: Slice) -> torch.Tensor:
-        return self.ctx.buffer(f"{self.name}.recv.{x.part}", self._shape(x), self.acc_dtype, self.device)
+        return self.ctx.buffer(f"{self.name}.recv.{x.part}", self._shape(x), self.wire_dtype, self.device)
 
     def arrived(self, t: Transfer) -> None:
-        self.acc[t.slice].add_(self.recv(t.slice))
+        self.acc[t.slice].add_(self.recv(t.slice))  # upcast-add: wire dtype into the acc_dtype sum
 
     def result(self) -> torch.Tensor:
         own = [self.acc[Slice(self.rank, k, self.tag)] for k in range(self.parts)]

@@ -1,13 +1,25 @@
-"""Shared numerics of every overlap operator: the accumulation dtype and the weight-gradient kernel.
+"""Shared numerics of every overlap operator: the accumulation and wire dtypes, the local partial GEMM and
+the weight-gradient kernel.
 
-    acc_dtype(dtype)      fp32 for bf16/fp16 (partial sums are kept AND sent in it), the input dtype otherwise
-    wgrad(dy, x)          dy [r, b, n], x [r, b, h] -> dw [n, h] = dy^T x, in the accumulation dtype
-    wgrad(dy, x, cols)    rows cols of dw only: dy[..., cols]^T x (the DP bucket takes dw row range by range)
+    acc_dtype(dtype)           fp32 for bf16/fp16 (partial sums are KEPT in it), the input dtype otherwise
+    wire_dtype(dtype, wire)    the dtype reduce-scatter partials TRAVEL in: wire="input" (the default) the
+                               input dtype, stock's bytes; wire="fp32" acc_dtype(dtype), twice stock's bytes
+    partial_linear(x, w)       x [n, ..., k] @ w [h, k]^T -> [n, ..., h], the local partial of a reduce-scatter:
+                               fp32 straight out of the GEMM for bf16/fp16 on CUDA (torch.mm(out_dtype=)),
+                               the input dtype elsewhere (torch 2.13 has no CPU kernel for mm's out_dtype)
+    wgrad(dy, x)               dy [r, b, n], x [r, b, h] -> dw [n, h] = dy^T x, in the accumulation dtype
+    wgrad(dy, x, cols)         rows cols of dw only: dy[..., cols]^T x (the DP bucket takes dw row range by range)
     add_wgrad(into, dy, x)    into [n, h] += dy^T x in into's dtype, with no [n, h] temporary (the fused
                           accumulation into Megatron's fp32 `main_grad`, slice by slice)
     wgrad_target(weight, into, need)  the buffer a backward sums dw into: `into`, or fresh acc_dtype zeros
     wgrad_result(weight, target, into)  what the plain backward returns for dw: None when it went into `into`
 
+Reduce-scatter numerics, per hop of the ring: the received partial (wire dtype) is upcast-added to the
+local partial in the fp32 accumulator; the sum is rounded to the wire dtype only to be sent on, and the own
+block, which never leaves the rank, is rounded once to the input dtype at the end. With wire="input" a bf16
+sum of P partials is rounded P-1 times (as stock's ring), with wire="fp32" once; each GEMM partial is already
+rounded to bf16 on CPU before either, so the gain of fp32 on the wire is small (tests/gloo/test_wire_dtype.py
+measures both against an fp64 reference and against stock's reduce-scatter).
 Weight gradients summed across slices or blocks are summed in acc_dtype: the sum order differs from one
 big GEMM, and bf16 partial sums would lose the low bits of every slice.
 
@@ -23,11 +35,41 @@ exact in fp32 (24-bit), so either way dw is the fp32 sum of exact products; only
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+_LOW = (torch.bfloat16, torch.float16)
+WIRE_DTYPES = ("input", "fp32")  # the words of every reduce-scattering operator's wire_dtype=
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype partial sums are kept and sent in: fp32 for bf16/fp16, the input dtype otherwise."""
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    """The dtype partial sums are kept in: fp32 for bf16/fp16, the input dtype otherwise."""
+    return torch.float32 if dtype in _LOW else dtype
+
+
+def check_wire(op: str, wire: str) -> None:
+    """ValueError naming the accepted words, where an operator first sees its wire_dtype."""
+    if wire not in WIRE_DTYPES:
+        raise ValueError(f"{op}: wire_dtype={wire!r} is not one of {WIRE_DTYPES}; use 'input' (partials travel "
+                         f"in the input dtype, stock's bytes) or 'fp32' (twice the bytes, one rounding)")
+
+
+def wire_dtype(dtype: torch.dtype, wire: str = "input") -> torch.dtype:
+    """The dtype reduce-scatter partials of `dtype` inputs travel in: "input" -> dtype, "fp32" -> acc_dtype."""
+    check_wire("wire_dtype", wire)
+    return dtype if wire == "input" else acc_dtype(dtype)
+
+
+def _gemm_writes_fp32(x: torch.Tensor) -> bool:
+    """bf16/fp16 on CUDA: torch.mm(out_dtype=torch.float32) has a CUDA kernel in torch 2.13 (none on CPU)."""
+    return x.is_cuda and x.dtype in _LOW
+
+
+def partial_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [n, ..., k] @ w [h, k]^T -> [n, ..., h]: fp32 from bf16/fp16 on CUDA, else in x.dtype."""
+    if not _gemm_writes_fp32(x):
+        return F.linear(x, w)
+    y = torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out_dtype=torch.float32)  # [n*..., h]
+    return y.view(tuple(x.shape[:-1]) + (w.shape[0],))
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
@@ -37,6 +79,8 @@ def flat(t: torch.Tensor) -> torch.Tensor:
 def wgrad(dy: torch.Tensor, x: torch.Tensor, cols: slice | None = None) -> torch.Tensor:
     """dw [n, h] = dy^T x (or its rows `cols`: dy[..., cols]^T x), in acc_dtype(x.dtype)."""
     d = flat(dy) if cols is None else flat(dy)[:, cols]
+    if _gemm_writes_fp32(x):
+        return torch.mm(d.t(), flat(x), out_dtype=torch.float32)
     return torch.mm(d.t(), flat(x)).to(acc_dtype(x.dtype))
 
 

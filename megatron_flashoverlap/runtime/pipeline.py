@@ -2,8 +2,10 @@
 and walking them is done here, once.
 
     gather_and_consume(x_shard, consume, group, ctx)   Flash-AG: consume(rows, x_slice) per arrived slice
-    produce_and_scatter(produce, block_rows, tail, group, ctx, acc_dtype=, out_dtype=, device=)
-                                                       Flash-RS: produce(rows) -> partial; -> own block
+    produce_and_scatter(produce, block_rows, tail, group, ctx, acc_dtype=, out_dtype=, device=, wire_dtype=)
+                                                       Flash-RS: produce(rows) -> partial; -> own block;
+                                                       sums kept in acc_dtype, sent in wire_dtype
+                                                       (None: out_dtype, stock's bytes)
     exchange(x, algo, group, ctx)                      all-reduce on the P2P steps of schedules.allreduce
     walk(group, ctx, pass_a, pass_b, ...)              several passes in ONE merged walk, e.g.
 
@@ -59,12 +61,14 @@ def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None],
 
 def scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
             ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
-            bidirectional: bool = False, name: str = "rs", tag: int = 0) -> Pass:
-    """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`."""
+            wire_dtype: torch.dtype | None = None, bidirectional: bool = False, name: str = "rs",
+            tag: int = 0) -> Pass:
+    """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`.
+    Sums are kept in acc_dtype and travel in wire_dtype (None: out_dtype, the bytes of stock's collective)."""
     rank, world = group_info(group)
     sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional, tag=tag)
     handler = ScatterPass(block_rows, rank, sched.parts, produce, tail_shape, acc_dtype, out_dtype, device, ctx,
-                          name, tag)
+                          name, tag, wire_dtype)
     return Pass(sched, handler)
 
 
@@ -89,11 +93,12 @@ def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Ten
 
 def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
                         ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
-                        bidirectional: bool = False, name: str = "rs") -> torch.Tensor:
-    """Flash-RS: produce(rows) -> partial [rows, *tail_shape], summed over the group in acc_dtype.
-    -> this rank's block [block_rows, *tail_shape] in out_dtype."""
+                        wire_dtype: torch.dtype | None = None, bidirectional: bool = False,
+                        name: str = "rs") -> torch.Tensor:
+    """Flash-RS: produce(rows) -> partial [rows, *tail_shape], summed over the group in acc_dtype, sent in
+    wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape] in out_dtype."""
     p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
-                device=device, bidirectional=bidirectional, name=name)
+                device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name)
     walk(group, ctx, p)
     return p.handler.result()
 

@@ -19,7 +19,8 @@ for P = 4 and block costs 1, 3, 5, 7 (unit = cost of block 0), a hop of 2 units 
 of 4 units 4 units (uniform blocks of 4 would hide both entirely). `zigzag=True` makes the blocks uniform:
 block d = chunks (d, 2P-1-d) of 2P, each costing 4 units, so a hop is exposed only once it exceeds the
 average block, as for non-causal attention.
-dk, dv and dw are summed across blocks in fp32 for bf16/fp16.
+dk, dv and dw are summed across blocks in fp32 for bf16/fp16. The RS sums are kept in fp32 and travel in
+the wire dtype (`wire_dtype`: "input", stock's bytes, or "fp32"; runtime/numerics.py).
 Registered as "query_split_attention" in ops/registry.py: the differentiable entry of each algo (the fused
 autograd.Function for flash/flash_bidir; attention, then `matmul_reduce_scatter` for slicing/reference).
 """
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import OverlapContext, acc_dtype, default_context, gather_and_consume, group_info
-from ...runtime import produce_and_scatter, wgrad
+from ...runtime import check_wire, partial_linear, produce_and_scatter, wgrad, wire_dtype
 from ...runtime.numerics import zeros_acc
 from ..checks import check_divisible, check_peers_agree
 from ..registry import plain, register, resolve
@@ -40,16 +41,16 @@ from .core import zigzag_positions
 OP = "query_split_attention"
 
 
-def query_split_ring(q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
+def query_split_ring(q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False, wire="input"):
     """Plain forward (no autograd): y_s [s/P, b, h] with attention computed per RS block."""
     world = group_info(group)[1]
 
     def produce(span):
-        return F.linear(attention_rows(q[span[0]:span[1]], k, v, spec, span[0]), weight)  # [n, b, h]
+        return partial_linear(attention_rows(q[span[0]:span[1]], k, v, spec, span[0]), weight)  # [n, b, h]
 
     return produce_and_scatter(produce, q.shape[0] // world, (q.shape[1], weight.shape[0]), group, ctx,
                                acc_dtype=acc_dtype(q.dtype), out_dtype=q.dtype, device=q.device,
-                               bidirectional=bidirectional, name="qsa.rs")
+                               wire_dtype=wire_dtype(q.dtype, wire), bidirectional=bidirectional, name="qsa.rs")
 
 
 def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
@@ -75,37 +76,38 @@ def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec,
 
 class QuerySplitAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, weight, group, octx, spec, bidirectional):
+    def forward(ctx, q, k, v, weight, group, octx, spec, bidirectional, wire):
         ctx.save_for_backward(q, k, v, weight)
         ctx.group, ctx.octx, ctx.spec, ctx.bidir = group, octx, spec, bidirectional
-        return query_split_ring(q, k, v, weight, group, octx, spec, bidirectional)
+        return query_split_ring(q, k, v, weight, group, octx, spec, bidirectional, wire)
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v, weight = ctx.saved_tensors
         dq, dk, dv, dw = query_split_backward_ring(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.spec, ctx.bidir)
-        return dq, dk, dv, dw, None, None, None, None
+        return dq, dk, dv, dw, None, None, None, None, None
 
 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
-def _fused(q, k, v, weight, group, octx, spec, *, num_chunks=1, bidirectional=False):
-    return QuerySplitAttention.apply(q, k, v, weight, group, octx, spec, bidirectional)
+def _fused(q, k, v, weight, group, octx, spec, *, num_chunks=1, wire="input", bidirectional=False):
+    return QuerySplitAttention.apply(q, k, v, weight, group, octx, spec, bidirectional, wire)
 
 
 @register(OP, "slicing", algo="slicing")
 @register(OP, "reference", algo="reference")
-def _unfused(q, k, v, weight, group, octx, spec, *, num_chunks=1, algo="reference"):
+def _unfused(q, k, v, weight, group, octx, spec, *, num_chunks=1, wire="input", algo="reference"):
     """Full attention (plain autograd), then the GEMM + RS operator running `algo`."""
     ctx_full = attention_reference(q, k, v, spec)
-    return matmul_reduce_scatter(ctx_full, weight, group, algo=algo, num_chunks=num_chunks, context=octx)
+    return matmul_reduce_scatter(ctx_full, weight, group, algo=algo, num_chunks=num_chunks, wire_dtype=wire,
+                                 context=octx)
 
 
 def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, group=None, *,
                           causal: bool = True, attn_mask: torch.Tensor | None = None,
                           softmax_scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
                           algo: str = "flash", num_chunks: int | None = None, zigzag: bool = False,
-                          context: OverlapContext | None = None) -> torch.Tensor:
+                          wire_dtype: str = "input", context: OverlapContext | None = None) -> torch.Tensor:
     """y_s [s/P, b, h] = RS(attention(q, k, v) @ weight^T), with autograd.
 
     zigzag: balance causal work: the sequence is cut in 2P chunks and output block d is chunks (d, 2P-1-d)
@@ -116,8 +118,9 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     (linear_proj's local shard), attn_mask bool [b|1, 1|np, s, s] (True = masked) OR-ed with `causal`.
     algo: "flash"/"flash_bidir" (query split in Flash-RS order), "slicing" (attention, then the sliced
     GEMM+RS baseline), "reference" (attention, GEMM, stock RS). Dropout masks are drawn per query row from
-    (seed, row), so every algo and every P gives the same mask."""
+    (seed, row), so every algo and every P gives the same mask. wire_dtype: of the RS partials, "input" | "fp32"."""
     algo, num_chunks = resolve(OP, algo, num_chunks)
+    check_wire(OP, wire_dtype)
     check_attention_operands(OP, q, k, v, weight)
     octx = context or default_context()
     rank, world = group_info(group)
@@ -131,5 +134,6 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions)
     if world > 1 and octx.check_peers:
         check_peers_agree(OP, group, world, q.device, *q.shape, *k.shape, *weight.shape)
-    return plain(OP, algo if world > 1 else "reference")(q, k, v, weight, group, octx, spec, num_chunks=num_chunks)
+    return plain(OP, algo if world > 1 else "reference")(q, k, v, weight, group, octx, spec, num_chunks=num_chunks,
+                                                         wire=wire_dtype)
 

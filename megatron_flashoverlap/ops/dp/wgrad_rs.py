@@ -17,16 +17,17 @@ cut by a shard boundary is computed for both shards), plus the gradient already 
 
 Only the last add is exposed; the whole bucket's reduce-scatter hides under the wgrad GEMM of this layer
 (stock Megatron starts it after the GEMM and the last bucket of the backward stays exposed).
-Partials travel in fp32 when the buffer is bf16/fp16. "reference": add dW into the buffer, scale, one
-stock reduce-scatter (Megatron's own order of operations). Plain functions registered as
-"matmul_wgrad_reduce_scatter" in ops/registry.py; `force_reference()` reaches this operator too.
+Partials are summed in fp32 when the buffer is bf16/fp16 and travel in the wire dtype (`wire_dtype`:
+"input", the buffer's dtype, stock's bytes; or "fp32"; runtime/numerics.py). "reference": add dW into the
+buffer, scale, one stock reduce-scatter (Megatron's own order of operations; in fp32 for wire_dtype="fp32").
+Plain functions registered as "matmul_wgrad_reduce_scatter" in ops/registry.py; `force_reference()` reaches this operator too.
 """
 from __future__ import annotations
 
 import torch
 
 from ...runtime import OverlapContext, acc_dtype, default_context, group_info, produce_and_scatter
-from ...runtime import reduce_scatter_into, wgrad
+from ...runtime import check_wire, reduce_scatter_into, wgrad, wire_dtype
 from ..registry import plain, register, resolve
 
 OP = "matmul_wgrad_reduce_scatter"
@@ -45,9 +46,14 @@ def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> No
 
 
 @register(OP, "reference")
-def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx) -> None:
+def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, wire="input") -> None:
     """Megatron's order: grad_flat[W] += dW; grad_flat *= scale; reduce-scatter into the own shard."""
     rank, world = group_info(group)
+    if wire_dtype(grad_flat.dtype, wire) != grad_flat.dtype:  # fp32 on the wire: reduce a widened copy
+        wide = grad_flat.to(wire_dtype(grad_flat.dtype, wire))
+        wgrad_reduce_scatter_reference(dy, x, wide, offset, scale, group, ctx)
+        grad_flat.copy_(wide)
+        return
     w_view = grad_flat[offset:offset + dy.shape[-1] * x.shape[-1]]
     w_view.add_(wgrad(dy, x).reshape(-1).to(grad_flat.dtype))
     if scale != 1.0:
@@ -60,7 +66,7 @@ def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx) 
 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
-def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext,
+def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext, wire: str = "input",
                               bidirectional: bool = False) -> None:
     """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard; own shard last."""
     rank, world = group_info(group)
@@ -74,16 +80,18 @@ def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: Overl
         return part.mul_(scale) if scale != 1.0 else part
 
     own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
-                              device=grad_flat.device, bidirectional=bidirectional, name="dp.rs")
+                              device=grad_flat.device, wire_dtype=wire_dtype(grad_flat.dtype, wire),
+                              bidirectional=bidirectional, name="dp.rs")
     grad_flat[rank * shard:(rank + 1) * shard].copy_(own)
 
 
 def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
-                                group, *, scale: float = 1.0, algo: str = "flash",
+                                group, *, scale: float = 1.0, algo: str = "flash", wire_dtype: str = "input",
                                 context: OverlapContext | None = None) -> None:
     """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
     `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset."""
     algo = resolve(OP, algo)[0]
+    check_wire(OP, wire_dtype)
     rank, world = group_info(group)
     n, k = dy.shape[-1], x.shape[-1]
     if grad_flat.dim() != 1 or grad_flat.numel() % world:
@@ -94,4 +102,4 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
                          f"bucket of {grad_flat.numel()} elements; pass the offset of W's main_grad in it")
     ctx = context or default_context()
     fn = plain(OP, "reference" if world == 1 else algo)
-    return fn(dy, x, grad_flat, offset, scale, group, ctx)
+    return fn(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype)

@@ -14,6 +14,8 @@ Sequence not divisible by P (and not decode): one log line, then the reference.
 wgrad_into [weight's shape] (optional, e.g. Megatron's fp32 main_grad): dw is added into it (slice by slice
 in the column backward's all-reduce tail) instead of being returned; the weight then gets Megatron's dummy
 gradient (ops/accumulate.py: weight_grad).
+wire_dtype: what the all-reduce's reduce-scatter partials travel in, "input" (default, stock's bytes) or
+"fp32" (ar_matmul.py); the decode all-reduce always runs in the input dtype.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from ...runtime import OverlapContext, group_info, wgrad
+from ...runtime import OverlapContext, check_wire, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ..accumulate import check_wgrad_into, linear_into, weight_grad
@@ -48,17 +50,18 @@ def _should_use_decode_all_reduce(x, algo: str, decode_all_reduce: str | None) -
     return decode_all_reduce is not None and algo != "reference" and is_decode_shaped(x)
 
 
-def ar_matmul_forward(x, weight, group, ctx, algo, num_chunks, tail=None):
+def ar_matmul_forward(x, weight, group, ctx, algo, num_chunks, tail=None, wire="input"):
     """The plain function of `algo` (the reference, logged once, where the sequence does not divide)."""
     world = group_info(group)[1]
     if x.shape[0] % world and algo != "reference":
         _log_once(("ar", x.shape[0], world), f"matmul_all_reduce: sequence length {x.shape[0]} is not "
                   f"divisible by the group size {world}; using the reference (GEMM + all_reduce)")
         algo = "reference"
-    return plain(OP, algo)(x, weight, group, ctx, num_chunks=num_chunks, tail=tail)
+    return plain(OP, algo)(x, weight, group, ctx, num_chunks=num_chunks, tail=tail, wire=wire)
 
 
-def column_nosp_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=True, wgrad_into=None):
+def column_nosp_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=True, wgrad_into=None,
+                         wire="input"):
     """-> (dx [s, b, h] = AR(dy @ w), dw [n/P, h] = dy^T x, or None when not wanted or added into
     wgrad_into); the wgrad fills the all-reduce tail."""
     dy = dy.contiguous()
@@ -70,7 +73,8 @@ def column_nosp_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=Tr
         a, b = spans[i]
         add_wgrad(dw, dy[a:b], x[a:b])
 
-    dx = ar_matmul_forward(dy, weight.t(), group, ctx, algo, num_chunks, (len(spans), piece) if need_dw else None)
+    dx = ar_matmul_forward(dy, weight.t(), group, ctx, algo, num_chunks, (len(spans), piece) if need_dw else None,
+                           wire)
     return dx, wgrad_result(weight, dw, wgrad_into)
 
 
@@ -91,12 +95,12 @@ class MatmulAllReduce(torch.autograd.Function):
     """Row-parallel without SP: forward y = AR(x w^T); backward local (dy is replicated)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, octx, algo, num_chunks, decode_all_reduce, wgrad_into):
+    def forward(ctx, x, weight, group, octx, algo, num_chunks, decode_all_reduce, wire, wgrad_into):
         ctx.save_for_backward(x, weight)
         ctx.wgrad_into = wgrad_into
         if _should_use_decode_all_reduce(x, algo, decode_all_reduce):
             return all_reduce(F.linear(x, weight), group, algo=decode_all_reduce, context=octx)
-        return ar_matmul_forward(x, weight, group, octx, algo, num_chunks)
+        return ar_matmul_forward(x, weight, group, octx, algo, num_chunks, wire=wire)
 
     @staticmethod
     def backward(ctx, dy):
@@ -104,17 +108,18 @@ class MatmulAllReduce(torch.autograd.Function):
         need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx = F.linear(dy, weight.t()) if ctx.needs_input_grad[0] else None
         dw = _local_wgrad(dy, x, weight, into) if need_dw else None
-        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), None, None, None, None, None, None
+        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), None, None, None, None, None, None, None
 
 
 class MatmulAllReduceDgrad(torch.autograd.Function):
     """Column-parallel without SP: forward local y = x w^T + b; backward dx = AR(dy w), the dual."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, octx, algo, num_chunks, wgrad_into):
+    def forward(ctx, x, weight, bias, group, octx, algo, num_chunks, wire, wgrad_into):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
         ctx.wgrad_into = wgrad_into
+        ctx.wire = wire
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -122,39 +127,42 @@ class MatmulAllReduceDgrad(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = column_nosp_backward(dy, x, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
-                                      need_dw=need_dw, wgrad_into=into)
+                                      need_dw=need_dw, wgrad_into=into, wire=ctx.wire)
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), db, None, None, None, None, None
+        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), db, None, None, None, None, None, None
 
 
 def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "flash",
                       num_chunks: int | None = None, decode_all_reduce: str | None = "auto",
-                      context: OverlapContext | None = None, wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
+                      wire_dtype: str = "input", context: OverlapContext | None = None,
+                      wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
     """y [s, b, h] = AR(x [s, b, k/P] @ weight[h, k/P]^T), replicated, with autograd (row-parallel, no SP).
 
     num_chunks: sequence chunks C (flash: the exposed tail is 1/C of an all-gather; slicing: chunks).
     decode_all_reduce: the all_reduce algo for decode-shaped x [1, b, k/P] (module docstring); None = off.
     wgrad_into [h, k/P]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_all_reduce", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
+    check_wire("matmul_all_reduce", wire_dtype)
     if decode_all_reduce is not None:
         check_algo("all_reduce", decode_all_reduce)
     ctx = checked_context("matmul_all_reduce", x, weight, None, group, context)
     check_wgrad_into("matmul_all_reduce", weight, wgrad_into)
     if ctx is None:
         return linear_into(x, weight, None, wgrad_into)
-    return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce, wgrad_into)
+    return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce, wire_dtype, wgrad_into)
 
 
 def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
-                           algo: str = "flash", num_chunks: int | None = None,
+                           algo: str = "flash", num_chunks: int | None = None, wire_dtype: str = "input",
                            context: OverlapContext | None = None,
                            wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
     """y [s, b, n/P] = x [s, b, h] @ weight[n/P, h]^T (+ bias), whose input gradient is all-reduced over
     `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`).
     wgrad_into [n/P, h]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_allreduce_dgrad", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
+    check_wire("matmul_allreduce_dgrad", wire_dtype)
     ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context)
     check_wgrad_into("matmul_allreduce_dgrad", weight, wgrad_into)
     if ctx is None:
         return linear_into(x, weight, bias, wgrad_into)
-    return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks, wgrad_into)
+    return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks, wire_dtype, wgrad_into)

@@ -22,12 +22,15 @@ block then rides in the same ring walk as the GEMM slices of chunk c+1 (merged s
 
 What stays exposed in forward: the tail, P-1 hops of s/(C*P) * b * h elements (1/C of an all-gather of y),
 plus any hop that outlasts the GEMM slice it rides with, plus the final add of each Flash-RS. In the
-column backward the wgrad GEMM (cut in P-1 slices) hides the tail too. Partial sums travel in fp32 for
-bf16/fp16 and are rounded once before the all-gather, so every rank ends with identical bits.
+column backward the wgrad GEMM (cut in P-1 slices) hides the tail too. Partial sums are kept in fp32 for
+bf16/fp16 and travel in the wire dtype (`wire`: "input", stock's bytes, rounded once per hop, or "fp32");
+the reduced block is rounded once before the all-gather, so every rank ends with identical bits. The
+reference and slicing all-reduce in the wire dtype too (wire="input": stock).
 Sequence not divisible by P: one log line, then the reference (GEMM, then `dist.all_reduce`).
 
 This file: the plain functions (no autograd), one per algorithm, one signature
-(x, weight, group, ctx, *, num_chunks, tail=None) -> y, registered as "matmul_all_reduce" in ops/registry.py;
+(x, weight, group, ctx, *, num_chunks, tail=None, wire="input") -> y, registered as "matmul_all_reduce" in
+ops/registry.py;
 `tail = (n, fn)`: n independent compute pieces fn(i) that run while the all-reduce's last part flies.
 all_reduce_matmul.py holds the autograd.Functions and the public wrappers.
 """
@@ -35,9 +38,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from ...runtime import acc_dtype, gather, group_info, scatter, tail as tail_pass, walk
+from ...runtime import acc_dtype, gather, group_info, partial_linear, scatter, tail as tail_pass, walk, wire_dtype
 from ...runtime.handlers import chunk_bounds
 from ..registry import register
 
@@ -57,45 +59,47 @@ def _run_tail(tail) -> None:
 
 
 @register(OP, "reference")
-def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None):
-    """Unfused, as stock Megatron: one GEMM, then one `dist.all_reduce`; with `tail` (the column backward's
-    wgrad) the all-reduce is async and the tail runs while it flies (Megatron's `allreduce_dgrad`)."""
-    y = F.linear(x, weight)
+def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None, wire="input"):
+    """Unfused, as stock Megatron: one GEMM, then one `dist.all_reduce` (in the wire dtype); with `tail` (the
+    column backward's wgrad) the all-reduce is async and the tail runs while it flies (`allreduce_dgrad`)."""
+    y = partial_linear(x, weight).to(wire_dtype(x.dtype, wire))
     world = group_info(group)[1]
     work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
     _run_tail(tail)
     if work is not None:
         work.wait(ctx.timeout)
-    return y
+    return y.to(x.dtype)
 
 
 @register(OP, "slicing")
-def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None):
+def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None, wire="input"):
     """Data slicing: the all-reduce of chunk j in flight while chunk j+1 multiplies; the last is the tail
     (in the column backward the wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
-    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
+    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=wire_dtype(x.dtype, wire), device=x.device)
     works = []
     for a, b in chunk_bounds(x.shape[0], num_chunks):
-        y[a:b] = F.linear(x[a:b], weight)
+        y[a:b] = partial_linear(x[a:b], weight)
         works.append(dist.all_reduce(y[a:b], group=group, async_op=True))
     _run_tail(tail)
     for w in works:
         w.wait(ctx.timeout)
-    return y
+    return y.to(x.dtype)
 
 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
-def ar_matmul_ring(x, weight, group, ctx, *, num_chunks=DEFAULT_CHUNKS, tail=None, bidirectional=False):
+def ar_matmul_ring(x, weight, group, ctx, *, num_chunks=DEFAULT_CHUNKS, tail=None, wire="input",
+                   bidirectional=False):
     """Chunked Flash-RS + Flash-AG (module docstring): chunk c's RS, chunk c-1's AG in one walk; the last
     AG with the `tail` pieces spread over its hops."""
     world = group_info(group)[1]
     y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
     pending = None  # the all-gather pass still to run
     for a, b in chunk_rows(x.shape[0], world, num_chunks):
-        rs = scatter(lambda span, a=a: F.linear(x[a + span[0]:a + span[1]], weight), (b - a) // world,
+        rs = scatter(lambda span, a=a: partial_linear(x[a + span[0]:a + span[1]], weight), (b - a) // world,
                      tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype,
-                     device=x.device, bidirectional=bidirectional, name="ar.rs", tag=0)
+                     device=x.device, wire_dtype=wire_dtype(x.dtype, wire), bidirectional=bidirectional,
+                     name="ar.rs", tag=0)
         walk(group, ctx, rs, pending)
         pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, bidirectional)
     walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))

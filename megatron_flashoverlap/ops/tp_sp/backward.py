@@ -16,6 +16,8 @@ added straight into it (runtime.numerics.add_wgrad: no [n, h] temporary) and the
 Plain functions, one per algorithm, registered as "all_gather_matmul.backward" (column) and
 "matmul_reduce_scatter.backward" (row):
 (dy, saved..., weight, group, ctx, *, num_chunks, need_dw, wgrad_into=None) -> (dx, dw or None).
+The column dgrad RS keeps its sums in fp32 and sends them in the wire dtype (`wire`: "input", stock's
+bytes, or "fp32"; runtime/numerics.py), as the forward RS does.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...runtime import acc_dtype, gather, gather_and_consume, scatter, walk, wgrad
+from ...runtime import acc_dtype, gather, gather_and_consume, partial_linear, scatter, walk, wgrad, wire_dtype
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
@@ -41,9 +43,10 @@ def _whole_wgrad(dy, x, weight, into):
     return None
 
 
-def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, into):
+def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, into,
+                    wire):
     """dx by the given GEMM + RS function; dw from AG(x) (kept, or re-gathered with the stock collective)."""
-    dx = rs_matmul(dy, weight.t(), group, ctx, num_chunks=num_chunks)
+    dx = rs_matmul(dy, weight.t(), group, ctx, num_chunks=num_chunks, wire=wire)
     if not need_dw:
         return dx, None
     full = gathered if gathered is not None else gather_reference(x_shard, group)
@@ -52,38 +55,40 @@ def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_ch
 
 @register(COLUMN, "reference")
 def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
-                              wgrad_into=None):
+                              wgrad_into=None, wire="input"):
     """-> (dx [s/P, b, h], dw [n/P, h] or None): stock RS of dy @ w; dw = AG(x)^T dy."""
     return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
-                           wgrad_into)
+                           wgrad_into, wire)
 
 
 @register(COLUMN, "slicing")
-def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None):
+def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None,
+                            wire="input"):
     return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
-                           wgrad_into)
+                           wgrad_into, wire)
 
 
 @register(COLUMN, "flash")
 @register(COLUMN, "flash_bidir", bidirectional=True)
 def column_backward_ring(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
-                         wgrad_into=None, bidirectional=False):
+                         wgrad_into=None, wire="input", bidirectional=False):
     """The dgrad RS and the wgrad AG of x in ONE walk; from a kept AG(x) only the RS runs on the ring."""
     if gathered is None and need_dw:
-        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wgrad_into)
+        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wgrad_into, wire)
     rs = functools.partial(rs_matmul_ring, bidirectional=bidirectional)
-    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wgrad_into)
+    return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wgrad_into, wire)
 
 
-def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into):
+def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into, wire):
     dw = wgrad_target(weight, into)
 
     def consume(span, xs):
         add_wgrad(dw, dy[span[0]:span[1]], xs)
 
-    rs = scatter(lambda span: F.linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
+    rs = scatter(lambda span: partial_linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
                  tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx, acc_dtype=acc_dtype(dy.dtype),
-                 out_dtype=dy.dtype, device=dy.device, bidirectional=bidirectional, name="bwd.rs", tag=0)
+                 out_dtype=dy.dtype, device=dy.device, wire_dtype=wire_dtype(dy.dtype, wire),
+                 bidirectional=bidirectional, name="bwd.rs", tag=0)
     ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
     walk(group, ctx, rs, ag)
     return rs.handler.result(), wgrad_result(weight, dw, into)

@@ -2,22 +2,24 @@
 
     x_k [s, b, k/P]    weight_k [h, k/P]    y_s [s/P, b, h]
 
-    forward  y = RS(x @ w^T)       partial sums in fp32 when x is bf16/fp16 (they also travel in fp32),
-                                   rounded once to the input dtype at the end
+    forward  y = RS(x @ w^T)       partial sums kept in fp32 when x is bf16/fp16; they travel in the
+                                   input dtype (wire="input", stock's bytes: rounded once per hop, the
+                                   arrival upcast-added) or in fp32 (wire="fp32"); the own block is
+                                   rounded once to the input dtype at the end (runtime/numerics.py)
     dgrad    dx = AG(dy) @ w       (the dual: Flash-AG of dy, local shard first; backward.py)
     wgrad    dw = AG(dy)^T @ x     (summed slice by slice as dy shards arrive, in the same ring walk)
 
-All plain functions share one signature: (x, weight, group, ctx, *, num_chunks) -> y_s (registered in
-ops/registry.py).
+All plain functions share one signature: (x, weight, group, ctx, *, num_chunks, wire) -> y_s (registered in
+ops/registry.py); the reference and slicing reduce-scatter in the wire dtype too (wire="input": stock).
 """
 from __future__ import annotations
 
 import time
 
 import torch
-import torch.nn.functional as F
 
-from ...runtime import acc_dtype, group_info, produce_and_scatter, reduce_scatter_into
+from ...runtime import acc_dtype, group_info, partial_linear, produce_and_scatter, reduce_scatter_into
+from ...runtime import wire_dtype
 from ...runtime.handlers import chunk_bounds
 from ..registry import register
 
@@ -25,11 +27,11 @@ OP = "matmul_reduce_scatter"
 
 
 @register(OP, "reference")
-def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1):
-    """Unfused: one GEMM, then one reduce-scatter (in the accumulation dtype)."""
+def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input"):
+    """Unfused: one GEMM, then one stock reduce-scatter in the wire dtype (wire="input": stock Megatron)."""
     rank, world = group_info(group)
     t = time.perf_counter()
-    partial = F.linear(x, weight).to(acc_dtype(x.dtype))  # [s, b, h]
+    partial = partial_linear(x, weight).to(wire_dtype(x.dtype, wire))  # [s, b, h]
     ctx.record("compute", "whole GEMM", t)
     out = torch.empty((x.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype, device=x.device)
     t = time.perf_counter()
@@ -41,16 +43,17 @@ def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1):
 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
-def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, bidirectional=False):
+def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, wire="input", bidirectional=False):
     """Flash-RS: produce the partial of the block the next hop carries; own block last, no tail."""
     world = group_info(group)[1]
-    return produce_and_scatter(lambda span: F.linear(x[span[0]:span[1]], weight), x.shape[0] // world,
+    return produce_and_scatter(lambda span: partial_linear(x[span[0]:span[1]], weight), x.shape[0] // world,
                                tuple(x.shape[1:-1]) + (weight.shape[0],), group, ctx, acc_dtype=acc_dtype(x.dtype),
-                               out_dtype=x.dtype, device=x.device, bidirectional=bidirectional)
+                               out_dtype=x.dtype, device=x.device, wire_dtype=wire_dtype(x.dtype, wire),
+                               bidirectional=bidirectional)
 
 
 @register(OP, "slicing")
-def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks):
+def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input"):
     """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail."""
     rank, world = group_info(group)
     rows = x.shape[0] // world
@@ -58,7 +61,7 @@ def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks):
     outs, works = [], []
     for j, (a, b) in enumerate(chunk_bounds(rows, num_chunks)):
         t = time.perf_counter()
-        partial = F.linear(xb[:, a:b], weight).to(acc_dtype(x.dtype)).contiguous()  # [P, c, b, h]
+        partial = partial_linear(xb[:, a:b], weight).to(wire_dtype(x.dtype, wire)).contiguous()  # [P, c, b, h]
         ctx.record("compute", f"chunk {j}", t)
         out = torch.empty(partial.shape[1:], dtype=partial.dtype, device=x.device)
         t = time.perf_counter()
