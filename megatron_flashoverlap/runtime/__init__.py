@@ -2,12 +2,14 @@
 (an operator writes only its compute closure), shared numerics, and the context that owns buffers."""
 from .alltoall import consume_all_to_all, produce_all_to_all
 from .context import OverlapContext, TraceEvent, default_context
-from .executor import PeerTimeoutError, execute
+from .executor import execute
+from .transport import PeerError, PeerLostError, PeerTimeoutError, link, transport_kind, wait_collective
 from .group import all_gather_into, global_rank, group_info, reduce_scatter_into
-from .numerics import acc_dtype, wgrad
+from .numerics import acc_dtype, partial_producer, rows_writer, wgrad
 from .pipeline import Pass, exchange, gather, gather_and_consume, produce_and_scatter, scatter, tail, walk
 
-__all__ = ["OverlapContext", "Pass", "PeerTimeoutError", "TraceEvent", "acc_dtype", "all_gather_into",
+__all__ = ["OverlapContext", "Pass", "PeerError", "PeerLostError", "PeerTimeoutError", "TraceEvent", "acc_dtype",
+           "all_gather_into", "link", "partial_producer", "rows_writer", "transport_kind", "wait_collective",
            "consume_all_to_all", "default_context", "exchange", "execute", "gather", "gather_and_consume",
            "global_rank", "group_info", "produce_all_to_all", "produce_and_scatter", "reduce_scatter_into",
            "scatter", "tail", "walk", "wgrad"]

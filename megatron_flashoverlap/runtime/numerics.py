@@ -3,13 +3,18 @@
     acc_dtype(dtype)      fp32 for bf16/fp16 (partial sums are kept AND sent in it), the input dtype otherwise
     wgrad(dy, x)          dy [r, b, n], x [r, b, h] -> dw [n, h] = dy^T x, in the accumulation dtype
     wgrad(dy, x, cols)    rows cols of dw only: dy[..., cols]^T x (the DP bucket takes dw row range by range)
+    rows_writer(out, w, b)          write(span, x_rows): out[span] = x_rows @ w^T + b in place (GEMM slices)
+    partial_producer(x, w)          the Flash-RS producer of partials x[rows] @ w^T (in place where it can)
 
 Weight gradients summed across slices or blocks are summed in acc_dtype: the sum order differs from one
 big GEMM, and bf16 partial sums would lose the low bits of every slice.
 """
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -30,3 +35,32 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, cols: slice | None = None) -> torch
 def zeros_acc(like: torch.Tensor) -> torch.Tensor:
     """An accumulator shaped like `like`, in its accumulation dtype (gradients summed over slices)."""
     return torch.zeros(like.shape, dtype=acc_dtype(like.dtype), device=like.device)
+
+
+def rows_writer(out: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """-> write(span, x_rows): out[span] = x_rows [n, b, k] @ weight[m, k]^T (+ bias [m]) for out [s, b, m]
+    (contiguous), in place: the kernel F.linear runs on the flattened rows (mm / addmm), no temporary."""
+    per = math.prod(out.shape[1:-1])  # rows of the flattened [s * b, m] per row of s
+    o2, wt = out.view(-1, out.shape[-1]), weight.t()  # [s * b, m], [k, m]
+
+    def write(span, x_rows: torch.Tensor) -> None:
+        x2 = x_rows.reshape(-1, x_rows.shape[-1])  # [n * b, k]
+        if bias is None:
+            torch.mm(x2, wt, out=o2[span[0] * per:span[1] * per])
+        else:
+            torch.addmm(bias, x2, wt, out=o2[span[0] * per:span[1] * per])
+    return write
+
+
+def partial_producer(x: torch.Tensor, weight: torch.Tensor, offset: int = 0):
+    """The Flash-RS producer of partials x[offset + rows] @ w^T for x [s, b, k] and whether it writes into the
+    ring slot: `produce(span, out)` in place where partials keep the input dtype, else `produce(span)` returns
+    it (the handler casts it into its fp32 slot)."""
+    if acc_dtype(x.dtype) != x.dtype:
+        return (lambda span: F.linear(x[offset + span[0]:offset + span[1]], weight)), False
+    per = math.prod(x.shape[1:-1])
+    x2, wt = x.reshape(-1, x.shape[-1]), weight.t()  # [s * b, k], [k, m]
+
+    def produce(span, out: torch.Tensor) -> None:
+        torch.mm(x2[(offset + span[0]) * per:(offset + span[1]) * per], wt, out=out.view(-1, out.shape[-1]))
+    return produce, True

@@ -37,8 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...runtime import acc_dtype, gather, group_info, scatter, tail as tail_pass, walk
+from ...runtime import acc_dtype, gather, group_info, scatter, tail as tail_pass, wait_collective, walk
 from ...runtime.handlers import chunk_bounds
+from ...runtime.numerics import partial_producer, rows_writer
 from ..registry import register
 
 OP = "matmul_all_reduce"
@@ -64,8 +65,7 @@ def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None):
     world = group_info(group)[1]
     work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
     _run_tail(tail)
-    if work is not None:
-        work.wait(ctx.timeout)
+    wait_collective([work], group, x.device, ctx.timeout, "all-reduce")
     return y
 
 
@@ -74,13 +74,12 @@ def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None):
     """Data slicing: the all-reduce of chunk j in flight while chunk j+1 multiplies; the last is the tail
     (in the column backward the wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
     y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
-    works = []
+    works, write = [], rows_writer(y, weight)
     for a, b in chunk_bounds(x.shape[0], num_chunks):
-        y[a:b] = F.linear(x[a:b], weight)
+        write((a, b), x[a:b])
         works.append(dist.all_reduce(y[a:b], group=group, async_op=True))
     _run_tail(tail)
-    for w in works:
-        w.wait(ctx.timeout)
+    wait_collective(works, group, x.device, ctx.timeout, f"all-reduce of {len(works)} chunks")
     return y
 
 
@@ -93,9 +92,9 @@ def ar_matmul_ring(x, weight, group, ctx, *, num_chunks=DEFAULT_CHUNKS, tail=Non
     y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
     pending = None  # the all-gather pass still to run
     for a, b in chunk_rows(x.shape[0], world, num_chunks):
-        rs = scatter(lambda span, a=a: F.linear(x[a + span[0]:a + span[1]], weight), (b - a) // world,
-                     tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype,
-                     device=x.device, bidirectional=bidirectional, name="ar.rs", tag=0)
+        produce, into = partial_producer(x, weight, offset=a)
+        rs = scatter(produce, (b - a) // world, tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype),
+                     out_dtype=x.dtype, device=x.device, bidirectional=bidirectional, name="ar.rs", tag=0, into=into)
         walk(group, ctx, rs, pending)
         pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, bidirectional)
     walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))

@@ -21,8 +21,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ...runtime import acc_dtype, gather, gather_and_consume, scatter, walk, wgrad
-from ...runtime.numerics import zeros_acc
+from ...runtime import acc_dtype, gather, gather_and_consume, rows_writer, scatter, walk, wgrad
+from ...runtime.numerics import partial_producer, zeros_acc
 from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
 from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
@@ -67,9 +67,10 @@ def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional):
     def consume(span, xs):
         dw.add_(wgrad(dy[span[0]:span[1]], xs))
 
-    rs = scatter(lambda span: F.linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
-                 tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx, acc_dtype=acc_dtype(dy.dtype),
-                 out_dtype=dy.dtype, device=dy.device, bidirectional=bidirectional, name="bwd.rs", tag=0)
+    produce, into = partial_producer(dy, weight.t())
+    rs = scatter(produce, x_shard.shape[0], tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx,
+                 acc_dtype=acc_dtype(dy.dtype), out_dtype=dy.dtype, device=dy.device, bidirectional=bidirectional,
+                 name="bwd.rs", tag=0, into=into)
     ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
     walk(group, ctx, rs, ag)
     return rs.handler.result(), dw.to(weight.dtype)
@@ -97,9 +98,10 @@ def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, 
     """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw."""
     dx = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
     dw = zeros_acc(weight) if need_dw else None
+    write_dx = rows_writer(dx, weight.t())
 
     def consume(span, dys):
-        dx[span[0]:span[1]] = F.linear(dys, weight.t())
+        write_dx(span, dys)  # dx[span] = dys @ w, straight into dx's rows
         if dw is not None:
             dw.add_(wgrad(dys, x[span[0]:span[1]]))
 
