@@ -103,11 +103,17 @@ class OverlapContext:
             seen.clear()
         seen.add(key)
 
+    def forget_peer_checks(self) -> None:
+        """Forget the agreed shapes: the next call of each runs the check again. Call it on every rank of the
+        groups at the same point (one rank forgetting alone would wait in a check its peers skip)."""
+        self._agreed.clear()
+
     def record(self, what: str, label: str, start: float) -> None:
         if self.trace is not None:
             self.trace.append(TraceEvent(what, label, start, time.perf_counter()))
 
     def clear(self) -> None:
+        """Drop the buffers (the agreed peer checks stay: see forget_peer_checks)."""
         self._buffers.clear()
 
 
