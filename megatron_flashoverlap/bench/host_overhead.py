@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import ops
+import megatron_flashoverlap.ops as ops
 from ..runtime import OverlapContext
 from .rounds import interleaved
 

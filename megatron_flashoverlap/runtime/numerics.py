@@ -3,6 +3,7 @@
     acc_dtype(dtype)      fp32 for bf16/fp16 (partial sums are kept AND sent in it), the input dtype otherwise
     wgrad(dy, x)          dy [r, b, n], x [r, b, h] -> dw [n, h] = dy^T x, in the accumulation dtype
     wgrad(dy, x, cols)    rows cols of dw only: dy[..., cols]^T x (the DP bucket takes dw row range by range)
+    wgrad_by_rows(dy or x, ...)     part(span, rows): the wgrad of a row span, as wgrad computes it
     rows_writer(out, w, b)          write(span, x_rows): out[span] = x_rows @ w^T + b in place (GEMM slices)
     partial_producer(x, w)          the Flash-RS producer of partials x[rows] @ w^T (in place where it can)
 
@@ -30,6 +31,18 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, cols: slice | None = None) -> torch
     """dw [n, h] = dy^T x (or its rows `cols`: dy[..., cols]^T x), in acc_dtype(x.dtype)."""
     d = flat(dy) if cols is None else flat(dy)[:, cols]
     return torch.mm(d.t(), flat(x)).to(acc_dtype(x.dtype))
+
+
+def wgrad_by_rows(fixed: torch.Tensor, fixed_is_dy: bool):
+    """-> part(span, rows): the wgrad of rows `span`, dy[span]^T rows (fixed = dy [s, b, n]) or rows^T x[span]
+    (fixed = x [s, b, h]), computed as `wgrad` does (one mm, then acc_dtype); the flat view made once."""
+    f2, per = flat(fixed), math.prod(fixed.shape[1:-1])  # [s * b, c], rows of f2 per row of s
+
+    def part(span, rows: torch.Tensor) -> torch.Tensor:
+        f = f2[span[0] * per:span[1] * per]
+        d, x = (f, flat(rows)) if fixed_is_dy else (flat(rows), f)
+        return torch.mm(d.t(), x).to(acc_dtype(x.dtype))
+    return part
 
 
 def zeros_acc(like: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import acc_dtype, gather, gather_and_consume, rows_writer, scatter, walk, wgrad
-from ...runtime.numerics import partial_producer, zeros_acc
+from ...runtime.numerics import partial_producer, wgrad_by_rows, zeros_acc
 from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
 from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
@@ -62,10 +62,10 @@ def column_backward_ring(dy, x_shard, gathered, weight, group, ctx, *, num_chunk
 
 
 def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional):
-    dw = zeros_acc(weight)
+    dw, part = zeros_acc(weight), wgrad_by_rows(dy, fixed_is_dy=True)
 
     def consume(span, xs):
-        dw.add_(wgrad(dy[span[0]:span[1]], xs))
+        dw.add_(part(span, xs))  # += dy[span]^T xs
 
     produce, into = partial_producer(dy, weight.t())
     rs = scatter(produce, x_shard.shape[0], tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx,
@@ -98,12 +98,12 @@ def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, 
     """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw."""
     dx = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
     dw = zeros_acc(weight) if need_dw else None
-    write_dx = rows_writer(dx, weight.t())
+    write_dx, part = rows_writer(dx, weight.t()), wgrad_by_rows(x, fixed_is_dy=False)
 
     def consume(span, dys):
         write_dx(span, dys)  # dx[span] = dys @ w, straight into dx's rows
         if dw is not None:
-            dw.add_(wgrad(dys, x[span[0]:span[1]]))
+            dw.add_(part(span, dys))  # += dys^T x[span]
 
     gather_and_consume(dy, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag")
     return dx, (dw.to(weight.dtype) if dw is not None else None)
