@@ -135,6 +135,7 @@ class ExchangePass:
 
     def __init__(self, flat: torch.Tensor, blocks: int, ctx: OverlapContext, name: str = "ar", tag: int = 0):
         self.flat, self.size, self.ctx, self.name, self.tag = flat, flat.numel() // blocks, ctx, name, tag
+        self.recv_names = [f"{name}.recv.{b}" for b in range(blocks)]
 
     def view(self, x: Slice) -> torch.Tensor:
         return self.flat[x.block * self.size:(x.block + 1) * self.size]
@@ -143,7 +144,7 @@ class ExchangePass:
         return self.view(x)
 
     def recv(self, x: Slice) -> torch.Tensor:  # one scratch per block: a step receives a block at most once
-        return self.ctx.buffer(f"{self.name}.recv.{x.block}", (self.size,), self.flat.dtype, self.flat.device)
+        return self.ctx.buffer(self.recv_names[x.block], (self.size,), self.flat.dtype, self.flat.device)
 
     def compute(self, x: Slice) -> None:
         pass

@@ -71,9 +71,13 @@ class Link:
         self.kind = transport_kind(self.backend, device_type)
         self.timed = self.kind == "timed"
         self.direct = backend_for(self.backend, device_type) in DIRECT_POSTING
+        self._global: dict[int, int] = {}
 
     def global_rank(self, peer: int) -> int:
-        return peer if self.group is None else dist.get_global_rank(self.group, peer)
+        g = self._global.get(peer)
+        if g is None:
+            g = self._global[peer] = peer if self.group is None else dist.get_global_rank(self.group, peer)
+        return g
 
     def post(self, step: int, sends: Sequence, send_peers: Sequence[int], recvs: Sequence,
              recv_peers: Sequence[int]) -> list:
