@@ -93,7 +93,7 @@ class Link:
                 works.append(pg.recv([t], p, 0))
         except RuntimeError as e:
             ops = _ops(send_peers, recv_peers)
-            verb, peer = ops[len(works)] if self.direct else ("post", None)
+            verb, peer = ops[len(works)] if self.direct else ("transfers", None)
             raise PeerLostError(f"step {step}: posting the {verb} {self._who(peer, ops)} failed: {_reason(e)}. "
                                 f"{_RESTART}") from e
         return works
