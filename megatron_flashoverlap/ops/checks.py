@@ -1,4 +1,11 @@
-"""Preconditions of the overlap operators: checked before any transfer, each error names the fix."""
+"""Preconditions of the overlap operators: checked before any transfer, each error names the fix.
+
+The peer-agreement check (`peers_agree`) is one small all-gather plus a device-to-host read; under the
+context's default check_peers="once" it runs once per (group, op, shape facts), so a steady state issues
+only the operator's own traffic. What "once" gives up: a rank whose shapes were already agreed skips the
+check, so if a later call disagrees the other ranks wait in the check until the transport's timeout
+(gloo: PeerTimeoutError) or the process group's watchdog (NCCL). check_peers="always" checks every call.
+"""
 from __future__ import annotations
 
 import torch
@@ -52,6 +59,17 @@ def check_peers_agree(op: str, group, world: int, device: torch.device, *facts: 
                          f"tensor-parallel group must pass the same sequence length, batch and hidden size")
 
 
+def peers_agree(op: str, group, world: int, device: torch.device, ctx: OverlapContext, *facts: int) -> None:
+    """check_peers_agree under the context's policy: once per (group, op, facts), always, or never."""
+    if world == 1 or ctx.check_peers == "never":
+        return
+    key = (op,) + facts
+    if ctx.agreed(group, key):
+        return
+    check_peers_agree(op, group, world, device, *facts)
+    ctx.remember_agreed(group, key)
+
+
 def checked_context(op: str, x: torch.Tensor, weight: torch.Tensor, bias, group, context: OverlapContext | None,
                     divisible: bool = False) -> OverlapContext | None:
     """The checks every public wrapper runs first. -> the context to run with, or None for a group of
@@ -63,6 +81,5 @@ def checked_context(op: str, x: torch.Tensor, weight: torch.Tensor, bias, group,
         return None
     if divisible:
         check_divisible(op, x.shape[0], world)
-    if ctx.check_peers:
-        check_peers_agree(op, group, world, x.device, *x.shape, *weight.shape)
+    peers_agree(op, group, world, x.device, ctx, *x.shape, *weight.shape)
     return ctx

@@ -18,10 +18,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..schedules import Slice, Transfer, all_to_all_consume, all_to_all_produce, merge
+from ..schedules import Slice, Transfer, all_to_all_consume, all_to_all_produce
 from .context import OverlapContext
 from .executor import execute
 from .group import group_info
+from .pipeline import merged, schedule
 
 
 class ProducePass:
@@ -60,6 +61,8 @@ class ConsumePass:
         self.rows = y_h.shape[0] // world
         self.held: dict[Slice, torch.Tensor] = {}
         self.turn = 0
+        self.slots = (f"{name}.{tag}.0", f"{name}.{tag}.1")
+        self.shape = (self.rows,) + tuple(self.y.shape[1:])
 
     def _mine(self, dst: int) -> torch.Tensor:
         return self.y[dst * self.rows:(dst + 1) * self.rows]
@@ -69,8 +72,7 @@ class ConsumePass:
 
     def recv(self, x: Slice) -> torch.Tensor:  # two slots: one consumed while the next one flies
         slot, self.turn = self.turn % 2, self.turn + 1
-        shape = (self.rows,) + tuple(self.y.shape[1:])
-        self.held[x] = self.ctx.buffer(f"{self.name}.{self.tag}.{slot}", shape, self.y.dtype, self.y.device)
+        self.held[x] = self.ctx.buffer(self.slots[slot], self.shape, self.y.dtype, self.y.device)
         return self.held[x]
 
     def compute(self, x: Slice) -> None:
@@ -90,7 +92,8 @@ def produce_all_to_all(makes: Sequence[Callable[[int], torch.Tensor]], shapes: S
         out_shape = (shape[0] * world, shape[1], shape[2] // world) + tuple(shape[3:])
         outs.append(torch.empty(out_shape, dtype=dtype, device=device))
         passes[i] = ProducePass(make, outs[-1], rank, world, i)
-    execute(merge(*(all_to_all_produce(rank, world, tag=i) for i in range(len(makes)))), group, passes, ctx)
+    execute(merged(*(schedule(all_to_all_produce, rank, world, tag=i) for i in range(len(makes)))), group, passes,
+            ctx)
     return outs
 
 
@@ -100,4 +103,4 @@ def consume_all_to_all(ys: Sequence[torch.Tensor], uses: Sequence[Callable[[int,
     uses[i](src, piece), the own piece first; every tensor in one merged walk."""
     rank, world = group_info(group)
     passes = {i: ConsumePass(y, use, rank, world, i, ctx, name) for i, (y, use) in enumerate(zip(ys, uses))}
-    execute(merge(*(all_to_all_consume(rank, world, tag=i) for i in range(len(ys)))), group, passes, ctx)
+    execute(merged(*(schedule(all_to_all_consume, rank, world, tag=i) for i in range(len(ys)))), group, passes, ctx)

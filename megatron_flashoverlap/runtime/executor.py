@@ -7,62 +7,79 @@ Timeline of one step (the compute slices overlap the step's transfers; arrivals 
 
 `handlers` maps a slice tag to an object with `send(slice) -> Tensor`, `recv(slice) -> Tensor`,
 `compute(slice)` and `arrived(transfer)`; several passes (e.g. dgrad RS and wgrad AG) share one walk.
+Posting and waiting go through the group's transport (runtime/transport.py): untimed, stream-ordered
+waits on NCCL; timed waits with PeerTimeoutError / PeerLostError on gloo.
+
+Host cost: a step list is prepared once (`prepare`: flat tuples of tags, slices and peers, cached by
+the identity of the step tuple, which the pipeline's schedule caches keep alive), and the trace's clock
+is read only when `ctx.trace` is set.
 """
 from __future__ import annotations
 
 import time
 from typing import Mapping, Sequence
 
-import torch.distributed as dist
-
-from ..schedules import Step, Transfer
+from ..schedules import Step
 from .context import OverlapContext
-from .group import global_rank
+from .transport import PeerError, PeerLostError, PeerTimeoutError, link
+
+__all__ = ["PeerError", "PeerLostError", "PeerTimeoutError", "execute", "prepare"]
+_PLANS: dict = {}
+_MAX_PLANS = 1024  # prepared step lists kept; past that the cache starts over
 
 
-class PeerTimeoutError(RuntimeError):
-    """A peer did not complete a transfer within the context's timeout."""
+class Prepared:
+    """One step, flattened for the walk: (tag, slice) of sends, receives, compute; arrivals (tag, transfer)."""
+
+    __slots__ = ("sends", "send_peers", "recvs", "recv_peers", "compute", "arrivals", "ops", "labels", "where")
+
+    def __init__(self, i: int, step: Step):
+        self.sends = tuple((t.slice.tag, t.slice) for t in step.sends)
+        self.send_peers = tuple(t.peer for t in step.sends)
+        self.recvs = tuple((t.slice.tag, t.slice) for t in step.recvs)
+        self.recv_peers = tuple(t.peer for t in step.recvs)
+        self.compute = tuple((x.tag, x) for x in step.compute)
+        self.arrivals = tuple((t.slice.tag, t) for t in step.recvs)
+        self.ops = [("send", p) for p in self.send_peers] + [("receive", p) for p in self.recv_peers]
+        self.labels = tuple(x.label() for x in step.compute)
+        self.where = f"step {i}"
 
 
-def _post(step: Step, group, handlers: Mapping) -> list:
-    ops = [dist.P2POp(dist.isend, handlers[t.slice.tag].send(t.slice), global_rank(group, t.peer), group)
-           for t in step.sends]
-    ops += [dist.P2POp(dist.irecv, handlers[t.slice.tag].recv(t.slice), global_rank(group, t.peer), group)
-            for t in step.recvs]
-    return dist.batch_isend_irecv(ops) if ops else []
-
-
-def _wait(works: list, step_index: int, step: Step, ctx: OverlapContext) -> None:
-    start = time.perf_counter()
-    for w in works:
-        try:
-            ok = w.wait(ctx.timeout)
-        except RuntimeError as e:
-            raise _timeout(step_index, step, ctx) from e
-        if ok is False:
-            raise _timeout(step_index, step, ctx)
-    ctx.record("wait", f"step {step_index}", start)
-
-
-def _timeout(i: int, step: Step, ctx: OverlapContext) -> PeerTimeoutError:
-    peers = sorted({t.peer for t in step.sends + step.recvs})
-    return PeerTimeoutError(
-        f"step {i}: group ranks {peers} did not complete their transfers within {ctx.timeout}. A peer died "
-        f"or the ranks called different operators or shapes; the process group is unusable now, restart "
-        f"the job (the limit is OverlapContext(timeout=...), by default the configured timeout_s)")
+def prepare(steps: Sequence[Step]) -> tuple[Prepared, ...]:
+    """The prepared form of `steps`, cached by identity (the entry keeps `steps` alive: no id reuse)."""
+    hit = _PLANS.get(id(steps))
+    if hit is not None and hit[0] is steps:
+        return hit[1]
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    plan = tuple(Prepared(i, s) for i, s in enumerate(steps))
+    _PLANS[id(steps)] = (steps, plan)
+    return plan
 
 
 def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext) -> None:
     """Run `steps` (one rank's schedule) over `group` with the given per-tag handlers."""
-    for i, step in enumerate(steps):
-        start = time.perf_counter()
-        works = _post(step, group, handlers)
+    traced = ctx.trace is not None
+    lk = None
+    for i, st in enumerate(prepare(steps)):
+        start = time.perf_counter() if traced else 0.0
+        works = ()
+        if st.ops:
+            out = [handlers[tag].send(x) for tag, x in st.sends]
+            inc = [handlers[tag].recv(x) for tag, x in st.recvs]
+            lk = lk or link(group, (out or inc)[0].device)
+            works = lk.post(i, out, st.send_peers, inc, st.recv_peers)
+            if traced:
+                ctx.record("post", st.where, start)  # the trace shows step i in flight until its wait ends
+        for k, (tag, x) in enumerate(st.compute):
+            t = time.perf_counter() if traced else 0.0
+            handlers[tag].compute(x)
+            if traced:
+                ctx.record("compute", st.labels[k], t)
+        t = time.perf_counter() if traced else 0.0
         if works:
-            ctx.record("post", f"step {i}", start)  # the trace shows step i in flight from here to its wait's end
-        for x in step.compute:
-            start = time.perf_counter()
-            handlers[x.tag].compute(x)
-            ctx.record("compute", x.label(), start)
-        _wait(works, i, step, ctx)
-        for t in step.recvs:
-            handlers[t.slice.tag].arrived(t)
+            lk.wait(works, st.where, st.ops, ctx.timeout)
+        if traced:
+            ctx.record("wait", st.where, t)
+        for tag, tr in st.arrivals:
+            handlers[tag].arrived(tr)

@@ -5,11 +5,22 @@ import torch
 import torch.distributed as dist
 
 
+_INFO: dict = {}
+_MAX_INFO = 256  # groups remembered; past that the cache starts over (it only saves host time)
+
+
 def group_info(group) -> tuple[int, int]:
-    """(rank in group, group size); (0, 1) when torch.distributed is not initialized."""
+    """(rank in group, group size); (0, 1) when torch.distributed is not initialized. Cached per group
+    object (the default group by its object too, so a re-initialized world is a new entry)."""
     if not dist.is_available() or not dist.is_initialized():
         return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
+    key = dist.group.WORLD if group is None else group
+    info = _INFO.get(key)
+    if info is None:
+        if len(_INFO) >= _MAX_INFO:
+            _INFO.clear()
+        info = _INFO[key] = (dist.get_rank(group), dist.get_world_size(group))
+    return info
 
 
 def global_rank(group, group_rank: int) -> int:

@@ -6,7 +6,7 @@ A handler owns the tensors of one collective and turns the executor's slice call
   land in `gathered [s, ...]` (kept for reuse) or in two ring slots per direction (memory-lean).
   `consume(rows, x_slice)` is the GEMM of the arrived rows; rows index the gathered dim 0.
 - `ScatterPass` (produce, accumulate): `produce(rows) -> partial [rows, ...]` for output rows of the
-  full [s, ...] tensor; partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in
+  full [s, ...] tensor (or, with `into=True`, `produce(rows, out)` writes it into the fp32 slot); partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in
   `wire_dtype` (by default `out_dtype`, the input's: stock's bytes): a sum is rounded to it only to be
   sent, an arrival is upcast-added into the accumulator; `result()` is this rank's block [s/P, ...] in
   `out_dtype`, rounded once from the accumulator (numerics.py).
@@ -53,34 +53,36 @@ class GatherPass:
         if self.gathered is not None:
             self.gathered[rank * self.rows:(rank + 1) * self.rows].copy_(self.x)
         self.ctx, self.name = ctx, name
-        self.held: dict[Slice, torch.Tensor] = {}
+        self.held: dict[tuple[int, int], torch.Tensor] = {}  # (block, part) -> arrived rows (a tuple: cheap hash)
         self.turn = [0] * parts
-
-    def _local(self, x: Slice) -> torch.Tensor:
-        a, b = part_bounds(self.rows, self.parts, x.part)
-        return self.x[a:b]
+        self.bounds = [part_bounds(self.rows, parts, k) for k in range(parts)]
+        self.local = [self.x[a:b] for a, b in self.bounds]
+        self.shapes = [(b - a,) + tuple(x_shard.shape[1:]) for a, b in self.bounds]
+        self.slots = [(f"{name}.{k}.0", f"{name}.{k}.1") for k in range(parts)]  # two ring slots per part
+        self.dtype, self.device = x_shard.dtype, x_shard.device
 
     def view(self, x: Slice) -> torch.Tensor:
-        return self._local(x) if x.block == self.rank else self.held[x]
+        return self.local[x.part] if x.block == self.rank else self.held[(x.block, x.part)]
 
     def send(self, x: Slice) -> torch.Tensor:
         return self.view(x)
 
     def recv(self, x: Slice) -> torch.Tensor:
-        a, b = part_bounds(self.rows, self.parts, x.part)
+        k = x.part
         if self.gathered is not None:
             lo = x.block * self.rows
-            buf = self.gathered[lo + a:lo + b]
+            buf = self.gathered[lo + self.bounds[k][0]:lo + self.bounds[k][1]]
         else:  # two slots per direction: a slot is free again once the next hop forwarded it
-            slot = self.turn[x.part] % 2
-            self.turn[x.part] += 1
-            shape = (b - a,) + tuple(self.x.shape[1:])
-            buf = self.ctx.buffer(f"{self.name}.{x.part}.{slot}", shape, self.x.dtype, self.x.device)
-        self.held[x] = buf
+            slot = self.turn[k] % 2
+            self.turn[k] += 1
+            buf = self.ctx.buffer(self.slots[k][slot], self.shapes[k], self.dtype, self.device)
+        self.held[(x.block, k)] = buf
         return buf
 
     def compute(self, x: Slice) -> None:
-        self.consume(slice_rows(x, self.rows, self.parts), self.view(x))
+        a, b = self.bounds[x.part]
+        lo = x.block * self.rows
+        self.consume((lo + a, lo + b), self.view(x))
 
     def arrived(self, t: Transfer) -> None:
         pass
@@ -89,24 +91,33 @@ class GatherPass:
 class ScatterPass:
     def __init__(self, block_rows: int, rank: int, parts: int, produce: Callable[[tuple[int, int]], torch.Tensor],
                  tail_shape: tuple, acc_dtype: torch.dtype, out_dtype: torch.dtype, device, ctx: OverlapContext,
-                 name: str = "rs", tag: int = 0, wire_dtype: torch.dtype | None = None):
-        self.tag = tag
+                 name: str = "rs", tag: int = 0, into: bool = False, wire_dtype: torch.dtype | None = None):
+        self.tag, self.into = tag, into
         self.wire_dtype = out_dtype if wire_dtype is None else wire_dtype
         self.rows, self.rank, self.parts, self.produce = block_rows, rank, parts, produce
         self.tail, self.acc_dtype, self.out_dtype, self.device = tuple(tail_shape), acc_dtype, out_dtype, device
         self.ctx, self.name = ctx, name
         self.acc: dict[Slice, torch.Tensor] = {}
         self.turn = [0] * parts
+        self.bounds = [part_bounds(block_rows, parts, k) for k in range(parts)]
+        self.shapes = [(b - a,) + self.tail for a, b in self.bounds]
+        self.slots = [(f"{name}.acc.{k}.0", f"{name}.acc.{k}.1") for k in range(parts)]
+        self.recv_names = [f"{name}.recv.{k}" for k in range(parts)]
+        self.send_names = [f"{name}.send.{k}" for k in range(parts)]
 
     def _shape(self, x: Slice) -> tuple:
-        a, b = part_bounds(self.rows, self.parts, x.part)
-        return (b - a,) + self.tail
+        return self.shapes[x.part]
 
     def compute(self, x: Slice) -> None:
         slot = self.turn[x.part] % 2  # a partial is sent one step after it is made: two slots suffice
         self.turn[x.part] += 1
-        buf = self.ctx.buffer(f"{self.name}.acc.{x.part}.{slot}", self._shape(x), self.acc_dtype, self.device)
-        buf.copy_(self.produce(slice_rows(x, self.rows, self.parts)))
+        buf = self.ctx.buffer(self.slots[x.part][slot], self.shapes[x.part], self.acc_dtype, self.device)
+        a, b = self.bounds[x.part]
+        rows = (x.block * self.rows + a, x.block * self.rows + b)
+        if self.into:
+            self.produce(rows, buf)
+        else:
+            buf.copy_(self.produce(rows))
         self.acc[x] = buf
 
     def send(self, x: Slice) -> torch.Tensor:
@@ -114,11 +125,11 @@ class ScatterPass:
         if self.wire_dtype == acc.dtype:
             return acc
         # one send per part in flight, waited before the next is made: one slot per part
-        wire = self.ctx.buffer(f"{self.name}.send.{x.part}", acc.shape, self.wire_dtype, self.device)
+        wire = self.ctx.buffer(self.send_names[x.part], acc.shape, self.wire_dtype, self.device)
         return wire.copy_(acc)  # the fp32 sum rounded to the wire dtype, once per hop
 
     def recv(self, x: Slice) -> torch.Tensor:
-        return self.ctx.buffer(f"{self.name}.recv.{x.part}", self._shape(x), self.wire_dtype, self.device)
+        return self.ctx.buffer(self.recv_names[x.part], self.shapes[x.part], self.wire_dtype, self.device)
 
     def arrived(self, t: Transfer) -> None:
         self.acc[t.slice].add_(self.recv(t.slice))  # upcast-add: wire dtype into the acc_dtype sum
@@ -133,6 +144,7 @@ class ExchangePass:
 
     def __init__(self, flat: torch.Tensor, blocks: int, ctx: OverlapContext, name: str = "ar", tag: int = 0):
         self.flat, self.size, self.ctx, self.name, self.tag = flat, flat.numel() // blocks, ctx, name, tag
+        self.recv_names = [f"{name}.recv.{b}" for b in range(blocks)]
 
     def view(self, x: Slice) -> torch.Tensor:
         return self.flat[x.block * self.size:(x.block + 1) * self.size]
@@ -141,7 +153,7 @@ class ExchangePass:
         return self.view(x)
 
     def recv(self, x: Slice) -> torch.Tensor:  # one scratch per block: a step receives a block at most once
-        return self.ctx.buffer(f"{self.name}.recv.{x.block}", (self.size,), self.flat.dtype, self.flat.device)
+        return self.ctx.buffer(self.recv_names[x.block], (self.size,), self.flat.dtype, self.flat.device)
 
     def compute(self, x: Slice) -> None:
         pass

@@ -15,6 +15,9 @@ and walking them is done here, once.
 `gather`, `scatter` and `tail` build the passes (a schedule of one rank + its data-side handler) that
 `walk` merges; rows are (start, stop) of the gathered / pre-scatter dim 0. The all-to-all pipeline
 functions (`produce_all_to_all`, `consume_all_to_all`) live in runtime/alltoall.py.
+
+Schedules are pure data: `schedule(builder, rank, world, ...)` builds each one once per arguments and
+`merged(...)` merges each combination once, so a steady-state walk builds no step objects.
 """
 from __future__ import annotations
 
@@ -41,34 +44,60 @@ class Pass:
     handler: object
 
 
+_MERGED: dict = {}
+_MAX_MERGED = 1024  # merged step lists kept; past that the cache starts over
+
+
+@functools.lru_cache(maxsize=1024)
+def schedule(builder: Callable[..., Schedule], rank: int, world: int, **kw) -> Schedule:
+    """builder(rank, world, **kw), built once per arguments (a schedule is immutable data)."""
+    return builder(rank, world, **kw)
+
+
+def merged(*schedules: Schedule) -> tuple[Step, ...]:
+    """merge(*schedules), once per combination of schedule objects (the entry keeps them alive)."""
+    if len(schedules) == 1:
+        return schedules[0].steps
+    key = tuple(map(id, schedules))
+    hit = _MERGED.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], schedules)):
+        if len(_MERGED) >= _MAX_MERGED:
+            _MERGED.clear()
+        hit = _MERGED[key] = (schedules, merge(*schedules))
+    return hit[1]
+
+
 def walk(group, ctx: OverlapContext, *passes: Pass | None) -> None:
     """Run the passes in ONE executor walk: schedules merged step by step (None entries skipped)."""
     passes = [p for p in passes if p is not None]
-    tags = [p.handler.tag for p in passes]
-    if len(set(tags)) != len(tags):
-        raise ValueError(f"walk: passes share a tag {tags}; give each pass of one walk its own tag=")
-    if passes:
-        execute(merge(*(p.schedule for p in passes)), group, {p.handler.tag: p.handler for p in passes}, ctx)
+    if not passes:
+        return
+    handlers = {p.handler.tag: p.handler for p in passes}
+    if len(handlers) != len(passes):
+        raise ValueError(f"walk: passes share a tag {[p.handler.tag for p in passes]}; give each pass of one "
+                         f"walk its own tag=")
+    execute(merged(*(p.schedule for p in passes)), group, handlers, ctx)
 
 
 def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group, ctx: OverlapContext, *,
            bidirectional: bool = False, keep_gathered: bool = False, name: str = "ag", tag: int = 0) -> Pass:
     """The Flash-AG pass of x_shard [s/P, ...]: local shard first; `handler.gathered` [s, ...] if kept."""
     rank, world = group_info(group)
-    sched = all_gather_ring(rank, world, bidirectional=bidirectional, tag=tag)
+    sched = schedule(all_gather_ring, rank, world, bidirectional=bidirectional, tag=tag)
     return Pass(sched, GatherPass(x_shard, rank, world, sched.parts, consume, ctx, keep_gathered, name, tag))
 
 
 def scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
             ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
             wire_dtype: torch.dtype | None = None, bidirectional: bool = False, name: str = "rs",
-            tag: int = 0) -> Pass:
+            tag: int = 0, into: bool = False) -> Pass:
     """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`.
-    Sums are kept in acc_dtype and travel in wire_dtype (None: out_dtype, the bytes of stock's collective)."""
+    Sums are kept in acc_dtype and travel in wire_dtype (None: out_dtype, the bytes of stock's collective).
+    into: `produce(rows, out)` writes the partial into the ring slot `out` (acc_dtype) instead of returning it."""
     rank, world = group_info(group)
-    sched = reduce_scatter_ring(rank, world, bidirectional=bidirectional, tag=tag)
+    sched = schedule(reduce_scatter_ring, rank, world, bidirectional=bidirectional, tag=tag)
     handler = ScatterPass(block_rows, rank, sched.parts, produce, tail_shape, acc_dtype, out_dtype, device, ctx,
-                          name, tag, wire_dtype)
+                          name, tag, into, wire_dtype)
     return Pass(sched, handler)
 
 
@@ -77,9 +106,13 @@ def tail(pieces: int, fn: Callable[[int], None], group, *, tag: int) -> Pass | N
     if pieces == 0:
         return None
     rank, world = group_info(group)
+    return Pass(schedule(_tail_schedule, rank, world, pieces=pieces, tag=tag), TailPass(fn, tag))
+
+
+def _tail_schedule(rank: int, world: int, *, pieces: int, tag: int) -> Schedule:
     hops = max(world - 1, 1)
     steps = tuple(Step(compute=tuple(Slice(i, 0, tag) for i in range(pieces) if i % hops == s)) for s in range(hops))
-    return Pass(Schedule("produce", rank, world, steps, name="tail"), TailPass(fn, tag))
+    return Schedule("produce", rank, world, steps, name="tail")
 
 
 def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group,
@@ -94,16 +127,17 @@ def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Ten
 def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
                         ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
                         wire_dtype: torch.dtype | None = None, bidirectional: bool = False,
-                        name: str = "rs") -> torch.Tensor:
-    """Flash-RS: produce(rows) -> partial [rows, *tail_shape], summed over the group in acc_dtype, sent in
-    wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape] in out_dtype."""
+                        name: str = "rs", into: bool = False) -> torch.Tensor:
+    """Flash-RS: produce(rows) -> partial [rows, *tail_shape] (into: produce(rows, out) fills it), summed over
+    the group in acc_dtype, sent in wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape]
+    in out_dtype."""
     p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
-                device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name)
+                device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name, into=into)
     walk(group, ctx, p)
     return p.handler.result()
 
 
-_schedule = functools.lru_cache(maxsize=256)(all_reduce_schedule)  # pure data: build once per layout
+_all_reduce_schedule = functools.lru_cache(maxsize=256)(all_reduce_schedule)  # pure data: once per layout
 
 
 def exchange(x: torch.Tensor, algo: str, group, ctx: OverlapContext, *, local_world_size: int | None = None,
@@ -112,7 +146,7 @@ def exchange(x: torch.Tensor, algo: str, group, ctx: OverlapContext, *, local_wo
 
     The message is flattened and zero-padded to a multiple of the schedule's block count (zeros add nothing)."""
     rank, world = group_info(group)
-    sched = _schedule(algo, rank, world, local_world_size)
+    sched = _all_reduce_schedule(algo, rank, world, local_world_size)
     blocks, n = len(sched.final), x.numel()
     flat = torch.empty(-(-n // blocks) * blocks, dtype=x.dtype, device=x.device)  # [blocks * size]
     flat[:n].copy_(x.reshape(-1))

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ...config import ALL_REDUCE_ALGOS
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info
 from .select import choose, node_layout, warn_once
-from ..checks import check_peers_agree
+from ..checks import peers_agree
 from ..registry import plain, register, resolve
 
 AR_ALGOS = ALL_REDUCE_ALGOS  # the public name of the all-reduce words
@@ -123,6 +123,6 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
         if algo in ("auto", "hierarchical") else world
     if algo == "auto":
         algo = _auto(tensor, world, g, dist.get_backend(group))
-    if ctx.check_peers and algo != "reference":
-        check_peers_agree("all_reduce", group, world, tensor.device, tensor.numel(), _FLOATS.index(tensor.dtype))
+    if algo != "reference":
+        peers_agree("all_reduce", group, world, tensor.device, ctx, tensor.numel(), _FLOATS.index(tensor.dtype))
     return _AllReduce.apply(tensor, group, algo, ctx, g)

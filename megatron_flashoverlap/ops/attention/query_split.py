@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ...runtime import OverlapContext, acc_dtype, default_context, gather_and_consume, group_info
 from ...runtime import check_wire, partial_linear, produce_and_scatter, wgrad, wire_dtype
 from ...runtime.numerics import zeros_acc
-from ..checks import check_divisible, check_peers_agree
+from ..checks import check_divisible, peers_agree
 from ..registry import plain, register, resolve
 from ..tp_sp.functions import matmul_reduce_scatter
 from .core import AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec
@@ -132,8 +132,7 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
         if attn_mask is not None:
             attn_mask = attn_mask.index_select(-2, positions).index_select(-1, positions)
     spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions)
-    if world > 1 and octx.check_peers:
-        check_peers_agree(OP, group, world, q.device, *q.shape, *k.shape, *weight.shape)
+    peers_agree(OP, group, world, q.device, octx, *q.shape, *k.shape, *weight.shape)
     return plain(OP, algo if world > 1 else "reference")(q, k, v, weight, group, octx, spec, num_chunks=num_chunks,
                                                          wire=wire_dtype)
 

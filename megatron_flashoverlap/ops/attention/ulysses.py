@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ...config import ULYSSES_ALGOS
 from ...runtime import OverlapContext, default_context, group_info
+from ..checks import peers_agree
 from ..registry import resolve
 from .core import attention_rows, check_attention_operands, make_spec, zigzag_positions
 from .ulysses_a2a import HeadsToSeq, SeqToHeads
@@ -67,6 +68,7 @@ def ulysses_attention(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, g
     rank, world = group_info(group)
     check_ulysses_heads("ulysses_attention", q_s.shape[2], k_s.shape[2], world)
     octx = context or default_context()
+    peers_agree("ulysses_attention", group, world, q_s.device, octx, *q_s.shape, *k_s.shape)
     s = q_s.shape[0] * world
     positions = zigzag_positions(s, world, q_s.device) if zigzag and world > 1 else None
     spec = make_spec(q_s, causal, gather_mask(attn_mask, q_s.shape[0], group, positions), softmax_scale,

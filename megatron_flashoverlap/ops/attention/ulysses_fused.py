@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ...runtime import OverlapContext, acc_dtype, consume_all_to_all, default_context, group_info
 from ...runtime import produce_all_to_all, wgrad
 from ...runtime.numerics import zeros_acc
+from ..checks import peers_agree
 from ..registry import plain, register, resolve
 from .core import AttnSpec, attention_rows, make_spec, zigzag_positions
 from .ulysses import check_ulysses_heads, ulysses_attention
@@ -166,6 +167,7 @@ def ulysses_fused_attention(x_s: torch.Tensor, w_qkv: torch.Tensor, w_proj: torc
                          f"{tuple(w_qkv.shape)} with heads={heads}, groups={groups}")
     check_ulysses_heads("ulysses_fused_attention", heads, groups, world)
     octx = context or default_context()
+    peers_agree(OP, group, world, x_s.device, octx, *x_s.shape, *w_qkv.shape, *w_proj.shape, heads, groups)
     q_like = x_s.new_empty((1, 1, 1, hn))
     positions = zigzag_positions(x_s.shape[0] * world, world, x_s.device) if zigzag and world > 1 else None
     spec = make_spec(q_like, causal, None, softmax_scale, 0.0, 0, positions)

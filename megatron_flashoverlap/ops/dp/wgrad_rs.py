@@ -28,6 +28,7 @@ import torch
 
 from ...runtime import OverlapContext, acc_dtype, default_context, group_info, produce_and_scatter
 from ...runtime import check_wire, reduce_scatter_into, wgrad, wire_dtype
+from ..checks import peers_agree
 from ..registry import plain, register, resolve
 
 OP = "matmul_wgrad_reduce_scatter"
@@ -101,5 +102,7 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
         raise ValueError(f"matmul_wgrad_reduce_scatter: W [{n}, {k}] at offset {offset} does not fit in a "
                          f"bucket of {grad_flat.numel()} elements; pass the offset of W's main_grad in it")
     ctx = context or default_context()
+    if algo != "reference":
+        peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), offset, n, k)
     fn = plain(OP, "reference" if world == 1 else algo)
     return fn(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype)

@@ -39,8 +39,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...runtime import acc_dtype, gather, group_info, partial_linear, scatter, tail as tail_pass, walk, wire_dtype
+from ...runtime import acc_dtype, gather, group_info, partial_linear, scatter, tail as tail_pass, wait_collective
+from ...runtime import walk, wire_dtype
 from ...runtime.handlers import chunk_bounds
+from ...runtime.numerics import partial_producer, rows_writer
 from ..registry import register
 
 OP = "matmul_all_reduce"
@@ -67,7 +69,7 @@ def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None, wire=
     work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
     _run_tail(tail)
     if work is not None:
-        work.wait(ctx.timeout)
+        wait_collective([work], group, x.device, ctx.timeout, "all-reduce")
     return y.to(x.dtype)
 
 
@@ -77,12 +79,15 @@ def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None, wire="inp
     (in the column backward the wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
     y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=wire_dtype(x.dtype, wire), device=x.device)
     works = []
+    write = rows_writer(y, weight) if y.dtype == x.dtype else None  # in place where the GEMM's dtype is y's
     for a, b in chunk_bounds(x.shape[0], num_chunks):
-        y[a:b] = partial_linear(x[a:b], weight)
+        if write is not None:
+            write((a, b), x[a:b])
+        else:
+            y[a:b] = partial_linear(x[a:b], weight)
         works.append(dist.all_reduce(y[a:b], group=group, async_op=True))
     _run_tail(tail)
-    for w in works:
-        w.wait(ctx.timeout)
+    wait_collective(works, group, x.device, ctx.timeout, f"all-reduce of {len(works)} chunks")
     return y.to(x.dtype)
 
 
@@ -96,10 +101,10 @@ def ar_matmul_ring(x, weight, group, ctx, *, num_chunks=DEFAULT_CHUNKS, tail=Non
     y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
     pending = None  # the all-gather pass still to run
     for a, b in chunk_rows(x.shape[0], world, num_chunks):
-        rs = scatter(lambda span, a=a: partial_linear(x[a + span[0]:a + span[1]], weight), (b - a) // world,
-                     tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype,
-                     device=x.device, wire_dtype=wire_dtype(x.dtype, wire), bidirectional=bidirectional,
-                     name="ar.rs", tag=0)
+        produce, into = partial_producer(x, weight, offset=a)
+        rs = scatter(produce, (b - a) // world, tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype),
+                     out_dtype=x.dtype, device=x.device, wire_dtype=wire_dtype(x.dtype, wire),
+                     bidirectional=bidirectional, name="ar.rs", tag=0, into=into)
         walk(group, ctx, rs, pending)
         pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, bidirectional)
     walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ...runtime import all_gather_into, gather_and_consume, group_info
+from ...runtime import all_gather_into, gather_and_consume, group_info, rows_writer, wait_collective
 from ...runtime.handlers import chunk_bounds
 from ..registry import register
 
@@ -57,10 +57,7 @@ def ag_matmul_ring(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gath
     rows = x_shard.shape[0]
     y = torch.empty((rows * world,) + tuple(x_shard.shape[1:-1]) + (weight.shape[0],),
                     dtype=x_shard.dtype, device=x_shard.device)
-
-    def consume(span, xs):
-        y[span[0]:span[1]] = F.linear(xs, weight, bias)
-
+    consume = rows_writer(y, weight, bias)  # y[span] = xs @ w^T + bias, straight into y's rows
     gathered = gather_and_consume(x_shard, consume, group, ctx, bidirectional=bidirectional,
                                   keep_gathered=keep_gathered)
     return y, gathered
@@ -83,7 +80,7 @@ def ag_matmul_slicing(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gat
     start = 0
     for j, (buf, c, w) in enumerate(zip(bufs, chunks, works)):
         t = time.perf_counter()
-        w.wait(ctx.timeout)
+        wait_collective([w], group, x_shard.device, ctx.timeout, f"all-gather chunk {j}")
         ctx.record("wait", f"chunk {j}", t)
         t = time.perf_counter()
         y_blocks[:, start:start + c.shape[0]] = F.linear(buf, weight, bias)  # [P, c, b, n/P]

@@ -24,10 +24,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
-from ...runtime import acc_dtype, gather, gather_and_consume, partial_linear, scatter, walk, wgrad, wire_dtype
-from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
+from ...runtime import acc_dtype, gather, gather_and_consume, rows_writer, scatter, walk, wgrad, wire_dtype
+from ...runtime.numerics import add_wgrad, partial_producer, wgrad_result, wgrad_target
 from ..registry import register
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
 from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
@@ -83,12 +82,13 @@ def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into
     dw = wgrad_target(weight, into)
 
     def consume(span, xs):
-        add_wgrad(dw, dy[span[0]:span[1]], xs)
+        add_wgrad(dw, dy[span[0]:span[1]], xs)  # += dy[span]^T xs, in place
 
-    rs = scatter(lambda span: partial_linear(dy[span[0]:span[1]], weight.t()), x_shard.shape[0],
-                 tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx, acc_dtype=acc_dtype(dy.dtype),
-                 out_dtype=dy.dtype, device=dy.device, wire_dtype=wire_dtype(dy.dtype, wire),
-                 bidirectional=bidirectional, name="bwd.rs", tag=0)
+    produce, in_place = partial_producer(dy, weight.t())
+    rs = scatter(produce, x_shard.shape[0], tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx,
+                 acc_dtype=acc_dtype(dy.dtype), out_dtype=dy.dtype, device=dy.device,
+                 wire_dtype=wire_dtype(dy.dtype, wire), bidirectional=bidirectional, name="bwd.rs", tag=0,
+                 into=in_place)
     ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
     walk(group, ctx, rs, ag)
     return rs.handler.result(), wgrad_result(weight, dw, into)
@@ -117,9 +117,10 @@ def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, 
     """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw (or to wgrad_into)."""
     dx = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
     dw = wgrad_target(weight, wgrad_into, need_dw)
+    write_dx = rows_writer(dx, weight.t())
 
     def consume(span, dys):
-        dx[span[0]:span[1]] = F.linear(dys, weight.t())
+        write_dx(span, dys)  # dx[span] = dys @ w, straight into dx's rows
         if dw is not None:
             add_wgrad(dw, dys, x[span[0]:span[1]])
 

@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from ...runtime import acc_dtype, group_info, partial_linear, produce_and_scatter, reduce_scatter_into
+from ...runtime import acc_dtype, group_info, partial_linear, produce_and_scatter, reduce_scatter_into, wait_collective
 from ...runtime import wire_dtype
+from ...runtime.numerics import partial_producer
 from ...runtime.handlers import chunk_bounds
 from ..registry import register
 
@@ -46,10 +47,10 @@ def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input"):
 def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, wire="input", bidirectional=False):
     """Flash-RS: produce the partial of the block the next hop carries; own block last, no tail."""
     world = group_info(group)[1]
-    return produce_and_scatter(lambda span: partial_linear(x[span[0]:span[1]], weight), x.shape[0] // world,
-                               tuple(x.shape[1:-1]) + (weight.shape[0],), group, ctx, acc_dtype=acc_dtype(x.dtype),
-                               out_dtype=x.dtype, device=x.device, wire_dtype=wire_dtype(x.dtype, wire),
-                               bidirectional=bidirectional)
+    produce, into = partial_producer(x, weight)
+    return produce_and_scatter(produce, x.shape[0] // world, tuple(x.shape[1:-1]) + (weight.shape[0],), group, ctx,
+                               acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype, device=x.device,
+                               wire_dtype=wire_dtype(x.dtype, wire), bidirectional=bidirectional, into=into)
 
 
 @register(OP, "slicing")
@@ -70,7 +71,7 @@ def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input"):
         outs.append(out)
     for j, w in enumerate(works):
         t = time.perf_counter()
-        w.wait(ctx.timeout)
+        wait_collective([w], group, x.device, ctx.timeout, f"reduce-scatter chunk {j}")
         ctx.record("wait", f"chunk {j}", t)
     return torch.cat(outs, dim=0).to(x.dtype)
 

@@ -1,0 +1,180 @@
+"""Transports: how a walk posts its point-to-point transfers and waits on them, chosen by the group's backend.
+
+    transport_kind(backend, device_type) -> "stream" | "timed"   a pure function of the two names
+    link(group, device) -> Link                                   the group's transport, built once and cached
+    wait_collective(works, group, ctx, label)                     async collectives (references, baselines)
+
+"stream" (NCCL, any CUDA backend, torch's "fake" backend): `work.wait()` without a timeout. On NCCL that
+    only makes the current CUDA stream wait on NCCL's stream (an event): no host sync, so the host runs
+    ahead of the GPU and a walk can be captured in a CUDA graph (a timed `wait(timeout)` would turn into a
+    host loop polling completion). A dead peer surfaces through the process group's own timeout and
+    watchdog (`init_process_group(timeout=...)`, TORCH_NCCL_ASYNC_ERROR_HANDLING), not OverlapContext.timeout.
+    The fake backend (every transfer completes at once) stands in for NCCL when the host cost is timed.
+"timed" (gloo, mpi and any other host-driven backend): `work.wait(ctx.timeout)`. Past the deadline:
+    PeerTimeoutError. A peer whose connection is gone, at post or at wait: PeerLostError naming the
+    peer's global rank and the step (never reported as a timeout).
+
+Posting: on gloo and fake, `batch_isend_irecv` is a plain loop of isend/irecv, so the link calls the
+group's own send/recv (group ranks, none of the per-op argument checks); every other backend posts a
+step with `batch_isend_irecv`, which coalesces where the backend can (NCCL: one group call per step).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch.distributed as dist
+
+HOST_DRIVEN = ("gloo", "mpi")  # the host moves the bytes: only a timed wait notices a dead peer
+DIRECT_POSTING = ("gloo", "fake")  # batch_isend_irecv is a plain loop of isend / irecv on these
+_LINKS: dict = {}
+_MAX_LINKS = 256  # (group, device type) pairs cached; past that the cache starts over (it only saves time)
+
+
+class PeerError(RuntimeError):
+    """A transfer with a peer failed; the process group is unusable afterwards (restart the job)."""
+
+
+class PeerTimeoutError(PeerError):
+    """A peer did not complete a transfer within the context's timeout (timed transports only)."""
+
+
+class PeerLostError(PeerError):
+    """The connection to a peer is gone (it exited or left the process group), at post or at wait."""
+
+
+def backend_for(backend: str, device_type: str) -> str:
+    """The backend serving tensors of `device_type`: "cpu:gloo,cuda:nccl" -> "gloo" for "cpu"."""
+    if ":" not in backend:
+        return backend
+    table = dict(part.split(":", 1) for part in backend.split(","))
+    return table.get(device_type, backend)
+
+
+def transport_kind(backend: str, device_type: str = "cpu") -> str:
+    """ "stream" (ordered on the device, untimed) or "timed" (host wait with a deadline): module docstring."""
+    name = backend_for(str(backend), device_type)
+    if name == "fake":
+        return "stream"
+    if name in HOST_DRIVEN:
+        return "timed"
+    return "stream" if name == "nccl" or device_type == "cuda" else "timed"
+
+
+class Link:
+    """One group's transport for one device type. A step's works come back in the order of its ops:
+    its sends, then its receives (one work for the whole step where the backend coalesces)."""
+
+    def __init__(self, group, device_type: str):
+        self.group = group
+        self.pg = dist.group.WORLD if group is None else group
+        self.backend = str(dist.get_backend(group))
+        self.kind = transport_kind(self.backend, device_type)
+        self.timed = self.kind == "timed"
+        self.direct = backend_for(self.backend, device_type) in DIRECT_POSTING
+        self._global: dict[int, int] = {}
+
+    def global_rank(self, peer: int) -> int:
+        g = self._global.get(peer)
+        if g is None:
+            g = self._global[peer] = peer if self.group is None else dist.get_global_rank(self.group, peer)
+        return g
+
+    def post(self, step: int, sends: Sequence, send_peers: Sequence[int], recvs: Sequence,
+             recv_peers: Sequence[int]) -> list:
+        """Post the sends (to group ranks send_peers) and receives of one step. -> its works."""
+        works: list = []
+        try:
+            if not self.direct:
+                return self._batch(sends, send_peers, recvs, recv_peers)
+            pg = self.pg
+            for t, p in zip(sends, send_peers):
+                works.append(pg.send([t], p, 0))
+            for t, p in zip(recvs, recv_peers):
+                works.append(pg.recv([t], p, 0))
+        except RuntimeError as e:
+            ops = _ops(send_peers, recv_peers)
+            verb, peer = ops[len(works)] if self.direct else ("transfers", None)
+            raise PeerLostError(f"step {step}: posting the {verb} {self._who(peer, ops)} failed: {_reason(e)}. "
+                                f"{_RESTART}") from e
+        return works
+
+    def _batch(self, sends, send_peers, recvs, recv_peers) -> list:
+        ops = [dist.P2POp(dist.isend, t, self.global_rank(p), self.group) for t, p in zip(sends, send_peers)]
+        ops += [dist.P2POp(dist.irecv, t, self.global_rank(p), self.group) for t, p in zip(recvs, recv_peers)]
+        return dist.batch_isend_irecv(ops)
+
+    def wait(self, works: Sequence, where: str, ops: Sequence | None, timeout) -> None:
+        """Wait for `works` (ops[k] = (verb, group peer) of works[k], or None: the whole group)."""
+        if not self.timed:
+            for w in works:
+                w.wait()
+            return
+        for k, w in enumerate(works):
+            try:
+                ok = w.wait(timeout)
+            except RuntimeError as e:
+                raise self._failed(e, where, _op(ops, k, len(works)), timeout, ops) from e
+            if ok is False:
+                raise self._timeout(where, _op(ops, k, len(works)), timeout, ops)
+
+    def _who(self, peer, ops) -> str:
+        if peer is not None:
+            return f"with global rank {self.global_rank(peer)} (group rank {peer})"
+        peers = sorted({p for _, p in ops}) if ops else list(range(dist.get_world_size(self.group)))
+        return f"with global ranks {[self.global_rank(p) for p in peers]}"
+
+    def _failed(self, e: RuntimeError, where: str, op, timeout, ops) -> PeerError:
+        if _is_timeout(e):
+            return self._timeout(where, op, timeout, ops)
+        verb, peer = op
+        return PeerLostError(f"{where}: the {verb} {self._who(peer, ops)} failed while waiting (not a timeout): "
+                             f"{_reason(e)}. {_RESTART}")
+
+    def _timeout(self, where: str, op, timeout, ops) -> PeerTimeoutError:
+        verb, peer = op
+        return PeerTimeoutError(
+            f"{where}: the {verb} {self._who(peer, ops)} did not complete its transfer within {timeout}. A peer "
+            f"died or the ranks called different operators or shapes. {_RESTART} (the limit is "
+            f"OverlapContext(timeout=...), by default the configured timeout_s)")
+
+
+_RESTART = "The process group is unusable now: restart the job"
+
+
+def _ops(send_peers, recv_peers) -> list:
+    return [("send", p) for p in send_peers] + [("receive", p) for p in recv_peers]
+
+
+def _op(ops, k: int, n: int) -> tuple:
+    """(verb, peer) of work k; the whole step where one work covers several ops (coalesced)."""
+    if ops is None:
+        return ("collective", None)
+    return ops[k] if len(ops) == n else ("transfers", None)
+
+
+def _is_timeout(e: RuntimeError) -> bool:
+    """gloo says "Timed out waiting 2000ms for recv operation to complete"."""
+    text = str(e).lower()
+    return "timed out" in text or "timeout" in text
+
+
+def _reason(e: RuntimeError) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def link(group, device) -> Link:
+    """The cached Link of (group, device type); the default group keyed by its object (re-inits differ)."""
+    key = (dist.group.WORLD if group is None else group, device.type)
+    lk = _LINKS.get(key)
+    if lk is None:
+        if len(_LINKS) >= _MAX_LINKS:
+            _LINKS.clear()
+        lk = _LINKS[key] = Link(group, device.type)
+    return lk
+
+
+def wait_collective(works: Sequence, group, device, timeout, label: str) -> None:
+    """Wait for async collectives (a reference's or a slicing baseline's) through the group's transport."""
+    works = [w for w in works if w is not None]
+    if works:
+        link(group, device).wait(works, label, None, timeout)

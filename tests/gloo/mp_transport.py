@@ -1,0 +1,114 @@
+"""Worker-side bodies of the transport tests (run on every rank by the gloo pool): the transport each
+group gets, dead peers at post and at wait time, the steady state's traffic, the buffer cap."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import megatron_flashoverlap as fo
+from megatron_flashoverlap.bench.timing import fake_group
+from megatron_flashoverlap.runtime import PeerLostError, default_context, link
+from megatron_flashoverlap.testing.profile import comm_ops
+
+
+def kinds(rank, world):
+    """The transport of the gloo world and of a fake group; an operator walks on the fake group."""
+    fake = fake_group(world)
+    y = fo.all_gather_matmul(torch.randn(2, 1, 4), torch.randn(3, 4), fake, context=fo.OverlapContext(check_peers="never"))
+    return {"gloo": link(None, torch.device("cpu")).kind, "fake": link(fake, torch.device("cpu")).kind,
+            "fake_shape": tuple(y.shape)}
+
+
+def _attempt(fn) -> dict:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except fo.PeerTimeoutError as e:
+        return {"kind": "timeout", "message": str(e), "seconds": time.monotonic() - t0}
+    except PeerLostError as e:
+        return {"kind": "lost", "message": str(e), "seconds": time.monotonic() - t0}
+    return {"kind": None, "message": None, "seconds": time.monotonic() - t0}
+
+
+def _ag(group, algo="flash", timeout_s=2.0):
+    ctx = fo.OverlapContext(timeout=timedelta(seconds=timeout_s), check_peers="never")
+    return lambda: fo.all_gather_matmul(torch.randn(4, 2, 8), torch.randn(6, 8), group, algo=algo,
+                                        num_chunks=2 if algo == "slicing" else None, context=ctx)
+
+
+def dead_peers(rank, world):
+    """Rank 1 leaves or skips; rank 0 reports what it saw. Each case runs on its own fresh subgroup, so a
+    broken group never touches the next case; the default group only orders the cases."""
+    out = {}
+    for case in ("post", "wait", "timeout", "slicing_timeout"):
+        sub = dist.new_group([0, 1])
+        dist.barrier()
+        if rank == 1:
+            if case in ("post", "wait"):
+                time.sleep(0.0 if case == "post" else 1.0)  # "wait": rank 0 is waiting on its transfers by now
+                dist.destroy_process_group(sub)
+                del sub  # the last reference: the group's connections close (rank 1 "left")
+            dist.barrier()
+            continue
+        if case == "post":
+            time.sleep(1.0)  # the closed connection reaches rank 0 before it posts
+        out[case] = _attempt(_ag(sub, "slicing" if case == "slicing_timeout" else "flash"))
+        dist.barrier()
+    return out
+
+
+def _ops_on(t, ctx=None):
+    """One call of every public operator with default arguments (and backward where it has one)."""
+    kw = {} if ctx is None else {"context": ctx}
+    world = dist.get_world_size()
+    x_s, w = t(2, 2, 8), t(6, 8)
+    xf, wr = t(2 * world, 2, 6), t(8, 6)
+    q = t(2 * world, 2, 2, 4)
+    q_s = t(2, 2, 2 * world, 4)
+    grads = [
+        fo.all_gather_matmul(x_s, w, bias=t(6), **kw),
+        fo.matmul_reduce_scatter(xf, wr, **kw),
+        fo.matmul_all_reduce(xf, wr, **kw),
+        fo.matmul_allreduce_dgrad(t(2 * world, 2, 8), w, bias=t(6), **kw),
+        fo.query_split_attention(q, q, q, t(5, 8), **kw),
+        fo.ulysses_attention(q_s, q_s, q_s, **kw),
+        fo.ulysses_fused_attention(x_s, t(3 * 2 * world * 4, 8), t(5, 2 * world * 4), heads=2 * world, **kw),
+    ]
+    sum(g.sum() for g in grads).backward()
+    fo.all_reduce(t(16), algo="ring", **kw)
+    fo.all_reduce(t(16), **kw)  # "auto" without a calibration table: the stock all-reduce, its own traffic
+    dy = t(2 * world, 2, 4)
+    fo.matmul_wgrad_reduce_scatter(dy, t(2 * world, 2, 3), torch.zeros(world * 12), 0, None, **kw)
+
+
+def steady_state_traffic(rank, world):
+    """c10d ops of the first and the second call of every operator (default context; then the same with
+    check_peers="always" and "never" on their own contexts)."""
+    g = torch.Generator().manual_seed(0)
+
+    def t(*shape):
+        return torch.randn(*shape, generator=g).requires_grad_()
+    default_context().forget_peer_checks()  # every rank at once: earlier jobs may have checked these shapes
+    out = {"first": comm_ops(lambda: _ops_on(t)), "second": comm_ops(lambda: _ops_on(t))}
+    always, never = fo.OverlapContext(check_peers="always"), fo.OverlapContext(check_peers="never")
+    _ops_on(t, always)
+    out["always_second"] = comm_ops(lambda: _ops_on(t, always))
+    out["never_first"] = comm_ops(lambda: _ops_on(t, never))
+    return out
+
+
+def buffer_cap(rank, world, lengths, b, h, n):
+    """all_gather_matmul and matmul_reduce_scatter, forward + backward, over many sequence lengths on one
+    context. -> bytes the context holds after the sweep and one shard's bytes at the largest length."""
+    ctx = fo.OverlapContext()
+    g = torch.Generator().manual_seed(rank)
+    w_col, w_row = torch.randn(n, h, generator=g).requires_grad_(), torch.randn(h, n, generator=g).requires_grad_()
+    for s in lengths:  # s: the global sequence length, a multiple of the group size
+        x = torch.randn(s // world, b, h, generator=g).requires_grad_()
+        y = fo.all_gather_matmul(x, w_col, context=ctx)  # [s, b, n]
+        z = fo.matmul_reduce_scatter(y, w_row, context=ctx)  # [s/P, b, h]
+        z.sum().backward()
+    return {"held": ctx.held_bytes(), "shard": max(lengths) // world * b * max(h, n) * 4}

@@ -1,0 +1,67 @@
+"""Tier 2 (2 gloo processes): the transport each backend gets, dead peers named at post and at wait time
+(never a hang: every job runs under the pool's timeout), a steady state of point-to-point traffic only,
+and the context's buffer cap over many sequence lengths."""
+import pytest
+
+from megatron_flashoverlap.testing import Pool
+
+BODY = "tests.gloo.mp_transport:"
+CHECKED_OPS = 9  # public operators whose first call checks the peers (all_reduce "auto" runs stock: none)
+
+
+def test_gloo_is_timed_and_fake_is_stream_ordered(pools):
+    for r in pools(2).run(BODY + "kinds"):
+        assert r == {"gloo": "timed", "fake": "stream", "fake_shape": (4, 1, 3)}
+
+
+@pytest.fixture(scope="module")
+def dead():
+    pool = Pool(2)  # its own pool: the cases break subgroups of its workers on purpose
+    try:
+        yield pool.run(BODY + "dead_peers", timeout=180)[0]
+    finally:
+        pool.close()
+
+
+def test_peer_gone_before_post_names_rank_and_step(dead):
+    r = dead["post"]
+    assert r["kind"] == "lost", r
+    assert "step 0" in r["message"] and "posting" in r["message"] and "global rank 1" in r["message"]
+    assert "restart" in r["message"] and r["seconds"] < 30
+
+
+def test_peer_gone_during_wait_is_not_called_a_timeout(dead):
+    r = dead["wait"]
+    assert r["kind"] == "lost", r
+    assert "failed while waiting (not a timeout)" in r["message"] and "global rank 1" in r["message"]
+    assert "within" not in r["message"]
+
+
+def test_absent_peer_times_out_with_its_rank(dead):
+    r = dead["timeout"]
+    assert r["kind"] == "timeout", r
+    assert "did not complete" in r["message"] and "global rank 1" in r["message"] and "restart" in r["message"]
+    assert 1.5 < r["seconds"] < 30  # the context's 2 s deadline, not the pool's
+
+
+def test_slicing_baseline_waits_through_the_transport(dead):
+    r = dead["slicing_timeout"]
+    assert r["kind"] == "timeout", r
+    assert "all-gather chunk 0" in r["message"] and r["seconds"] < 30
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_second_call_issues_only_the_operators_traffic(pools, world):
+    for r in pools(world).run(BODY + "steady_state_traffic", timeout=300):
+        assert r["first"].get("all_gather") == CHECKED_OPS, r["first"]  # one peer check per operator
+        assert set(r["second"]) <= {"send", "recv", "all_reduce"}, r["second"]
+        assert r["second"].get("all_reduce") == 1 and r["second"]["send"] == r["second"]["recv"] > 0
+        assert r["always_second"].get("all_gather") == CHECKED_OPS, r["always_second"]
+        assert "all_gather" not in r["never_first"], r["never_first"]
+
+
+def test_buffers_over_many_lengths_stay_under_the_cap(pools):
+    lengths = [2 * k for k in range(10, 75)]  # 65 distinct sequence lengths (multiples of the group size)
+    names = 10  # ring slots and receive buffers of AG + RS forward and their backward walks, each <= one shard
+    for r in pools(2).run(BODY + "buffer_cap", lengths, 2, 8, 12):
+        assert r["held"] <= names * (r["shard"] * 9 / 8 + 64), r  # the cap stated in runtime/context.py
