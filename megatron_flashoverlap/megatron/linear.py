@@ -19,7 +19,7 @@ sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P w
 its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
 
 gradient_accumulation_fusion (Megatron-LM's default): the overlap operators add dW slice by slice straight
-into the fp32 `weight.main_grad` (pure torch, no apex: ops/accumulate.py), set `grad_added_to_main_grad`
+into the fp32 `weight.main_grad` (pure torch, no apex: runtime/accumulate.py), set `grad_added_to_main_grad`
 and hand autograd Megatron's dummy gradient, as the stock fused path does. The stock constructor, which
 raises without apex's fused_weight_gradient_mlp_cuda, is given a copy of the config with the flag off;
 the flag is restored on the layer. Where the layer runs the stock forward (reference, TP=1, ...), that

@@ -13,7 +13,7 @@ algo="reference" or `force_reference()` run the reference (GEMM, then dist.all_r
 Sequence not divisible by P (and not decode): one log line, then the reference.
 wgrad_into [weight's shape] (optional, e.g. Megatron's fp32 main_grad): dw is added into it (slice by slice
 in the column backward's all-reduce tail) instead of being returned; the weight then gets Megatron's dummy
-gradient (ops/accumulate.py: weight_grad).
+gradient (runtime/accumulate.py: weight_grad).
 wire_dtype: what the all-reduce's reduce-scatter partials travel in, "input" (default, stock's bytes) or
 "fp32" (ar_matmul.py); the decode all-reduce always runs in the input dtype.
 """
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ...runtime import OverlapContext, check_wire, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
-from ..accumulate import check_wgrad_into, linear_into, weight_grad
+from ...runtime.accumulate import check_wgrad_into, linear_into, weight_grad
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import checked_context

@@ -11,14 +11,14 @@ wire_dtype: what reduce-scatter partials (forward RS, column dgrad RS) travel in
 bytes; sums kept in fp32 and rounded per hop) or "fp32" (twice the bytes, one rounding; runtime/numerics.py).
 `force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM.
 wgrad_into [n, h] (optional, e.g. Megatron's fp32 main_grad): dw is added into it slice by slice instead of
-being returned; the weight then gets Megatron's dummy gradient (ops/accumulate.py: weight_grad).
+being returned; the weight then gets Megatron's dummy gradient (runtime/accumulate.py: weight_grad).
 """
 from __future__ import annotations
 
 import torch
 
 from ...runtime import OverlapContext, check_wire
-from ..accumulate import check_wgrad_into, linear_into, weight_grad
+from ...runtime.accumulate import check_wgrad_into, linear_into, weight_grad
 from ..checks import checked_context
 from ..registry import plain, resolve
 from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the registry's tables)

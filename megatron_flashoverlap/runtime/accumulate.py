@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runtime.numerics import add_wgrad
+from .numerics import add_wgrad
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
