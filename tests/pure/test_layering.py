@@ -140,3 +140,19 @@ def test_the_checker_sees_a_violation(tmp_path):
         ROOT = saved
     assert "megatron_flashoverlap.ops" in tree_mods
     assert "megatron_flashoverlap.runtime.executor" in tree_mods
+
+
+def test_ops_is_family_folders_and_three_loose_modules():
+    """ops/: one folder per operator family; loose modules only __init__, registry, checks."""
+    loose = sorted(p.name for p in (PKG / "ops").glob("*.py"))
+    assert loose == ["__init__.py", "checks.py", "registry.py"], loose
+    families = sorted(p.name for p in (PKG / "ops").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert families == ["all_reduce", "attention", "dp", "tp_nosp", "tp_sp"], families
+
+
+def test_env_vars_are_read_in_the_config_module_only():
+    """FLASHOVERLAP_* names appear in config.py alone (config.environment() reads them)."""
+    files = package_files() + sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+    bad = [p.relative_to(ROOT).as_posix() for p in files
+           if "FLASHOVERLAP_" in p.read_text() and p != PKG / "config.py"]
+    assert not bad, bad

@@ -43,7 +43,7 @@ def resolve_local_world_size(world: int, local_world_size: int | None, group=Non
                              f"{world}; pass local_world_size= the number of group ranks per node (equal on every "
                              f"node), or leave it unset to derive it from LOCAL_WORLD_SIZE")
         return local_world_size
-    env = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's ranks per node (not a FLASHOVERLAP_ variable)
+    env = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's ranks per node (torchrun's variable, not ours)
     if not env:
         return world
     if not env.isdigit() or int(env) < 1:
