@@ -38,7 +38,7 @@ from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
-from .moe import flash_moe_spec
+from .moe import check_moe_config, flash_moe_spec
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
@@ -121,6 +121,8 @@ def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> TransformerB
 def _layer_for(config) -> ModuleSpec:
     """The layer spec for Megatron's model config (what every layer of the block gets)."""
     _refuse_unsupported("flashoverlap_layer_spec", getattr(config, "multi_latent_attention", False))
+    if getattr(config, "num_moe_experts", None):
+        check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
     return _spec(active(), qk_layernorm=getattr(config, "qk_layernorm", False),
                  normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
                  context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
