@@ -102,7 +102,8 @@ def _refuse_unsupported(where: str, multi_latent_attention=False) -> None:
 
 
 def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
-          sequence_parallel, attention_backend="auto", num_experts=None, moe_grouped_gemm=False) -> ModuleSpec:
+          sequence_parallel, attention_backend="auto", num_experts=None,
+          moe_grouped_gemm=False) -> ModuleSpec:
     """The one builder behind every spec function: layer_spec + the core attention the config asks for."""
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
                       qk_l2_norm=bool(qk_l2_norm), attention_backend=attention_backend or "auto",
@@ -114,7 +115,8 @@ def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l
 
 def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> TransformerBlockSubmodules:
     """The `--spec` entry point: Megatron calls it with its model config (and vp_stage: the block spec builds
-    that stage's layers). Dense and MoE GPT layers (every layer the same). A block spec, so the block's final norm is ours too."""
+    that stage's layers). Dense and MoE GPT layers (every layer the same). A block spec, so the block's
+    final norm is ours too."""
     return decoder_block_spec(_layer_for(config), config, vp_stage)
 
 
