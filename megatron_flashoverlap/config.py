@@ -17,6 +17,7 @@ YAML (files in configs/ only choose values; every key is optional):
     proj: {algo: slicing, num_chunks: 4}          # one layer
     attention: {query_split: false, ulysses_algo: flash}
     all_reduce: {num_chunks: 4, table: calibration.json}
+    moe: {algo: flash}                            # the EP token exchange: flash or reference (stock a2a)
     timeout_s: 300
     description: "..."                            # free text
     stock_megatron: {...}                         # documents an equivalent stock run (kept, not interpreted)
@@ -40,12 +41,13 @@ from typing import Mapping
 ALGOS = ("flash", "flash_bidir", "slicing", "reference")
 ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical")
 ULYSSES_ALGOS = ("flash", "reference")
+MOE_ALGOS = ("flash", "reference")  # the MoE alltoall dispatcher's EP exchange: pairwise steps, or stock's a2a
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered")
 DEFAULT_TIMEOUT_S = 300.0
-_SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table")}
+_SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"), "moe": ("algo",)}
 _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 
@@ -112,6 +114,16 @@ class AllReduceSettings:
             raise ValueError(f"all_reduce.table must be a path, got {self.table!r}")
 
 
+@dataclass(frozen=True)
+class MoESettings:
+    """algo: the expert-parallel token exchange of Megatron's alltoall dispatcher, one of MOE_ALGOS."""
+    algo: str = "flash"
+
+    def __post_init__(self):
+        if self.algo not in MOE_ALGOS:
+            raise ValueError(f"moe.algo {self.algo!r}: choose one of {MOE_ALGOS}")
+
+
 def _plan():
     return field(default_factory=LayerPlan)
 
@@ -125,6 +137,7 @@ class FlashOverlapConfig:
     fc2: LayerPlan = _plan()
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     all_reduce: AllReduceSettings = field(default_factory=AllReduceSettings)
+    moe: MoESettings = field(default_factory=MoESettings)
     timeout_s: float = DEFAULT_TIMEOUT_S
     description: str = ""
     stock_megatron: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
@@ -162,11 +175,12 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
     plans = {layer: _layer_plan(layer, default, data.get(layer)) for layer in LAYERS}
     attention = _section(data, "attention", {"query_split": env.query_split, "ulysses_algo": env.ulysses})
     all_reduce = _section(data, "all_reduce", {"table": env.allreduce_table})
+    moe = MoESettings(**_section(data, "moe", {}))
     doc = {"description": str(data.get("description") or ""),
            "stock_megatron": types.MappingProxyType(dict(data.get("stock_megatron") or {}))}
     timeout = data.get("timeout_s", env.timeout_s)
     return FlashOverlapConfig(**plans, attention=AttentionSettings(**attention),
-                              all_reduce=AllReduceSettings(**all_reduce), timeout_s=timeout, **doc)
+                              all_reduce=AllReduceSettings(**all_reduce), moe=moe, timeout_s=timeout, **doc)
 
 
 def _check_keys(data: Mapping) -> None:

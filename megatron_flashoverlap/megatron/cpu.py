@@ -18,6 +18,11 @@ launcher's `--cpu`). Each shim replaces one CUDA-only call, and says which:
     streams       6. torch.cuda         synchronize (timers), Stream / stream / current_stream (the DDP side
                                         stream, 0.19's start_grad_sync), empty_cache, memory stats (the
                                         training log)                                             -> no-ops
+    MoE           9. alltoall dispatcher  the split sizes' host copy: `maybe_move_tensor_to_cpu(as_numpy=True)`
+                                        converts CUDA tensors only (CPU splits reach all_to_all_single as
+                                        tensors: TypeError) -> CPU tensors become numpy too; the side
+                                        stream's `record_event()` -> the null stream (6.); expert-TP's
+                                        uneven all-gather (gloo wants equal sizes) -> pad, gather, cut
     training      7. initialize         `assert torch.cuda.is_available()`, and `device_count() == 0` skips
                                         model-parallel init and seeding silently -> initialize sees 1 device
                   8. arch version       validate_args reads the GPU's major version (TP > 1)      -> 0 (not
@@ -61,7 +66,7 @@ def enable(*, relax_norm: bool = True) -> bool:
         return False
     check_version(_megatron_version())
     for shim in (_shim_current_device, _shim_rng_tracker, _shim_torch_norm, _shim_cuda_devices,
-                 _shim_type_names, _shim_cuda_runtime, _shim_training):
+                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training):
         if relax_norm or shim is not _shim_torch_norm:
             shim()
     _ENABLED = True
@@ -208,6 +213,12 @@ class _NullStream:
     def synchronize(self) -> None:
         pass
 
+    def record_event(self, event=None):
+        return self  # an event that is already complete: synchronize() / wait() do nothing
+
+    def wait(self, stream=None) -> None:
+        pass
+
     def __enter__(self):
         return self
 
@@ -231,6 +242,38 @@ def _shim_cuda_runtime() -> None:
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         setattr(cuda, name, _returning(0))
     cuda.memory_stats = _returning(dict)
+
+
+def _shim_moe() -> None:
+    # 9. the MoE alltoall dispatcher's CPU-blind split-size copy and expert-TP's uneven all-gather.
+    from megatron.core.tensor_parallel import mappings
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    to_cpu = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return to_cpu(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    mappings._gather_along_first_dim = _padded_gather(mappings._gather_along_first_dim)
+
+
+def _padded_gather(gather):
+    """gather(x [n_r, ...], group, output_split_sizes) with unequal sizes as gloo can: pad every x to
+    max(n), all-gather equal blocks [P * max(n), ...], keep the first n_r rows of block r."""
+    @functools.wraps(gather)
+    def padded(input_, group, output_split_sizes=None, use_global_buffer=False):
+        sizes = None if output_split_sizes is None else [int(n) for n in output_split_sizes]
+        if sizes is None or len(set(sizes)) <= 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        most = max(sizes)
+        pad = input_.new_zeros((most,) + tuple(input_.shape[1:]))
+        pad[:input_.shape[0]].copy_(input_)
+        blocks = gather(pad, group, None, False).split(most)  # P blocks [max(n), ...]
+        return torch.cat([b[:n] for b, n in zip(blocks, sizes)])
+    return padded
 
 
 def _shim_training() -> None:

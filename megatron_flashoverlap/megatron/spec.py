@@ -38,6 +38,7 @@ from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
+from .moe import check_moe_config, flash_moe_spec
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
@@ -61,18 +62,24 @@ def submodules_of(spec):
 
 
 def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: bool = False,
-               normalization: str | None = None, qk_l2_norm: bool = False, attention_backend="auto") -> ModuleSpec:
+               normalization: str | None = None, qk_l2_norm: bool = False, attention_backend="auto",
+               num_experts: int | None = None, moe_grouped_gemm: bool = False) -> ModuleSpec:
     """TransformerLayer spec = get_gpt_layer_local_spec(...) with linear_qkv/proj/fc1/fc2 ours, and the norms
     and core attention of `_norms_and_attention` (attention_backend: Megatron's --attention-backend, an
-    AttnBackend or its name; see sdpa.core_attention_for)."""
+    AttnBackend or its name; see sdpa.core_attention_for). num_experts: the MLP is Megatron's MoE spec
+    (routed experts Megatron's, shared experts' fc1/fc2 ours) in our FlashMoELayer (megatron/moe.py)."""
     provider = FlashOverlapSpecProvider(flash_config)
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm)
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
+                                    qk_layernorm=qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm)
     attention = submodules_of(spec.submodules.self_attention)
     attention.linear_qkv = provider.column_parallel_linear()
     attention.linear_proj = provider.row_parallel_linear()
     _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm,
                          attention_backend)
-    spec.submodules.mlp = get_mlp_module_spec_for_backend(backend=provider)
+    spec.submodules.mlp = get_mlp_module_spec_for_backend(backend=provider, num_experts=num_experts,
+                                                          moe_grouped_gemm=moe_grouped_gemm)
+    if num_experts:
+        spec.submodules.mlp = flash_moe_spec(spec.submodules.mlp, provider.flash_config)
     return spec
 
 
@@ -88,20 +95,19 @@ def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_
         attention.core_attention = core_attention_for(None, backend)
 
 
-def _refuse_unsupported(where: str, num_experts=None, multi_latent_attention=False) -> None:
-    if num_experts:
-        raise ValueError(f"{where}: MoE layers are not supported yet; drop --num-experts (num_experts) or use "
-                         f"the stock spec")
+def _refuse_unsupported(where: str, multi_latent_attention=False) -> None:
     if multi_latent_attention:
         raise ValueError(f"{where}: multi-latent attention is not supported yet; drop --multi-latent-attention "
                          f"or use the stock spec")
 
 
 def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
-          sequence_parallel, attention_backend="auto") -> ModuleSpec:
+          sequence_parallel, attention_backend="auto", num_experts=None,
+          moe_grouped_gemm=False) -> ModuleSpec:
     """The one builder behind every spec function: layer_spec + the core attention the config asks for."""
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
-                      qk_l2_norm=bool(qk_l2_norm), attention_backend=attention_backend or "auto")
+                      qk_l2_norm=bool(qk_l2_norm), attention_backend=attention_backend or "auto",
+                      num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
     select_attention(submodules_of(spec.submodules.self_attention), flash_config,
                      context_parallel_size=context_parallel_size, sequence_parallel=sequence_parallel)
     return spec
@@ -109,19 +115,23 @@ def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l
 
 def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> TransformerBlockSubmodules:
     """The `--spec` entry point: Megatron calls it with its model config (and vp_stage: the block spec builds
-    that stage's layers). Dense GPT layers only. A block spec, so the block's final norm is ours too."""
+    that stage's layers). Dense and MoE GPT layers (every layer the same). A block spec, so the block's
+    final norm is ours too."""
     return decoder_block_spec(_layer_for(config), config, vp_stage)
 
 
 def _layer_for(config) -> ModuleSpec:
     """The layer spec for Megatron's model config (what every layer of the block gets)."""
-    _refuse_unsupported("flashoverlap_layer_spec", getattr(config, "num_moe_experts", None),
-                        getattr(config, "multi_latent_attention", False))
+    _refuse_unsupported("flashoverlap_layer_spec", getattr(config, "multi_latent_attention", False))
+    if getattr(config, "num_moe_experts", None):
+        check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
     return _spec(active(), qk_layernorm=getattr(config, "qk_layernorm", False),
                  normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
                  context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
                  sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
-                 attention_backend=getattr(config, "attention_backend", None))  # --attention-backend, honoured
+                 attention_backend=getattr(config, "attention_backend", None),  # --attention-backend, honoured
+                 num_experts=getattr(config, "num_moe_experts", None),
+                 moe_grouped_gemm=getattr(config, "moe_grouped_gemm", False))
 
 
 def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
@@ -133,12 +143,12 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     `moe_use_legacy_grouped_gemm` by keyword): the layer `flashoverlap_layer_spec` builds for the same
     settings. Keyword-only extras: flash_config (default: config.active()), sequence_parallel (needed only
     for query-split attention) and context_parallel_size (default: Megatron's CP group size, else 1).
-    MoE, MLA and Kitchen are a ValueError; fp8 is ignored, as in the stock function (deprecated there)."""
+    MLA, Kitchen and the legacy grouped GEMM are a ValueError; fp8 is ignored, as in the stock function."""
     where = "get_gpt_layer_flashoverlap_spec"
-    _refuse_unsupported(where, num_experts, multi_latent_attention)
-    if moe_grouped_gemm or moe_use_legacy_grouped_gemm:
-        raise ValueError(f"{where}: moe_grouped_gemm / moe_use_legacy_grouped_gemm are MoE options (not "
-                         f"supported yet); leave them False")
+    _refuse_unsupported(where, multi_latent_attention)
+    if moe_use_legacy_grouped_gemm:
+        raise ValueError(f"{where}: moe_use_legacy_grouped_gemm (0.16's legacy GroupedMLP) is not supported; "
+                         f"leave it False (moe_grouped_gemm is taken, as in get_gpt_layer_local_spec)")
     if use_kitchen or use_kitchen_attention:
         raise ValueError(f"{where}: Kitchen replaces the linears/attention with its own; use Megatron's "
                          f"get_gpt_layer_local_spec(use_kitchen=True) instead, or leave use_kitchen* False")
@@ -149,7 +159,7 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
         context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
     return _spec(active() if flash_config is None else flash_config, qk_layernorm=qk_layernorm,
                  normalization=normalization, qk_l2_norm=qk_l2_norm, context_parallel_size=context_parallel_size,
-                 sequence_parallel=sequence_parallel)
+                 sequence_parallel=sequence_parallel, num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm)
 
 
 class FlashOverlapTransformerLayer(TransformerLayer):

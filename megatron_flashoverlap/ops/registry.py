@@ -19,7 +19,7 @@ import functools
 import threading
 from typing import Callable
 
-from ..config import ALGOS, ALL_REDUCE_ALGOS, ULYSSES_ALGOS
+from ..config import ALGOS, ALL_REDUCE_ALGOS, MOE_ALGOS, ULYSSES_ALGOS
 
 # the public operators and the algorithm words each takes (all_reduce's "auto" is resolved by the op)
 ALLOWED = {
@@ -32,6 +32,7 @@ ALLOWED = {
     "ulysses_attention": ULYSSES_ALGOS,
     "ulysses_fused_attention": ULYSSES_ALGOS,
     "matmul_wgrad_reduce_scatter": ("flash", "flash_bidir", "reference"),
+    "expert_all_to_all": MOE_ALGOS,
 }
 RENAMED = {"stock": "reference", "off": "reference"}  # old words for the unfused path
 TABLES: dict[str, dict[str, Callable]] = {}

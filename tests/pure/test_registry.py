@@ -16,6 +16,7 @@ TABLE_OF = {  # public operator -> the registry tables its algorithms run
     "ulysses_attention": ("ulysses.seq_to_heads", "ulysses.heads_to_seq"),
     "ulysses_fused_attention": ("ulysses_fused_attention",),
     "matmul_wgrad_reduce_scatter": ("matmul_wgrad_reduce_scatter",),
+    "expert_all_to_all": ("expert_all_to_all",),
 }
 
 

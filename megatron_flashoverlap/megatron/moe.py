@@ -1,0 +1,113 @@
+"""MoE layers with our exchange: Megatron's MoELayer whose alltoall dispatcher runs ops/moe's exchange.
+
+    flash_moe_spec(mlp_spec, flash_config) -> the MoE spec with FlashMoELayer in place of MoELayer
+        (0.19: functools.partial(MoELayer, submodules=...); 0.16: ModuleSpec(module=MoELayer, ...)); routed
+        experts stay Megatron's (SequentialMLP / grouped GEMM), shared experts take our TP linears.
+    FlashMoELayer                 MoELayer; dispatcher "alltoall" -> FlashAlltoAllTokenDispatcher
+    FlashAlltoAllTokenDispatcher  MoEAlltoAllTokenDispatcher; token_dispatch / token_combine run
+                                  expert_all_to_all (moe.algo: flash = pairwise steps, reference = stock a2a)
+
+    dispatch   tokens [sum(input_splits), h] -> [sum(output_splits), h]   own tokens first
+    combine    expert outputs [sum(output_splits), h] -> [sum(input_splits), h]   own tokens last
+Routing, permutation, expert-TP all-gather / reduce-scatter, sort by local expert and unpermute stay
+Megatron's, so every sum that decides a route is in stock's order. The split sizes are the ones stock
+copies to the host (its one sync per layer); nothing else syncs.
+
+Refused at build, with the fix: the flex dispatcher (DeepEP / HybridEP / NCCL-EP bring their own fused
+all-to-all kernels) and --overlap-moe-expert-parallel-comm (Megatron's 1F1B a2a overlap on two streams;
+not composed with ours). The allgather dispatcher has no all-to-all: it runs as stock (logged once).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from ..config import FlashOverlapConfig, active
+from ..ops.moe import COMBINE, DISPATCH, expert_all_to_all
+from .linear import layer_context
+
+log = logging.getLogger(__name__)
+_LOGGED: set = set()
+
+
+def check_moe_config(config) -> None:
+    """ValueError for the MoE settings our layer does not run, naming the fix."""
+    kind = getattr(config, "moe_token_dispatcher_type", "allgather")
+    if kind == "flex":
+        raise ValueError("flash-overlap MoE: the flex dispatcher (DeepEP / HybridEP / NCCL-EP) brings its own fused "
+                         "all-to-all kernels and is not supported; use --moe-token-dispatcher-type alltoall "
+                         "(overlapped by us) or the stock spec")
+    if getattr(config, "overlap_moe_expert_parallel_comm", False):
+        raise ValueError("flash-overlap MoE: --overlap-moe-expert-parallel-comm (Megatron's 1F1B all-to-all overlap) "
+                         "is not composed with our exchange; drop it (ours hides the exchange inside the layer) or "
+                         "use the stock spec")
+    if kind == "allgather" and "allgather" not in _LOGGED:
+        _LOGGED.add("allgather")
+        log.warning("flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as stock. "
+                    "Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
+
+
+class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
+    """Megatron's alltoall dispatcher with the EP exchange of ops/moe (same attributes, same split sizes).
+    Made from the stock one MoELayer built (`adopt`): its groups, buffers and shared experts stay as they are."""
+
+    flash_algo: str = "flash"
+    flash_ctx = None
+
+    @classmethod
+    def adopt(cls, stock: MoEAlltoAllTokenDispatcher, flash_config: FlashOverlapConfig):
+        """The stock dispatcher, now running our exchange (the class changes, nothing else)."""
+        stock.__class__ = cls
+        stock.flash_algo, stock.flash_ctx = flash_config.moe.algo, layer_context(flash_config.timeout_s)
+        return stock
+
+    def _exchange(self, x, output_splits, input_splits, order):
+        return expert_all_to_all(x, output_splits, input_splits, self.ep_group, self.flash_ctx,
+                                 algo=self.flash_algo, order=order)
+
+    def token_dispatch(self, permutated_local_input_tokens, permuted_probs):
+        """tokens [sum(input_splits), h], probs [sum(input_splits)] -> by source rank, own block first."""
+        if self.shared_experts is not None:
+            self.shared_experts.wait_current_stream()
+        self.tokens_per_expert = self._maybe_dtoh_and_synchronize("before_ep_alltoall", self.tokens_per_expert)
+        tokens = self._exchange(permutated_local_input_tokens, self.output_splits, self.input_splits, DISPATCH)
+        if self.shared_experts is not None:
+            self.shared_experts.linear_fc1_forward_and_act(tokens)
+        probs = self._exchange(permuted_probs.unsqueeze(-1), self.output_splits, self.input_splits, DISPATCH)
+        return tokens, probs.squeeze(-1)
+
+    def token_combine(self, hidden_states, async_finish: bool = True, allocate_on_comm_stream: bool = True):
+        """expert outputs [sum(output_splits), h] -> [sum(input_splits), h], own block last."""
+        if self.shared_experts is not None:
+            self.shared_experts.wait_current_stream()
+        tokens = self._exchange(hidden_states, self.input_splits, self.output_splits, COMBINE)
+        if self.shared_experts is not None:
+            self.shared_experts.linear_fc2_forward(tokens)
+            self.shared_experts.post_forward_comm()
+        return tokens
+
+
+class FlashMoELayer(MoELayer):
+    """MoELayer (same constructor, parameters, state_dict) whose alltoall dispatcher is ours."""
+
+    def __init__(self, config, submodules=None, *args, flash_config: FlashOverlapConfig | None = None, **kwargs):
+        check_moe_config(config)
+        super().__init__(config, submodules, *args, **kwargs)
+        flash_config = active() if flash_config is None else flash_config
+        if type(self.token_dispatcher) is MoEAlltoAllTokenDispatcher:
+            FlashAlltoAllTokenDispatcher.adopt(self.token_dispatcher, flash_config)
+
+
+def flash_moe_spec(mlp_spec, flash_config: FlashOverlapConfig):
+    """Megatron's MoE spec (a partial of MoELayer, or a ModuleSpec of it) with FlashMoELayer in its place."""
+    if isinstance(mlp_spec, functools.partial):
+        return functools.partial(FlashMoELayer, *mlp_spec.args, **mlp_spec.keywords, flash_config=flash_config)
+    if isinstance(mlp_spec, ModuleSpec):
+        return ModuleSpec(module=FlashMoELayer, params={**(mlp_spec.params or {}), "flash_config": flash_config},
+                          submodules=mlp_spec.submodules)
+    raise ValueError(f"flash_moe_spec: unexpected MoE spec {type(mlp_spec).__name__}; megatron-core 0.16-0.19 give "
+                     f"a functools.partial or a ModuleSpec of MoELayer")

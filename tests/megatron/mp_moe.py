@@ -1,0 +1,172 @@
+"""Worker-side bodies of the MoE GPT tests (run on every rank by the gloo pool).
+
+Each body sets up TP x EP (expert-TP etp) over the pool's ranks, builds a tiny MoE GPTModel twice, from
+stock's local MoE spec and from get_gpt_layer_flashoverlap_spec, with the same seed, and returns numbers.
+Tokens differ per data-parallel rank (seed = DP rank), so the split sizes are uneven and differ per rank.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from megatron_flashoverlap.megatron import models as tm
+from megatron_flashoverlap.testing import profile
+
+from .mp_megatron import _rel
+
+EXPERTS, TOPK = 4, 2
+VARIANTS = {
+    "dropless": {},
+    "capacity": {"moe_expert_capacity_factor": 1.0, "moe_token_drop_policy": "probs"},
+    "padded": {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True},
+    "shared": {"moe_shared_expert_intermediate_size": 48},
+    "top1": {"moe_router_topk": 1, "moe_router_pre_softmax": True},  # Megatron requires pre-softmax at top-1
+}
+
+
+def _init(tp: int, ep: int, etp: int, seed: int = 1234) -> None:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from megatron_flashoverlap.megatron import cpu
+
+    cpu.enable()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _config(tp, ep, etp, variant):
+    kw = {"num_moe_experts": EXPERTS, "moe_router_topk": TOPK, "moe_token_dispatcher_type": "alltoall",
+          "moe_aux_loss_coeff": 1e-2, "moe_router_load_balancing_type": "aux_loss", "moe_ffn_hidden_size": 32,
+          "expert_model_parallel_size": ep, "expert_tensor_parallel_size": etp, "add_bias_linear": False}
+    return tm.tiny_config(tp, tp > 1, **{**kw, **VARIANTS[variant]})
+
+
+def _specs(cfg, algo):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from megatron_flashoverlap.config import from_dict
+    from megatron_flashoverlap.megatron.spec import get_gpt_layer_flashoverlap_spec
+
+    flash = from_dict({"moe": {"algo": algo}})
+    return (get_gpt_layer_local_spec(num_experts=EXPERTS),
+            get_gpt_layer_flashoverlap_spec(num_experts=EXPERTS, flash_config=flash))
+
+
+def _aux_loss() -> float:
+    """The load-balancing loss of every layer this forward saved in Megatron's tracker (then cleared)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy tracker API: present (deprecated) in 0.16 - 0.19
+        values = {k: v["values"].detach().clone() for k, v in moe_utils.get_moe_layer_wise_logging_tracker().items()}
+        moe_utils.clear_aux_losses_tracker()
+    return float(sum(v.sum() for v in values.values())) if values else float("nan")
+
+
+def _routes(model):
+    return [layer.mlp.token_dispatcher.routing_map.clone() for layer in model.decoder.layers]
+
+
+def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash", steps=3):
+    """Same weights -> logits, loss, aux loss, routing, every grad, then `steps` Adam steps."""
+    from megatron.core import parallel_state
+
+    _init(tp, ep, etp)
+    try:
+        cfg = _config(tp, ep, etp, variant)
+        stock_spec, our_spec = _specs(cfg, algo)
+        stock, ours = tm.build_gpt(cfg, stock_spec), tm.build_gpt(cfg, our_spec)
+        out = {"keys_equal": _keys(stock) == _keys(ours),
+               "init_equal": all(torch.equal(p, q) for p, q in zip(stock.parameters(), ours.parameters())),
+               "dispatcher": type(ours.decoder.layers[0].mlp.token_dispatcher).__name__}
+        data = tm.batch(parallel_state.get_data_parallel_rank())
+        _aux_loss()
+        losses, aux, routes = [], [], []
+        for model in (stock, ours):
+            loss = tm.gpt_loss(model, data)
+            aux.append(_aux_loss())
+            routes.append(_routes(model))
+            loss.backward()
+            losses.append(loss.item())
+            tm.allreduce_sequence_parallel_grads(model)
+        out.update(loss=losses, aux=aux, routes_equal=all(torch.equal(a, b) for a, b in zip(*routes)))
+        out["logits_rel"] = _rel(tm.gpt_logits(stock, data), tm.gpt_logits(ours, data))
+        out["grad_rel"] = {n: _rel(p.grad, q.grad) for (n, p), q in zip(stock.named_parameters(), ours.parameters())}
+        out["curves"] = [_train(m, steps, data) for m in (stock, ours)]
+        return out
+    finally:
+        tm.destroy()
+
+
+def _keys(model):
+    return [(k, tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in model.state_dict().items()]
+
+
+def _train(model, steps, data, lr=1e-2):
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = tm.gpt_loss(model, data)
+        loss.backward()
+        tm.allreduce_sequence_parallel_grads(model)
+        opt.step()
+        losses.append(loss.item())
+    _aux_loss()
+    return losses
+
+
+def moe_layer_comm(rank, world, tp, ep, etp, algo="flash"):
+    """One MoE layer (model.decoder.layers[0].mlp) fwd+bwd after a warm-up: c10d ops, stock and ours."""
+    _init(tp, ep, etp)
+    try:
+        cfg = _config(tp, ep, etp, "dropless")
+        counts = {}
+        for name, spec in zip(("stock", "ours"), _specs(cfg, algo)):
+            mlp = tm.build_gpt(cfg, spec).decoder.layers[0].mlp
+            x = torch.randn(tm.SEQ // tp, 2, cfg.hidden_size, generator=torch.Generator().manual_seed(rank))
+
+            def step():
+                mlp(x.requires_grad_())[0].sum().backward()
+
+            step()
+            counts[name] = profile.comm_ops(step)
+            _aux_loss()
+        return counts
+    finally:
+        tm.destroy()
+
+
+def block_spec_builds(rank, world, tp, ep, etp):
+    """flashoverlap_layer_spec(config) (the --spec entry) builds the MoE GPT with stock's state_dict keys."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
+
+    _init(tp, ep, etp)
+    try:
+        cfg = _config(tp, ep, etp, "shared")
+        stock = tm.build_gpt(cfg, get_gpt_layer_local_spec(num_experts=EXPERTS))
+        ours = tm.build_gpt(cfg, flashoverlap_layer_spec(cfg))
+        return {"keys_equal": _keys(stock) == _keys(ours), "mlp": type(ours.decoder.layers[0].mlp).__name__,
+                "shared_fc1": type(ours.decoder.layers[0].mlp.shared_experts.linear_fc1).__name__}
+    finally:
+        tm.destroy()
+
+
+def refused(rank, world, field, value):
+    """-> the ValueError message when the MoE config sets `field` = value (building our spec's model)."""
+    _init(1, world, 1)
+    try:
+        cfg = _config(1, world, 1, "dropless")
+        setattr(cfg, field, value)
+        try:
+            tm.build_gpt(cfg, _specs(cfg, "flash")[1])
+        except ValueError as err:
+            return str(err)
+        return None
+    finally:
+        tm.destroy()
