@@ -147,7 +147,7 @@ def test_ops_is_family_folders_and_three_loose_modules():
     loose = sorted(p.name for p in (PKG / "ops").glob("*.py"))
     assert loose == ["__init__.py", "checks.py", "registry.py"], loose
     families = sorted(p.name for p in (PKG / "ops").iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert families == ["all_reduce", "attention", "dp", "tp_nosp", "tp_sp"], families
+    assert families == ["all_reduce", "attention", "dp", "moe", "tp_nosp", "tp_sp"], families
 
 
 def test_env_vars_are_read_in_the_config_module_only():
