@@ -11,6 +11,10 @@ Tolerances (fp32):
 """
 import pytest
 
+# megatron-core 0.16.1's own router fails without Transformer Engine (moe_utils.RouterGatingLinearFunction names
+# te_general_gemm, defined only when TE imports): stock's MoE cannot run there either, so the newest lane only.
+pytestmark = pytest.mark.newest_only
+
 BODY = "tests.megatron.mp_moe"
 
 
