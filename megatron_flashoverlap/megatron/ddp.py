@@ -4,14 +4,18 @@ What the data-parallel overlap needs from Megatron's `DistributedDataParallel` (
 a selected weight's gradient is reduce-scattered INSIDE its wgrad GEMM (ddp/wgrad_rs.py), so Megatron
 must (a) give that weight a bucket of its own, and (b) not reduce-scatter that bucket a second time.
 
-    (a) layout   `isolated_buckets(params)`: while DDP (and, on 0.19, its param layout) is built, the
-                 weights carry `shared_embedding = True`, the one attribute both versions' layout code
-                 (`_does_param_require_new_bucket`) honours to close the bucket before and after a param.
-                 The attribute is removed afterwards (it also steers muP LR scaling on 0.19).
+    (a) layout   `ddp_layout.isolated_buckets(module, weights)`: while DDP (and, on 0.19, its param layout) is
+                 built, the weights carry `shared_embedding = True` (the attribute both versions' layout
+                 code honours to close a bucket before and after a param) and come last in layout order,
+                 so the other params keep stock's buckets; a precomputed 0.19 `full_param_layout` is
+                 rewritten the same way (`ddp_layout.relayout`). Both are undone afterwards.
     (b) sync     `_ParamAndGradBucketGroup.start_grad_sync` is wrapped (class-level, once): for a bucket
-                 group marked `_flashoverlap_reduced` this iteration it runs the NaN/large-grad check,
-                 then installs a completed handle instead of issuing the collective; `finish_grad_sync`
-                 then waits on it as usual. Every other bucket group runs the original method.
+                 group marked `_flashoverlap_reduced` this iteration it installs a completed handle instead
+                 of issuing the collective; `finish_grad_sync` then waits on it as usual. Every other
+                 bucket group runs the original method.
+    (c) checks   the NaN / Inf / large-gradient check runs on the LOCAL gradient, as stock runs it before
+                 its collective: the fused ring hands every local part (before it is sent) to a norm
+                 accumulator, and Megatron's own `check_grads` judges that norm on the rank that made it.
 
 Bookkeeping it relies on (read, never written except the two items above and the documented
 `param.grad_added_to_main_grad = True`, the same flag Megatron's fused-wgrad path sets):
@@ -24,9 +28,9 @@ or the weight does not own its bucket and bucket group (e.g. `disable_bucketing`
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -48,19 +52,6 @@ def check_version() -> None:
     if not v.startswith(SUPPORTED):
         raise RuntimeError(f"megatron_flashoverlap.ops.dp patches DDP internals checked on megatron-core 0.16.1 and "
                            f"0.19.2; found {v}. Pin megatron-core>=0.16.1,<0.20 or disable the DP overlap")
-
-
-@contextlib.contextmanager
-def isolated_buckets(params):
-    """Build DDP inside this block: each of `params` gets a bucket of its own (see module docstring)."""
-    tagged = [p for p in params if not getattr(p, "shared_embedding", False)]
-    for p in tagged:
-        p.shared_embedding = True
-    try:
-        yield
-    finally:
-        for p in tagged:
-            del p.shared_embedding
 
 
 class _Done:
@@ -85,10 +76,7 @@ def _patch_start_grad_sync() -> None:
         if force_all_reduce:
             raise RuntimeError("a bucket reduce-scattered by the flash DP overlap cannot be all-reduced again "
                                "(force_all_reduce); disable the DP overlap for this model")
-        if self.ddp_config.check_for_nan_in_grad or self.ddp_config.check_for_large_grads:
-            self.check_grads(check_for_nan_or_inf=self.ddp_config.check_for_nan_in_grad,
-                             check_for_large=self.ddp_config.check_for_large_grads)
-        self._flashoverlap_reduced = False
+        self._flashoverlap_reduced = False  # its local gradient was checked before the ring (dp_wgrad)
         self.grad_reduce_handle = _Done()
 
     start_grad_sync._flashoverlap_original = original
@@ -123,8 +111,8 @@ def _refuse(ddp, param, bucket_group) -> str | None:
     if cfg.num_distributed_optimizer_instances > 1 or getattr(cfg, "reduce_scatter_with_fp32_accumulation", False):
         return "several distributed-optimizer instances or reduce_scatter_with_fp32_accumulation"
     if len(bucket_group.buckets) != 1 or len(bucket_group.buckets[0].params_list) != 1:
-        return ("its bucket is shared with other parameters (build DDP inside isolated_buckets(...); "
-                "disable_bucketing merges all buckets)")
+        return ("its bucket is shared with other parameters (build DDP through wrap_with_dp_overlap or inside "
+                "ddp_layout.isolated_buckets(...); disable_bucketing merges all buckets)")
     return None
 
 
@@ -163,26 +151,57 @@ def _dummy_grad(weight: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
 
 
-def dp_wgrad(weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, wgrad) -> torch.Tensor:
-    """The gradient to hand autograd for `weight` [n, k], given dy [.., n] and x [.., k].
+class _LocalNorm:
+    """Sum of squares of the local parts the fused ring sends (fp32 or wider): the local bucket norm."""
+
+    def __init__(self):
+        self.sq = None
+
+    def __call__(self, part: torch.Tensor) -> None:
+        sq = part.double().pow(2).sum()
+        self.sq = sq if self.sq is None else self.sq + sq
+
+    def check(self, bucket_group) -> None:
+        """Megatron's own check_grads on this rank's local norm (its messages, its rerun state machine)."""
+        cfg = bucket_group.ddp_config
+        if not (cfg.check_for_nan_in_grad or cfg.check_for_large_grads) or self.sq is None:
+            return
+        norm = self.sq.sqrt().float().reshape(1)  # a 1-element "bucket" whose norm is the local norm
+        stand_in = SimpleNamespace(buckets=[SimpleNamespace(grad_data=norm)])
+        type(bucket_group).check_grads(stand_in, check_for_nan_or_inf=cfg.check_for_nan_in_grad,
+                                       check_for_large=cfg.check_for_large_grads)
+
+
+def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
+    """Last micro-batch: dW produced shard by shard inside the DP reduce-scatter of the weight's bucket."""
+    if getattr(site.bucket_group, "_flashoverlap_reduced", False):
+        raise RuntimeError("flash DP overlap: this weight's bucket is already reduce-scattered and not yet "
+                           "consumed: either the weight is used twice per step (disable the DP overlap for "
+                           "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
+    local = _LocalNorm()
+    matmul_wgrad_reduce_scatter(dy, x, site.grad_flat, site.offset, site.group, scale=site.scale,
+                                algo=site.algo, context=site.context, on_local=local)
+    local.check(site.bucket_group)
+    site.bucket_group._flashoverlap_reduced = True
+    site.fused_calls += 1
+
+
+def dp_wgrad(weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, wgrad=None) -> torch.Tensor:
+    """The gradient to hand autograd for `weight` [n, k], given dy [.., n] and x [.., k] (this rank's whole
+    dW = dy^T x; the plugin's TP operators call it as their `wgrad_fn`).
 
     Stock weight: `wgrad()` (the layer's own dW). Flash weight: non-last micro-batch -> main_grad += dW
     locally; last micro-batch -> dW is produced shard by shard inside the DP reduce-scatter of its bucket.
     Either way main_grad holds the result and a zero placeholder goes to autograd."""
     site = getattr(weight, "_flashoverlap_dp", None)
     if site is None:
+        if wgrad is None:
+            raise RuntimeError("dp_wgrad: this weight is not marked for the flash DP overlap")
         return wgrad()
     if not site.bucket_group.is_last_microbatch:
         weight.main_grad.add_(torch.mm(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
                               .view(weight.main_grad.shape).to(weight.main_grad.dtype))
     else:
-        if getattr(site.bucket_group, "_flashoverlap_reduced", False):
-            raise RuntimeError("flash DP overlap: this weight's bucket is already reduce-scattered and not yet "
-                               "consumed: either the weight is used twice per step (disable the DP overlap for "
-                               "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
-        matmul_wgrad_reduce_scatter(dy, x, site.grad_flat, site.offset, site.group, scale=site.scale,
-                                    algo=site.algo, context=site.context)
-        site.bucket_group._flashoverlap_reduced = True
-        site.fused_calls += 1
+        _fused_reduce_scatter(site, dy, x)
     weight.grad_added_to_main_grad = True
     return _dummy_grad(weight)

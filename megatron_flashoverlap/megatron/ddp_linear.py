@@ -6,6 +6,7 @@
              Megatron's LinearWithGradAccumulationAndAsyncCommunication, overlapped with the wgrad below
     wgrad    dw = dy^T AG_tp(x): `dp_wgrad` -> for a flash weight, reduce-scattered over DP inside the GEMM
 
+`wrap_with_dp_overlap` builds DDP with the chosen weights in buckets of their own (ddp_layout.py).
 `linear_dp_forward_impl` has the signature of Megatron's `_forward_impl` / `linear_with_grad_accumulation_
 and_async_allreduce`, so a stock `ColumnParallelLinear` / `RowParallelLinear` uses it by instance attribute
 (`module._forward_impl = linear_dp_forward_impl`); the plugin's own layers call `dp_wgrad` in their backward.
@@ -19,7 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..runtime import all_gather_into, group_info, reduce_scatter_into
-from .ddp import dp_wgrad, enable_dp_overlap, isolated_buckets
+from .ddp import dp_wgrad, enable_dp_overlap
+from .ddp_layout import isolated_buckets, last_bucket_weights, relayout, stock_bucket_size
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +83,70 @@ def _linears(module):
             and getattr(m, "weight", None) is not None and m.weight.requires_grad]
 
 
+def _why_unfusable(m) -> str | None:
+    """Why this linear's backward cannot reach the fused path (checked before DDP is built), or None."""
+    if getattr(m, "gradient_accumulation_fusion", False):
+        return "its stock forward runs Megatron's fused wgrad (apex); the DP overlap needs it off for this layer"
+    if getattr(m.config, "defer_embedding_wgrad_compute", False) and not hasattr(m, "flash_site"):
+        return "deferred embedding wgrad (defer_embedding_wgrad_compute)"
+    if getattr(m, "gtp_remat_size", 1) != 1 or getattr(m, "explicit_expert_comm", False):
+        return "expert / GTP-remat layer"
+    return None
+
+
+def _dp_size(ddp_kwargs) -> int:
+    pgs = ddp_kwargs.get("pg_collection")
+    if pgs is not None and getattr(pgs, "dp", None) is not None:
+        return pgs.dp.size()
+    from megatron.core import parallel_state
+    return parallel_state.get_data_parallel_world_size()
+
+
+def _auto_choice(module, ddp_config, ddp_kwargs) -> list:
+    """The linears whose weights sit in stock's last bucket (ddp_layout.last_bucket_weights), one log line."""
+    candidates = _linears(module)
+    size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, _dp_size(ddp_kwargs))
+    chosen = {id(w) for w in last_bucket_weights(module, [m.weight for m in candidates], size)}
+    picked = [m for m in candidates if id(m.weight) in chosen]
+    total = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    log.info("flash DP overlap (automatic): fusing %d of %d tensor-parallel linear weights (%d of %d gradient "
+             "elements), those in stock's last bucket (bucket_size %s): stock reduce-scatters it after the whole "
+             "backward, exposed; every other parameter keeps Megatron's buckets and their overlap",
+             len(picked), len(candidates), sum(m.weight.numel() for m in picked), total, size)
+    return picked
+
+
+def _select(module, linears, ddp_config, ddp_kwargs) -> list:
+    """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line)."""
+    linears = _auto_choice(module, ddp_config, ddp_kwargs) if linears is None else list(linears)
+    refused = {tuple(m.weight.shape): _why_unfusable(m) for m in linears if _why_unfusable(m)}
+    if refused:
+        log.warning("flash DP overlap: %d weight(s) stay on Megatron's bucketed reduce-scatter: %s", len(refused),
+                    "; ".join(f"{k}: {v}" for k, v in sorted(refused.items())))
+    return [m for m in linears if _why_unfusable(m) is None]
+
+
 def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flash", context=None, **ddp_kwargs):
     """Megatron `DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)` whose selected linears
-    (default: every tensor-parallel linear) reduce-scatter their weight gradient inside the wgrad GEMM.
-    Returns (ddp_model, accepted_weights); the others stay stock (logged once each)."""
+    reduce-scatter their weight gradient over DP inside their wgrad GEMM (stock layers through
+    `linear_dp_forward_impl`, the plugin's Flash layers inside their own TP walk, megatron/linear.py).
+
+    linears: None = the automatic choice (the weights in stock's last bucket, logged in one line), or an
+    explicit list. A precomputed `full_param_layout` (megatron-core >= 0.19) is rewritten so that each fused
+    weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
+    Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
+    stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel
 
-    linears = _linears(module) if linears is None else list(linears)
-    with isolated_buckets([m.weight for m in linears]):
+    linears = _select(module, linears, ddp_config, ddp_kwargs)
+    weights = [m.weight for m in linears]
+    if ddp_kwargs.get("full_param_layout") is not None:
+        ddp_kwargs["full_param_layout"] = relayout(ddp_kwargs["full_param_layout"], module, weights, ddp_config)
+    with isolated_buckets(module, weights):
         ddp = DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)
-    accepted = enable_dp_overlap(ddp, [m.weight for m in linears], algo=algo, context=context)
+    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context)
     ids = {id(w) for w in accepted}
     for m in linears:
-        if id(m.weight) in ids:  # a layer that never reaches _forward_impl stays correct: its bucket is
-            m._forward_impl = linear_dp_forward_impl  # never marked reduced, so the stock collective runs
+        if id(m.weight) in ids:  # the stock forward of both kinds reaches the fused wgrad through this;
+            m._forward_impl = linear_dp_forward_impl  # a Flash layer's own TP walk through its wgrad_fn
     return ddp, accepted

@@ -18,6 +18,10 @@ runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `
 sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P wait of these layers and
 its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
 
+Data parallel (megatron/ddp_linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
+hands its complete wgrad operands to `ddp.dp_wgrad` from inside the TP walk (`wgrad_fn`), which produces dW
+shard by shard inside the reduce-scatter of its bucket into main_grad, on the last micro-batch.
+
 gradient_accumulation_fusion (Megatron-LM's default): the overlap operators add dW slice by slice straight
 into the fp32 `weight.main_grad` (pure torch, no apex: runtime/accumulate.py), set `grad_added_to_main_grad`
 and hand autograd Megatron's dummy gradient, as the stock fused path does. The stock constructor, which
@@ -30,6 +34,7 @@ once): its dW goes to `.grad` and Megatron's DDP hook adds it into main_grad, th
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from datetime import timedelta
@@ -44,6 +49,7 @@ from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from ..ops.checks import check_peers_agree
 from ..runtime import OverlapContext, group_info
+from .ddp import dp_wgrad
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -165,8 +171,17 @@ class _FlashMixin:
         chunks = plan.num_chunks  # slicing's own; the flash algos of the all-reduce take the config's
         if all_reduce and chunks is None:
             chunks = self.flash_config.all_reduce.num_chunks
-        return {"algo": plan.algo, "num_chunks": chunks, "context": self.flash_context,
-                "wgrad_into": self._wgrad_into()}
+        kwargs = {"algo": plan.algo, "num_chunks": chunks, "context": self.flash_context}
+        fused = self._dp_wgrad_fn()
+        return {**kwargs, "wgrad_fn": fused} if fused is not None else {**kwargs, "wgrad_into": self._wgrad_into()}
+
+    def _dp_wgrad_fn(self):
+        """The fused DP reduce-scatter of dW (ddp.dp_wgrad) for a weight marked by wrap_with_dp_overlap, on the
+        last micro-batch (the others accumulate through wgrad_into as usual); None otherwise."""
+        site = getattr(self.weight, "_flashoverlap_dp", None)
+        if site is None or not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return None
+        return functools.partial(dp_wgrad, self.weight) if site.bucket_group.is_last_microbatch else None
 
 
 class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):

@@ -27,8 +27,12 @@ from .numerics import add_wgrad
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-def check_wgrad_into(op: str, weight: torch.Tensor, into: torch.Tensor | None) -> None:
-    """`into` must be a floating tensor of weight's shape on weight's device (None: nothing to check)."""
+def check_wgrad_into(op: str, weight: torch.Tensor, into: torch.Tensor | None, fn=None) -> None:
+    """`into` must be a floating tensor of weight's shape on weight's device (None: nothing to check);
+    `fn` (wgrad_fn: the caller takes the complete dW operands) excludes it and must be callable."""
+    if fn is not None and (into is not None or not callable(fn)):
+        raise ValueError(f"{op}: pass either wgrad_into (dW added into a buffer) or a callable wgrad_fn (dW "
+                         f"operands handed to the caller), not both")
     if into is None:
         return
     if not isinstance(into, torch.Tensor) or tuple(into.shape) != tuple(weight.shape):
@@ -56,9 +60,9 @@ class LinearInto(torch.autograd.Function):
     """y [.., n] = x [.., h] @ w [n, h]^T (+ b); backward dx = dy @ w, dW added into `into`, db = sum dy."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, into):
+    def forward(ctx, x, weight, bias, into, fn=None):
         ctx.save_for_backward(x, weight)
-        ctx.into, ctx.has_bias = into, bias is not None
+        ctx.into, ctx.has_bias, ctx.fn = into, bias is not None, fn
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -66,14 +70,18 @@ class LinearInto(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         dx = F.linear(dy, weight.t()) if ctx.needs_input_grad[0] else None
         dw = None
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.fn is not None:
+            dw = ctx.fn(dy, x)
+        elif ctx.needs_input_grad[1]:
             add_wgrad(ctx.into, dy, x)
             dw = weight_grad(weight, ctx.into, x.dtype)
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 def linear_into(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                into: torch.Tensor | None) -> torch.Tensor:
-    """The size-1-group path of every operator: F.linear, with dW into `into` when given."""
-    return F.linear(x, weight, bias) if into is None else LinearInto.apply(x, weight, bias, into)
+                into: torch.Tensor | None, fn=None) -> torch.Tensor:
+    """The size-1-group path of every operator: F.linear, with dW into `into` (or to `fn`) when given."""
+    if into is None and fn is None:
+        return F.linear(x, weight, bias)
+    return LinearInto.apply(x, weight, bias, into, fn)

@@ -77,10 +77,18 @@ def _dp(algo):
     return [grad]
 
 
+def _moe(algo):  # uneven splits: rank r sends r+1 rows to every peer (the dispatcher's counts are data)
+    from megatron_flashoverlap.ops.moe import expert_all_to_all
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    (x,) = _leaves(9 + rank, ((rank + 1) * world, 4))
+    return _grads(expert_all_to_all(x, [r + 1 for r in range(world)], [rank + 1] * world, None, CTX, algo=algo), [x])
+
+
 CASES = {"all_gather_matmul": _ag, "matmul_reduce_scatter": _rs, "matmul_all_reduce": _ar,
          "matmul_all_reduce_decode": _ar_decode, "matmul_allreduce_dgrad": _ar_dgrad, "all_reduce": _all_reduce,
          "query_split_attention": _qsa, "ulysses_attention": _ulysses, "ulysses_fused_attention": _ulysses_fused,
-         "matmul_wgrad_reduce_scatter": _dp}
+         "matmul_wgrad_reduce_scatter": _dp, "expert_all_to_all": _moe}
 
 
 def case(rank, world, op):

@@ -20,6 +20,7 @@ STOCK = {  # op -> the stock collectives its reference issues (forward and backw
     "ulysses_attention": {"all_to_all"},
     "ulysses_fused_attention": {"all_to_all"},
     "matmul_wgrad_reduce_scatter": {"reduce_scatter"},
+    "expert_all_to_all": {"all_to_all"},
 }
 P2P = ("send", "recv")
 

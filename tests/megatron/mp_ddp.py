@@ -193,3 +193,38 @@ def weight_used_twice(rank, world, h=8, f=8):
         return {"accepted": len(accepted), "error": None}
     finally:
         ps.destroy_model_parallel()
+
+
+def nan_attribution(rank, world, h=8, f=16):  # W [16, 8] fills both DP shards of its bucket
+    """DP=2, one fused weight (the model's only parameter); rank 0's output gradient is NaN, so only rank 0's
+    LOCAL weight gradient is NaN. -> {"error": the check's message or None, "shard_nan": NaN in the own
+    reduced shard (what a check after the reduce-scatter would have seen)}."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
+
+    ps = _setup(1)
+    try:
+        cfg = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, use_cpu_initialization=True)
+        fc = ColumnParallelLinear(h, f, config=cfg, init_method=torch.nn.init.xavier_normal_, bias=False,
+                                  gather_output=False)
+        ddp, accepted = wrap_with_dp_overlap(cfg, DistributedDataParallelConfig(
+            use_distributed_optimizer=True, overlap_grad_reduce=True, check_for_nan_in_grad=True), fc, linears=[fc])
+        y, _ = ddp(torch.randn(4, 2, h))
+        if rank == 0:
+            y.register_hook(lambda g: g * float("nan"))
+        error = None
+        try:
+            y.sum().backward()
+            ddp.finish_grad_sync()
+        except RuntimeError as err:
+            error = str(err)
+        grads = ddp.buffers[0].grad_data  # one bucket: this weight, padded
+        shard = grads.numel() // world
+        own = grads[rank * shard:(rank + 1) * shard]
+        return {"accepted": len(accepted), "error": error, "shard_nan": bool(own.isnan().any()),
+                "fused": fc.weight._flashoverlap_dp.fused_calls}
+    finally:
+        ps.destroy_model_parallel()

@@ -93,3 +93,12 @@ def test_average_in_collective(pools):
 def test_weight_used_twice_per_step_is_refused(pools):
     for r in pools(2).run("tests.megatron.mp_ddp:weight_used_twice", timeout=300):
         assert r["accepted"] == 1 and r["error"] and "used twice" in r["error"], r
+
+
+def test_nan_check_blames_the_rank_that_made_it(pools):
+    # as stock checks the local bucket before its collective: rank 0 (NaN local gradient) raises; rank 1,
+    # whose reduced shard holds rank 0's NaN, does not
+    r0, r1 = pools(2).run("tests.megatron.mp_ddp:nan_attribution", timeout=300)
+    assert r0["accepted"] == r1["accepted"] == 1
+    assert r0["error"] and "NaN" in r0["error"] and "local grad norm" in r0["error"], r0
+    assert r1["error"] is None and r1["shard_nan"], r1

@@ -20,6 +20,9 @@ Only the last add is exposed; the whole bucket's reduce-scatter hides under the 
 Partials are summed in fp32 when the buffer is bf16/fp16 and travel in the wire dtype (`wire_dtype`:
 "input", the buffer's dtype, stock's bytes; or "fp32"; runtime/numerics.py). "reference": add dW into the
 buffer, scale, one stock reduce-scatter (Megatron's own order of operations; in fp32 for wire_dtype="fp32").
+on_local(part) (optional): called with every LOCAL part of (grad_flat + dW), before scaling and before it
+leaves this rank (the ring: one span per shard; the reference: the whole bucket), e.g. to check the local
+gradient for NaN as Megatron does before its collective; the parts tile the bucket once.
 Plain functions registered as "matmul_wgrad_reduce_scatter" in ops/registry.py; `force_reference()` reaches this operator too.
 """
 from __future__ import annotations
@@ -47,16 +50,18 @@ def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> No
 
 
 @register(OP, "reference")
-def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, wire="input") -> None:
+def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, wire="input", on_local=None) -> None:
     """Megatron's order: grad_flat[W] += dW; grad_flat *= scale; reduce-scatter into the own shard."""
     rank, world = group_info(group)
     if wire_dtype(grad_flat.dtype, wire) != grad_flat.dtype:  # fp32 on the wire: reduce a widened copy
         wide = grad_flat.to(wire_dtype(grad_flat.dtype, wire))
-        wgrad_reduce_scatter_reference(dy, x, wide, offset, scale, group, ctx)
+        wgrad_reduce_scatter_reference(dy, x, wide, offset, scale, group, ctx, on_local=on_local)
         grad_flat.copy_(wide)
         return
     w_view = grad_flat[offset:offset + dy.shape[-1] * x.shape[-1]]
     w_view.add_(wgrad(dy, x).reshape(-1).to(grad_flat.dtype))
+    if on_local is not None:
+        on_local(grad_flat)
     if scale != 1.0:
         grad_flat.mul_(scale)
     shard = grad_flat.numel() // world
@@ -68,7 +73,7 @@ def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
 def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext, wire: str = "input",
-                              bidirectional: bool = False) -> None:
+                              on_local=None, bidirectional: bool = False) -> None:
     """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard; own shard last."""
     rank, world = group_info(group)
     shard = grad_flat.numel() // world
@@ -78,6 +83,8 @@ def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: Overl
         a, b = span
         part = grad_flat[a:b].to(acc, copy=True)
         wgrad_flat_span(dy, x, offset, a, b, part)
+        if on_local is not None:
+            on_local(part)
         return part.mul_(scale) if scale != 1.0 else part
 
     own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
@@ -88,9 +95,10 @@ def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: Overl
 
 def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
                                 group, *, scale: float = 1.0, algo: str = "flash", wire_dtype: str = "input",
-                                context: OverlapContext | None = None) -> None:
+                                context: OverlapContext | None = None, on_local=None) -> None:
     """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
-    `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset."""
+    `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset.
+    on_local(part): sees every local part before it is scaled and sent (module docstring)."""
     algo = resolve(OP, algo)[0]
     check_wire(OP, wire_dtype)
     rank, world = group_info(group)
@@ -105,4 +113,4 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
     if algo != "reference":
         peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), offset, n, k)
     fn = plain(OP, "reference" if world == 1 else algo)
-    return fn(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype)
+    return fn(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local)

@@ -13,7 +13,9 @@ algo="reference" or `force_reference()` run the reference (GEMM, then dist.all_r
 Sequence not divisible by P (and not decode): one log line, then the reference.
 wgrad_into [weight's shape] (optional, e.g. Megatron's fp32 main_grad): dw is added into it (slice by slice
 in the column backward's all-reduce tail) instead of being returned; the weight then gets Megatron's dummy
-gradient (runtime/accumulate.py: weight_grad).
+gradient (runtime/accumulate.py: weight_grad). wgrad_fn(dy, x) -> the weight's autograd gradient (instead of
+wgrad_into; e.g. the data-parallel reduce-scatter of dW, megatron/ddp.py): gets this rank's complete dW
+operands once, after the all-reduce (its GEMM then runs inside the DP ring, not in the AR tail).
 wire_dtype: what the all-reduce's reduce-scatter partials travel in, "input" (default, stock's bytes) or
 "fp32" (ar_matmul.py); the decode all-reduce always runs in the input dtype.
 """
@@ -61,10 +63,12 @@ def ar_matmul_forward(x, weight, group, ctx, algo, num_chunks, tail=None, wire="
 
 
 def column_nosp_backward(dy, x, weight, group, ctx, algo, num_chunks, need_dw=True, wgrad_into=None,
-                         wire="input"):
+                         wire="input", wgrad_fn=None):
     """-> (dx [s, b, h] = AR(dy @ w), dw [n/P, h] = dy^T x, or None when not wanted or added into
-    wgrad_into); the wgrad fills the all-reduce tail."""
+    wgrad_into); the wgrad fills the all-reduce tail (with wgrad_fn: dw = wgrad_fn(dy, x) after it)."""
     dy = dy.contiguous()
+    if wgrad_fn is not None and need_dw:
+        return ar_matmul_forward(dy, weight.t(), group, ctx, algo, num_chunks, None, wire), wgrad_fn(dy, x)
     world = group_info(group)[1]
     dw = wgrad_target(weight, wgrad_into, need_dw)
     spans = chunk_bounds(dy.shape[0], max(world - 1, 1))
@@ -95,9 +99,9 @@ class MatmulAllReduce(torch.autograd.Function):
     """Row-parallel without SP: forward y = AR(x w^T); backward local (dy is replicated)."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, octx, algo, num_chunks, decode_all_reduce, wire, wgrad_into):
+    def forward(ctx, x, weight, group, octx, algo, num_chunks, decode_all_reduce, wire, wgrad_into, wgrad_fn):
         ctx.save_for_backward(x, weight)
-        ctx.wgrad_into = wgrad_into
+        ctx.wgrad_into, ctx.wgrad_fn = wgrad_into, wgrad_fn
         if _should_use_decode_all_reduce(x, algo, decode_all_reduce):
             return all_reduce(F.linear(x, weight), group, algo=decode_all_reduce, context=octx)
         return ar_matmul_forward(x, weight, group, octx, algo, num_chunks, wire=wire)
@@ -107,18 +111,20 @@ class MatmulAllReduce(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx = F.linear(dy, weight.t()) if ctx.needs_input_grad[0] else None
+        if need_dw and ctx.wgrad_fn is not None:
+            return (dx, ctx.wgrad_fn(dy, x)) + (None,) * 8
         dw = _local_wgrad(dy, x, weight, into) if need_dw else None
-        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), None, None, None, None, None, None, None
+        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), None, None, None, None, None, None, None, None
 
 
 class MatmulAllReduceDgrad(torch.autograd.Function):
     """Column-parallel without SP: forward local y = x w^T + b; backward dx = AR(dy w), the dual."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group, octx, algo, num_chunks, wire, wgrad_into):
+    def forward(ctx, x, weight, bias, group, octx, algo, num_chunks, wire, wgrad_into, wgrad_fn):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
-        ctx.wgrad_into = wgrad_into
+        ctx.wgrad_into, ctx.wgrad_fn = wgrad_into, wgrad_fn
         ctx.wire = wire
         return F.linear(x, weight, bias)
 
@@ -127,15 +133,17 @@ class MatmulAllReduceDgrad(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = column_nosp_backward(dy, x, weight, ctx.group, ctx.octx, ctx.algo, ctx.num_chunks,
-                                      need_dw=need_dw, wgrad_into=into, wire=ctx.wire)
+                                      need_dw=need_dw, wgrad_into=into, wire=ctx.wire, wgrad_fn=ctx.wgrad_fn)
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, _weight_grad(weight, dw, into, need_dw, x.dtype), db, None, None, None, None, None, None
+        if ctx.wgrad_fn is None:
+            dw = _weight_grad(weight, dw, into, need_dw, x.dtype)
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "flash",
                       num_chunks: int | None = None, decode_all_reduce: str | None = "auto",
                       wire_dtype: str = "input", context: OverlapContext | None = None,
-                      wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
+                      wgrad_into: torch.Tensor | None = None, wgrad_fn=None) -> torch.Tensor:
     """y [s, b, h] = AR(x [s, b, k/P] @ weight[h, k/P]^T), replicated, with autograd (row-parallel, no SP).
 
     num_chunks: sequence chunks C (flash: the exposed tail is 1/C of an all-gather; slicing: chunks).
@@ -146,23 +154,24 @@ def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo
     if decode_all_reduce is not None:
         check_algo("all_reduce", decode_all_reduce)
     ctx = checked_context("matmul_all_reduce", x, weight, None, group, context)
-    check_wgrad_into("matmul_all_reduce", weight, wgrad_into)
+    check_wgrad_into("matmul_all_reduce", weight, wgrad_into, wgrad_fn)
     if ctx is None:
-        return linear_into(x, weight, None, wgrad_into)
-    return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce, wire_dtype, wgrad_into)
+        return linear_into(x, weight, None, wgrad_into, wgrad_fn)
+    return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce, wire_dtype, wgrad_into,
+                                 wgrad_fn)
 
 
 def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
                            algo: str = "flash", num_chunks: int | None = None, wire_dtype: str = "input",
                            context: OverlapContext | None = None,
-                           wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
+                           wgrad_into: torch.Tensor | None = None, wgrad_fn=None) -> torch.Tensor:
     """y [s, b, n/P] = x [s, b, h] @ weight[n/P, h]^T (+ bias), whose input gradient is all-reduced over
     `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`).
     wgrad_into [n/P, h]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_allreduce_dgrad", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
     check_wire("matmul_allreduce_dgrad", wire_dtype)
     ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context)
-    check_wgrad_into("matmul_allreduce_dgrad", weight, wgrad_into)
+    check_wgrad_into("matmul_allreduce_dgrad", weight, wgrad_into, wgrad_fn)
     if ctx is None:
-        return linear_into(x, weight, bias, wgrad_into)
-    return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks, wire_dtype, wgrad_into)
+        return linear_into(x, weight, bias, wgrad_into, wgrad_fn)
+    return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks, wire_dtype, wgrad_into, wgrad_fn)

@@ -12,6 +12,9 @@ bytes; sums kept in fp32 and rounded per hop) or "fp32" (twice the bytes, one ro
 `force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM.
 wgrad_into [n, h] (optional, e.g. Megatron's fp32 main_grad): dw is added into it slice by slice instead of
 being returned; the weight then gets Megatron's dummy gradient (runtime/accumulate.py: weight_grad).
+wgrad_fn(dy_full, x_full) -> the weight's autograd gradient (optional, instead of wgrad_into; e.g. the
+data-parallel reduce-scatter of dW inside its GEMM, megatron/ddp.py): backward keeps the operand it gathers
+and hands this rank's complete dW operands to it once (backward.py).
 """
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the regis
 
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered, wire, wgrad_into):
+    def forward(ctx, x_shard, weight, bias, group, octx, algo, num_chunks, keep_gathered, wire, wgrad_into,
+                wgrad_fn):
         y, gathered = plain(ag_matmul.OP, algo)(x_shard, weight, bias, group, octx, num_chunks=num_chunks,
                                                 keep_gathered=keep_gathered)
         ctx.save_for_backward(x_shard, weight, gathered)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.has_bias = group, octx, algo, num_chunks, bias is not None
         ctx.wire = wire
         ctx.wgrad_into = wgrad_into  # not saved: an in-place target (as Megatron keeps main_grad on ctx)
+        ctx.wgrad_fn = wgrad_fn
         return y
 
     @staticmethod
@@ -41,18 +46,19 @@ class AllGatherMatmul(torch.autograd.Function):
         need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = plain(backward.COLUMN, ctx.algo)(dy.contiguous(), x_shard, gathered, weight, ctx.group, ctx.octx,
                                                   num_chunks=ctx.num_chunks, need_dw=need_dw, wgrad_into=into,
-                                                  wire=ctx.wire)
+                                                  wire=ctx.wire, wgrad_fn=ctx.wgrad_fn)
         if need_dw and into is not None:
             dw = weight_grad(weight, into, x_shard.dtype)
         db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None
 
 
 class MatmulReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, group, octx, algo, num_chunks, wire, wgrad_into):
+    def forward(ctx, x, weight, group, octx, algo, num_chunks, wire, wgrad_into, wgrad_fn):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.octx, ctx.algo, ctx.num_chunks, ctx.wgrad_into = group, octx, algo, num_chunks, wgrad_into
+        ctx.wgrad_fn = wgrad_fn
         return plain(matmul_rs.OP, algo)(x, weight, group, octx, num_chunks=num_chunks, wire=wire)
 
     @staticmethod
@@ -60,16 +66,17 @@ class MatmulReduceScatter(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_dw, into = ctx.needs_input_grad[1], ctx.wgrad_into
         dx, dw = plain(backward.ROW, ctx.algo)(dy.contiguous(), x, weight, ctx.group, ctx.octx,
-                                               num_chunks=ctx.num_chunks, need_dw=need_dw, wgrad_into=into)
+                                               num_chunks=ctx.num_chunks, need_dw=need_dw, wgrad_into=into,
+                                               wgrad_fn=ctx.wgrad_fn)
         if need_dw and into is not None:
             dw = weight_grad(weight, into, x.dtype)
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None
 
 
 def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
                       algo: str = "flash", num_chunks: int | None = None, keep_gathered: bool = False,
                       wire_dtype: str = "input", context: OverlapContext | None = None,
-                      wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
+                      wgrad_into: torch.Tensor | None = None, wgrad_fn=None) -> torch.Tensor:
     """y [s, b, n/P] = AG(x_shard [s/P, b, h]) @ weight[n/P, h]^T (+ bias [n/P]), with autograd.
 
     keep_gathered: keep AG(x) from forward for the weight gradient (memory for time) instead of
@@ -78,24 +85,24 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
     algo, num_chunks = resolve("all_gather_matmul", algo, num_chunks)
     check_wire("all_gather_matmul", wire_dtype)
     ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context)
-    check_wgrad_into("all_gather_matmul", weight, wgrad_into)
+    check_wgrad_into("all_gather_matmul", weight, wgrad_into, wgrad_fn)
     if ctx is None:
-        return linear_into(x_shard, weight, bias, wgrad_into)
+        return linear_into(x_shard, weight, bias, wgrad_into, wgrad_fn)
     return AllGatherMatmul.apply(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered, wire_dtype,
-                                 wgrad_into)
+                                 wgrad_into, wgrad_fn)
 
 
 def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str = "flash",
                           num_chunks: int | None = None, wire_dtype: str = "input",
                           context: OverlapContext | None = None,
-                          wgrad_into: torch.Tensor | None = None) -> torch.Tensor:
+                          wgrad_into: torch.Tensor | None = None, wgrad_fn=None) -> torch.Tensor:
     """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), with autograd; partial sums kept in fp32 for
     bf16/fp16, sent in wire_dtype ("input": the input dtype, stock's bytes; "fp32").
     wgrad_into [h, k/P]: dw is added into it (module docstring)."""
     algo, num_chunks = resolve("matmul_reduce_scatter", algo, num_chunks)
     check_wire("matmul_reduce_scatter", wire_dtype)
     ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, divisible=True)
-    check_wgrad_into("matmul_reduce_scatter", weight, wgrad_into)
+    check_wgrad_into("matmul_reduce_scatter", weight, wgrad_into, wgrad_fn)
     if ctx is None:
-        return linear_into(x, weight, None, wgrad_into)
-    return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks, wire_dtype, wgrad_into)
+        return linear_into(x, weight, None, wgrad_into, wgrad_fn)
+    return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks, wire_dtype, wgrad_into, wgrad_fn)
