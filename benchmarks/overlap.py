@@ -77,11 +77,15 @@ def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
     md += ["\\* model: the cost model's prediction from link bandwidth + GEMM throughput, both calibrated on the "
            "stock forward row of the same point (its compute alone and comm alone); every other row is predicted.",
            "", report.model_error(seq_runs + rate_runs), ""]
-    md += ["## Verdict (flash vs the bound and vs every slicing k)", ""] + report.VERDICT_HEAD
+    md += ["## Summary (every swept point, losses included; a win only where the 90 % interval excludes 1.0)",
+           ""] + report.summary(seq_runs + rate_runs) + [""]
+    md += ["## Verdict (flash vs the bound, vs stock and vs the best slicing k)", ""] + report.VERDICT_HEAD
     for run in seq_runs:
         for kind in run["config"]["kinds"]:
             for mode in ("fwd", "fwd+bwd"):
                 md += report.verdict(run, kind, mode)
+    for run in rate_runs:
+        md += report.verdict(run, "mlp", "fwd") + report.verdict(run, "mlp", "fwd+bwd")
     if rate_runs:
         md += ["", f"## Link-rate sweep at s = {a.rate_sweep_seq}", ""]
         for run in rate_runs:

@@ -64,7 +64,7 @@ def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: lis
     finally:
         destroy()
     return [{"kind": "megatron mlp", "seq": seq, "method": name, "mode": mode, "block": statistics.median(vals),
-             "spread": (min(vals), max(vals))} for (name, mode), vals in samples.items()]
+             "spread": (min(vals), max(vals)), "samples": list(vals)} for (name, mode), vals in samples.items()]
 
 
 # ------------------------------------------------------------------ Megatron DDP rows (benchmarks/dp.py)
@@ -132,4 +132,4 @@ def measure_ddp(hidden: int, ffn: int, layers: int, tokens: int, repeats: int) -
     nan = float("nan")
     return [{"kind": "megatron ddp", "seq": tokens, "method": v, "mode": "fwd+bwd",
              "block": sorted(ts)[len(ts) // 2], "compute": nan, "comm": nan, "exposed": nan, "hidden": nan,
-             "spread": (min(ts), max(ts))} for v, ts in rank_max(samples).items()]
+             "spread": (min(ts), max(ts)), "samples": list(ts)} for v, ts in rank_max(samples).items()]

@@ -8,9 +8,11 @@ import json
 
 from .blocks import Shape, method_by_name
 from .costmodel import calibrate, predict, sites
+from .estimator import speedup
+from .verdict import HEAD as VERDICT_HEAD, summary, verdict  # noqa: F401  (the report's faces)
 
-COLS = "| block | mode | seq | method | block ms (min-max) | compute ms | comm ms | exposed ms | hidden | " \
-       "to bound | vs stock | model ms* |"
+COLS = "| block | mode | seq | method | block ms (min-max) | compute ms | comm ms | exposed ms | " \
+       "hidden [90% ci] | to bound [90% ci] | vs stock [90% ci] | model ms* |"
 
 
 def _shape(run: dict, seq: int) -> Shape:
@@ -29,14 +31,14 @@ def probes_at(run: dict, kind: str, seq: int) -> dict:
 
 def rows_with_model(run: dict) -> list[dict]:
     """The run's rows, each with `model` (predicted seconds) and `speedup` (stock block / this block)."""
-    stock = {(r["kind"], r["seq"], r["mode"]): r["block"] for r in run["rows"] if r["method"] == "stock"}
+    stock = {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
     out = []
     for r in run["rows"]:
         m = method_by_name(r["method"])
         pred = predict(r["kind"], _shape(run, r["seq"]), m, probes_at(run, r["kind"], r["seq"]), run["world"],
                        r["mode"])
-        base = stock.get((r["kind"], r["seq"], r["mode"]), float("nan"))
-        out.append({**r, "model": pred, "speedup": base / r["block"]})
+        base = stock.get((r["kind"], r["seq"], r["mode"]))
+        out.append({**r, "model": pred, "speedup": speedup(base, r["samples"]) if base else None})
     return out
 
 
@@ -47,10 +49,12 @@ def table(run: dict, seqs=None) -> str:
         if seqs and r["seq"] not in seqs:
             continue
         lo, hi = r["spread"]
+        (hl, hh), (bl, bh), sp = r["hidden_ci"], r["bound_ci"], r["speedup"]
+        vs = f"{sp['ratio']:.2f}x [{sp['ci'][0]:.2f}-{sp['ci'][1]:.2f}]" if sp else "-"
         lines.append(f"| {r['kind']} | {r['mode']} | {r['seq']} | {r['method']} | {r['block'] * 1e3:.1f} "
                      f"({lo * 1e3:.1f}-{hi * 1e3:.1f}) | {r['compute'] * 1e3:.1f} | {r['comm'] * 1e3:.1f} | "
-                     f"{r['exposed'] * 1e3:.1f} | {r['hidden'] * 100:.0f}% | {r['bound']:.2f}x | "
-                     f"{r['speedup']:.2f}x | {r['model'] * 1e3:.1f} |")
+                     f"{r['exposed'] * 1e3:.1f} | {r['hidden'] * 100:.0f}% [{hl * 100:.0f}-{hh * 100:.0f}] | "
+                     f"{r['bound']:.2f}x [{bl:.2f}-{bh:.2f}] | {vs} | {r['model'] * 1e3:.1f} |")
     return "\n".join(lines)
 
 
@@ -60,15 +64,19 @@ def megatron_table(run: dict) -> str:
     if not rows:
         return ""
     by = {(r["method"], r["mode"]): r for r in rows}
-    lines = ["| Megatron MLP (s=%d) | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd vs stock | fwd+bwd vs stock |"
-             % rows[0]["seq"], "|---|---|---|---|---|"]
+    lines = ["| Megatron MLP (s=%d) | fwd ms (min-max) | fwd+bwd ms (min-max) | fwd vs stock [90%% ci] | "
+             "fwd+bwd vs stock [90%% ci] |" % rows[0]["seq"], "|---|---|---|---|---|"]
     for name in dict.fromkeys(r["method"] for r in rows):
         f, fb = by[(name, "fwd")], by[(name, "fwd+bwd")]
-        sf, sfb = by[("megatron stock", "fwd")]["block"], by[("megatron stock", "fwd+bwd")]["block"]
+        sf, sfb = (speedup(by[("megatron stock", m)]["samples"], by[(name, m)]["samples"]) for m in ("fwd", "fwd+bwd"))
         lines.append(f"| {name} | {f['block'] * 1e3:.1f} ({f['spread'][0] * 1e3:.1f}-{f['spread'][1] * 1e3:.1f}) | "
                      f"{fb['block'] * 1e3:.1f} ({fb['spread'][0] * 1e3:.1f}-{fb['spread'][1] * 1e3:.1f}) | "
-                     f"{sf / f['block']:.2f}x | {sfb / fb['block']:.2f}x |")
+                     f"{_ratio(sf)} | {_ratio(sfb)} |")
     return "\n".join(lines)
+
+
+def _ratio(s: dict) -> str:
+    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}-{s['ci'][1]:.2f}]"
 
 
 def header(run: dict) -> str:
@@ -196,28 +204,6 @@ def plot_rates(runs: list[dict], seq: int, path: str, kind: str = "mlp", mode: s
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-
-
-def verdict(run: dict, kind: str, mode: str) -> list[str]:
-    """Per sequence length: flash's hidden fraction and distance to bound, and whether it beats every slicing k."""
-    out = []
-    for seq in run["config"]["seqs"]:
-        rs = {r["method"]: r for r in run["rows"] if r["kind"] == kind and r["mode"] == mode and r["seq"] == seq}
-        if "flash" not in rs:
-            continue
-        f = rs["flash"]
-        sl = {n: r["block"] for n, r in rs.items() if n.startswith("slicing")}
-        best = min(sl, key=sl.get) if sl else None
-        beats = all(f["block"] < v for v in sl.values())
-        ratio = rs["stock"]["comm"] / rs["stock"]["compute"] if "stock" in rs else float("nan")
-        out.append(f"| {run['rate']} | {kind} {mode} | {seq} | {ratio:.2f} | {f['hidden'] * 100:.0f}% | "
-                   f"{f['bound']:.2f}x | {f['block'] * 1e3:.1f} | "
-                   + (f"{best} {sl[best] * 1e3:.1f}" if best else "-") + f" | {'yes' if beats else 'NO'} |")
-    return out
-
-
-VERDICT_HEAD = ["| link | block | seq | comm/compute (stock) | flash hidden | flash to bound | flash ms | "
-                "best slicing ms | flash beats every k |", "|---|---|---|---|---|---|---|---|---|"]
 
 
 def timeline_png(traces: list[dict], path: str, mode: str = "fwd") -> None:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ..runtime import OverlapContext
 from .blocks import Method, Shape, comm_only, make_block
+from .estimator import estimate
 from .rounds import interleaved, pass_seconds, rank_max
 
 MODES = ("fwd", "fwd+bwd")
@@ -67,13 +68,8 @@ def combine(samples: dict) -> dict:
 
 
 def derived(stats: dict, method: str, mode: str) -> dict:
-    """Medians of block, compute, comm; exposed and distance to bound as medians of per-repeat paired values
-    (block_i - compute_i, block_i / max(compute_i, comm_i): a load burst hits both halves of a pair alike);
-    hidden = 1 - exposed / median(comm)."""
+    """The row of one (method, mode): bench/estimator.estimate over the rounds (block = median(block),
+    exposed = median(block) - median(compute), hidden = 1 - exposed / median(comm), bound, their 90 %
+    bootstrap intervals), the block's spread (min, max) and its per-round samples (for speedup intervals)."""
     b, c, m = (stats[(method, mode, k)]["samples"] for k in MEASURES)
-    exposed = statistics.median(bi - ci for bi, ci in zip(b, c))
-    comm = statistics.median(m)
-    return {"block": statistics.median(b), "compute": statistics.median(c), "comm": comm, "exposed": exposed,
-            "hidden": 1.0 - exposed / comm if comm > 0 else float("nan"),
-            "bound": statistics.median(bi / max(ci, mi) for bi, ci, mi in zip(b, c, m)),
-            "spread": (min(b), max(b))}
+    return {**estimate(b, c, m), "spread": (min(b), max(b)), "samples": list(b)}

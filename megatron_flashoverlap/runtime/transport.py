@@ -14,6 +14,11 @@
     PeerTimeoutError. A peer whose connection is gone, at post or at wait: PeerLostError naming the
     peer's global rank and the step (never reported as a timeout).
 
+Posting off the compute thread (gloo, and any host-driven backend that posts directly): a step's posts
+run on the process's communication thread (runtime/commthread.py, FIFO: each peer's transfers in program
+order), so the GEMM slice of the step overlaps the host work of posting it; `wait` first waits (timed) for
+the post to have run, re-raising its PeerLostError in the compute thread, then on the works.
+
 Posting: on gloo and fake, `batch_isend_irecv` is a plain loop of isend/irecv, so the link calls the
 group's own send/recv (group ranks, none of the per-op argument checks); every other backend posts a
 step with `batch_isend_irecv`, which coalesces where the backend can (NCCL: one group call per step).
@@ -23,6 +28,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch.distributed as dist
+
+from .commthread import Pending, comm_thread, threaded
 
 HOST_DRIVEN = ("gloo", "mpi")  # the host moves the bytes: only a timed wait notices a dead peer
 DIRECT_POSTING = ("gloo", "fake")  # batch_isend_irecv is a plain loop of isend / irecv on these
@@ -71,6 +78,7 @@ class Link:
         self.kind = transport_kind(self.backend, device_type)
         self.timed = self.kind == "timed"
         self.direct = backend_for(self.backend, device_type) in DIRECT_POSTING
+        self.threaded = self.timed and self.direct  # gloo: posts run on the communication thread
         self._global: dict[int, int] = {}
 
     def global_rank(self, peer: int) -> int:
@@ -80,8 +88,16 @@ class Link:
         return g
 
     def post(self, step: int, sends: Sequence, send_peers: Sequence[int], recvs: Sequence,
-             recv_peers: Sequence[int]) -> list:
-        """Post the sends (to group ranks send_peers) and receives of one step. -> its works."""
+             recv_peers: Sequence[int]):
+        """Post the sends (to group ranks send_peers) and receives of one step. -> its works (a Pending of
+        them where the posts run on the communication thread: pass it to `wait` as it is)."""
+        if self.threaded and threaded():
+            for p in (*send_peers, *recv_peers):
+                self.global_rank(p)  # cached here, so the thread's error messages only read the cache
+            return comm_thread().submit(lambda: self._post(step, sends, send_peers, recvs, recv_peers))
+        return self._post(step, sends, send_peers, recvs, recv_peers)
+
+    def _post(self, step, sends, send_peers, recvs, recv_peers) -> list:
         works: list = []
         try:
             if not self.direct:
@@ -105,6 +121,8 @@ class Link:
 
     def wait(self, works: Sequence, where: str, ops: Sequence | None, timeout) -> None:
         """Wait for `works` (ops[k] = (verb, group peer) of works[k], or None: the whole group)."""
+        if isinstance(works, Pending):
+            works = self._posted(works, where, ops, timeout)
         if not self.timed:
             for w in works:
                 w.wait()
@@ -116,6 +134,13 @@ class Link:
                 raise self._failed(e, where, _op(ops, k, len(works)), timeout, ops) from e
             if ok is False:
                 raise self._timeout(where, _op(ops, k, len(works)), timeout, ops)
+
+    def _posted(self, pending: Pending, where: str, ops, timeout) -> list:
+        """The works of a step posted on the communication thread (its PeerLostError re-raised here)."""
+        works = pending.result(None if timeout is None else timeout.total_seconds())
+        if works is None:
+            raise self._timeout(where, ("transfers", None), timeout, ops)
+        return works
 
     def _who(self, peer, ops) -> str:
         if peer is not None:

@@ -112,3 +112,16 @@ def buffer_cap(rank, world, lengths, b, h, n):
         z = fo.matmul_reduce_scatter(y, w_row, context=ctx)  # [s/P, b, h]
         z.sum().backward()
     return {"held": ctx.held_bytes(), "shard": max(lengths) // world * b * max(h, n) * 4}
+
+
+def posted_off_thread(rank, world):
+    """One ring hop through the gloo link: posted on the communication thread (a Pending comes back at once),
+    then waited on; -> whether it was deferred and whether the received tensor is the peer's."""
+    from megatron_flashoverlap.runtime.commthread import Pending
+
+    lk, nxt, prv = link(None, torch.device("cpu")), (rank + 1) % world, (rank - 1) % world
+    send, recv = torch.full((1024,), float(rank)), torch.empty(1024)
+    works = lk.post(0, [send], [nxt], [recv], [prv])
+    deferred = isinstance(works, Pending)
+    lk.wait(works, "step 0", [("send", nxt), ("receive", prv)], default_context().timeout)
+    return {"deferred": deferred, "received": bool(torch.all(recv == float(prv)))}

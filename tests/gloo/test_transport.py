@@ -65,3 +65,9 @@ def test_buffers_over_many_lengths_stay_under_the_cap(pools):
     names = 10  # ring slots and receive buffers of AG + RS forward and their backward walks, each <= one shard
     for r in pools(2).run(BODY + "buffer_cap", lengths, 2, 8, 12):
         assert r["held"] <= names * (r["shard"] * 9 / 8 + 64), r  # the cap stated in runtime/context.py
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_posts_run_on_the_communication_thread(pools, world):
+    for r in pools(world).run(BODY + "posted_off_thread"):
+        assert r == {"deferred": True, "received": True}

@@ -55,23 +55,25 @@ def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, wire="input", bidirec
 
 @register(OP, "slicing")
 def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input"):
-    """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail."""
+    """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail.
+    Chunk j is rows a:b of every rank-block, copied contiguous first (a copy of the chunk's input, linear
+    time) so its GEMM is one BLAS mm: a GEMM on the strided [P, c, b, k/P] view took a batched path
+    12-15x slower than the unsplit reference. Each chunk is reduce-scattered into its rows of one output."""
     rank, world = group_info(group)
     rows = x.shape[0] // world
-    xb = x.view(world, rows, *x.shape[1:])  # [P, s/P, b, k/P]: block d goes to rank d
-    outs, works = [], []
+    xb = x.view(world, rows, *x.shape[1:]) if x.is_contiguous() else x.reshape(world, rows, *x.shape[1:])
+    wdt = wire_dtype(x.dtype, wire)
+    out = torch.empty((rows,) + tuple(x.shape[1:-1]) + (weight.shape[0],), dtype=wdt, device=x.device)
+    works = []
     for j, (a, b) in enumerate(chunk_bounds(rows, num_chunks)):
         t = time.perf_counter()
-        partial = partial_linear(xb[:, a:b], weight).to(wire_dtype(x.dtype, wire)).contiguous()  # [P, c, b, h]
+        partial = partial_linear(xb[:, a:b].contiguous(), weight).to(wdt)  # [P, c, b, h], contiguous
         ctx.record("compute", f"chunk {j}", t)
-        out = torch.empty(partial.shape[1:], dtype=partial.dtype, device=x.device)
         t = time.perf_counter()
-        works.append(reduce_scatter_into(out, partial.view(-1, *partial.shape[2:]), group, async_op=True))
+        works.append(reduce_scatter_into(out[a:b], partial.view(-1, *partial.shape[2:]), group, async_op=True))
         ctx.record("post", f"chunk {j}", t)
-        outs.append(out)
     for j, w in enumerate(works):
         t = time.perf_counter()
         wait_collective([w], group, x.device, ctx.timeout, f"reduce-scatter chunk {j}")
         ctx.record("wait", f"chunk {j}", t)
-    return torch.cat(outs, dim=0).to(x.dtype)
-
+    return out.to(x.dtype)

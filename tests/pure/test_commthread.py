@@ -1,0 +1,37 @@
+"""Tier 1 (pure, threads only): the communication thread runs jobs in submission order, off the caller,
+hands back values and exceptions, and a timed result that is not ready says so (None) instead of hanging."""
+import threading
+
+import pytest
+
+from megatron_flashoverlap.runtime.commthread import comm_thread, threaded
+
+
+def test_jobs_run_in_order_on_another_thread():
+    seen, caller = [], threading.get_ident()
+    pend = [comm_thread().submit(lambda k=k: seen.append((k, threading.get_ident())) or k) for k in range(50)]
+    assert [p.result(10.0) for p in pend] == list(range(50))
+    assert [k for k, _ in seen] == list(range(50))  # FIFO: each peer's transfers keep the program's order
+    assert all(t != caller for _, t in seen)
+
+
+def test_an_exception_is_raised_in_the_waiting_thread():
+    def boom():
+        raise RuntimeError("peer gone")
+    with pytest.raises(RuntimeError, match="peer gone"):
+        comm_thread().submit(boom).result(10.0)
+
+
+def test_a_job_not_done_in_time_gives_none():
+    gate = threading.Event()
+    p = comm_thread().submit(gate.wait)
+    assert p.result(0.05) is None
+    gate.set()
+    assert p.result(10.0) is True
+
+
+def test_posts_stay_in_the_caller_under_the_profiler():
+    import torch
+    assert threaded()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not threaded()
