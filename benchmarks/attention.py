@@ -13,7 +13,6 @@ compare rows of one run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -21,8 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench.attention_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_ranks  # noqa: E402
-from megatron_flashoverlap.bench.netns import shaped_namespace  # noqa: E402
+from megatron_flashoverlap.bench.launch import add_link_args, run_on_link, write_text  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -33,27 +31,17 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--width", type=int, default=256, help="qsa: per-rank heads*head_dim; ulysses: all heads")
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--rate", default="1gbit", help="tbf rate of the namespace's loopback")
-    p.add_argument("--unshaped", action="store_true", help="host loopback, no namespace (no root needed)")
-    p.add_argument("--timeout", type=float, default=3600.0)
-    p.add_argument("--out", default="results/attention.md")
+    add_link_args(p, "results/attention.md")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     a = parse(argv)
     cfg = {k: getattr(a, k) for k in ("seq", "batch", "hidden", "width", "head_dim", "repeats")}
-    with (contextlib.nullcontext(None) if a.unshaped else shaped_namespace(a.rate)) as ns:
-        res = run_ranks("megatron_flashoverlap.bench.attention_rows:main", a.world, args=(cfg,), ns=ns,
-                        timeout=a.timeout)[0]
-    link = "unshaped loopback" if a.unshaped else f"tbf {a.rate}"
+    res, link = run_on_link("megatron_flashoverlap.bench.attention_rows:main", a.world, cfg, a)
     text = (f"P={res['world']}, {link}, seq={a.seq}, batch={a.batch}, hidden={a.hidden}, width={a.width}, "
             f"head_dim={a.head_dim}, causal, fp32, medians of {a.repeats}\n\n{table(res)}\n")
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_text(a.out, text)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,14 @@ are noise; compare rows of one run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_flashoverlap.bench.launch import run_ranks  # noqa: E402
+from megatron_flashoverlap.bench.launch import add_link_args, run_on_link, write_text  # noqa: E402
 from megatron_flashoverlap.bench.moe_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.netns import shaped_namespace  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -29,26 +27,17 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--ffn", type=int, default=512, help="expert ffn size")
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--topk", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--rate", default="1gbit", help="tbf rate of the namespace's loopback")
-    p.add_argument("--unshaped", action="store_true", help="host loopback, no namespace (no root needed)")
-    p.add_argument("--timeout", type=float, default=3600.0)
-    p.add_argument("--out", default="results/moe.md")
+    add_link_args(p, "results/moe.md")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     a = parse(argv)
     cfg = {k: getattr(a, k) for k in ("tokens", "hidden", "ffn", "experts", "topk", "repeats")}
-    with (contextlib.nullcontext(None) if a.unshaped else shaped_namespace(a.rate)) as ns:
-        res = run_ranks("megatron_flashoverlap.bench.moe_rows:main", a.world, args=(cfg,), ns=ns, timeout=a.timeout)[0]
-    link = "unshaped loopback" if a.unshaped else f"tbf {a.rate}"
+    res, link = run_on_link("megatron_flashoverlap.bench.moe_rows:main", a.world, cfg, a)
     text = (f"EP={res['world']}, {link}, tokens/rank={a.tokens}, hidden={a.hidden}, ffn={a.ffn}, "
             f"experts={a.experts}, top-{a.topk}, fp32, medians of {a.repeats}\n\n{table(res)}\n")
-    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-    with open(a.out, "w") as f:
-        f.write(text)
-    print(text)
+    write_text(a.out, text)
 
 
 if __name__ == "__main__":

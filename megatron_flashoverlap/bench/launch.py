@@ -175,3 +175,28 @@ def run_rates(cfg: dict, rates: list[str], burst: str = "512kb", unshaped: bool 
 
 if __name__ == "__main__":
     _rank_main(sys.argv[1])
+
+
+def add_link_args(p, out: str) -> None:
+    """The options every single-link benchmark script shares: --repeats --rate --unshaped --timeout --out."""
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rate", default="1gbit", help="tbf rate of the namespace's loopback")
+    p.add_argument("--unshaped", action="store_true", help="host loopback, no namespace (no root needed)")
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--out", default=out)
+
+
+def run_on_link(target: str, world: int, cfg: dict, a) -> tuple[dict, str]:
+    """Rank 0's result of `target` over `world` ranks on the link the add_link_args options name, and the
+    link's label."""
+    with (contextlib.nullcontext(None) if a.unshaped else shaped_namespace(a.rate)) as ns:
+        res = run_ranks(target, world, args=(cfg,), ns=ns, timeout=a.timeout)[0]
+    return res, ("unshaped loopback" if a.unshaped else f"tbf {a.rate}")
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a benchmark's markdown (folders made) and print it."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    print(text)
