@@ -8,7 +8,8 @@ each peer is the program's order, as on a stream), while the compute thread goes
     compute thread | submit(step i) | GEMM slice i ............ | wait(i) | submit(i+1) | ...
     comm thread    |                | post sends/recvs of i    |          |              | post i+1 ...
 
-    threaded()                              False while torch's profiler runs: posts stay in the caller
+    threaded()                              False while torch's profiler or a dispatch mode is active in the
+                                            caller: posts stay in the caller
     comm_thread().submit(fn) -> Pending     fn() runs on the thread; Pending.result(seconds) -> its value,
                                             or re-raises its exception in the caller; None if not done
 
@@ -70,8 +71,10 @@ class CommThread:
 
 def threaded() -> bool:
     """Whether posts go to the thread: not while torch's profiler runs in the caller (it records the calling
-    thread only, so c10d op counts and traces would lose every transfer; the transfers are the same)."""
-    return not torch.autograd._profiler_enabled()
+    thread only, so c10d op counts and traces would lose every transfer), and not while a TorchDispatchMode is
+    active in the caller (modes are thread-local: a mode that watches or rewrites the c10d ops, a counter, a
+    fake-tensor or tracing mode, would never see the posts); the transfers are the same either way."""
+    return not torch.autograd._profiler_enabled() and torch._C._len_torch_dispatch_stack() == 0
 
 
 _THREAD: dict[int, CommThread] = {}  # pid -> this process's thread (a fork does not inherit threads)

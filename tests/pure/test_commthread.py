@@ -35,3 +35,19 @@ def test_posts_stay_in_the_caller_under_the_profiler():
     assert threaded()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         assert not threaded()
+
+
+def test_posts_stay_in_the_caller_under_a_dispatch_mode():
+    """Dispatch modes are thread-local: under one, the posts must stay where the mode can see them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from megatron_flashoverlap.runtime.commthread import threaded
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert threaded()
+    with Watch():
+        assert not threaded()
+    assert threaded()
