@@ -88,3 +88,18 @@ def allreduce_sequence_parallel_grads(model: torch.nn.Module) -> int:
     for g in grads:
         dist.all_reduce(g, group=parallel_state.get_tensor_model_parallel_group())
     return len(grads)
+
+
+def adam_steps(model, data: dict, steps: int, lr: float) -> list[float]:
+    """`steps` Adam steps of gpt_loss on one batch, SP grads all-reduced as finalize_model_grads does;
+    -> the loss before each step."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = gpt_loss(model, data)
+        loss.backward()
+        allreduce_sequence_parallel_grads(model)
+        opt.step()
+        losses.append(loss.item())
+    return losses

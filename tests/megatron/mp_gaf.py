@@ -133,18 +133,24 @@ def main_grads(rank, world, sp, dist_opt, flash=None, micro=3):
         tm.destroy()
 
 
-def build_with_fusion(rank, world):
-    """Both Flash layers built with gradient_accumulation_fusion=True (no apex): -> what they kept."""
+def _fused_layers(world):
+    """(config, fc1 column, fc2 row): both Flash layers built with gradient_accumulation_fusion=True (no apex)."""
     from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear, FlashRowParallelLinear
 
+    cfg = tm.tiny_config(world, True)
+    cfg.gradient_accumulation_fusion = True
+    col = FlashColumnParallelLinear(32, 64, config=cfg, init_method=cfg.init_method, bias=True,
+                                    gather_output=False, tp_comm_buffer_name="fc1")
+    row = FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True,
+                                 input_is_parallel=True, skip_bias_add=True, tp_comm_buffer_name="fc2")
+    return cfg, col, row
+
+
+def build_with_fusion(rank, world):
+    """Both Flash layers built with gradient_accumulation_fusion=True (no apex): -> what they kept."""
     tm.init_tp(world)
     try:
-        cfg = tm.tiny_config(world, True)
-        cfg.gradient_accumulation_fusion = True
-        col = FlashColumnParallelLinear(32, 64, config=cfg, init_method=cfg.init_method, bias=True,
-                                        gather_output=False, tp_comm_buffer_name="fc1")
-        row = FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True,
-                                     input_is_parallel=True, skip_bias_add=True, tp_comm_buffer_name="fc2")
+        cfg, col, row = _fused_layers(world)
         return {"config_is_shared": col.config is cfg and row.config is cfg,
                 "config_flag": cfg.gradient_accumulation_fusion,
                 "ours": (col.flash_fuse_wgrad, row.flash_fuse_wgrad),
@@ -155,14 +161,9 @@ def build_with_fusion(rank, world):
 
 def no_main_grad(rank, world):
     """Fusion on, no DDP wrapper (no main_grad), a forward with grad -> the ValueError text."""
-    from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear
-
     tm.init_tp(world)
     try:
-        cfg = tm.tiny_config(world, True)
-        cfg.gradient_accumulation_fusion = True
-        col = FlashColumnParallelLinear(32, 64, config=cfg, init_method=cfg.init_method, bias=True,
-                                        gather_output=False, tp_comm_buffer_name="fc1")
+        col = _fused_layers(world)[1]
         x = torch.randn(8, 2, 32)
         with torch.no_grad():
             col(x)  # inference needs no main_grad

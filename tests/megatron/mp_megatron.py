@@ -71,17 +71,7 @@ def gpt_vs_stock(rank, world, tp, sp, config_name="flash", steps=20, lr=1e-2):
 
 def _train(model, steps, lr):
     """Adam on one fixed batch (the loss must fall), SP grads all-reduced like finalize_model_grads."""
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    data = tm.batch(100)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = tm.gpt_loss(model, data)
-        loss.backward()
-        tm.allreduce_sequence_parallel_grads(model)
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return tm.adam_steps(model, tm.batch(100), steps, lr)
 
 
 def layer_comm_profile(rank, world, tp):

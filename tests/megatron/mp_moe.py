@@ -106,15 +106,7 @@ def _keys(model):
 
 
 def _train(model, steps, data, lr=1e-2):
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = tm.gpt_loss(model, data)
-        loss.backward()
-        tm.allreduce_sequence_parallel_grads(model)
-        opt.step()
-        losses.append(loss.item())
+    losses = tm.adam_steps(model, data, steps, lr)
     _aux_loss()
     return losses
 
