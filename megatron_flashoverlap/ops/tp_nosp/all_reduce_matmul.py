@@ -26,10 +26,10 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from ...runtime import OverlapContext, check_wire, group_info, wgrad
+from ...runtime import OverlapContext, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
-from ...runtime.accumulate import check_wgrad_into, linear_into, weight_grad
+from ...runtime.accumulate import linear_into, weight_grad
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import checked_context
@@ -150,11 +150,10 @@ def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo
     decode_all_reduce: the all_reduce algo for decode-shaped x [1, b, k/P] (module docstring); None = off.
     wgrad_into [h, k/P]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_all_reduce", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
-    check_wire("matmul_all_reduce", wire_dtype)
     if decode_all_reduce is not None:
         check_algo("all_reduce", decode_all_reduce)
-    ctx = checked_context("matmul_all_reduce", x, weight, None, group, context)
-    check_wgrad_into("matmul_all_reduce", weight, wgrad_into, wgrad_fn)
+    ctx = checked_context("matmul_all_reduce", x, weight, None, group, context,
+                          wire_dtype=wire_dtype, wgrad_into=wgrad_into, wgrad_fn=wgrad_fn)
     if ctx is None:
         return linear_into(x, weight, None, wgrad_into, wgrad_fn)
     return MatmulAllReduce.apply(x, weight, group, ctx, algo, chunks, decode_all_reduce, wire_dtype, wgrad_into,
@@ -169,9 +168,8 @@ def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *,
     `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`).
     wgrad_into [n/P, h]: dw is added into it (module docstring)."""
     algo, chunks = resolve("matmul_allreduce_dgrad", algo, num_chunks, default_chunks=DEFAULT_CHUNKS)
-    check_wire("matmul_allreduce_dgrad", wire_dtype)
-    ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context)
-    check_wgrad_into("matmul_allreduce_dgrad", weight, wgrad_into, wgrad_fn)
+    ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context,
+                          wire_dtype=wire_dtype, wgrad_into=wgrad_into, wgrad_fn=wgrad_fn)
     if ctx is None:
         return linear_into(x, weight, bias, wgrad_into, wgrad_fn)
     return MatmulAllReduceDgrad.apply(x, weight, bias, group, ctx, algo, chunks, wire_dtype, wgrad_into, wgrad_fn)

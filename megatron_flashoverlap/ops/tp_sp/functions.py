@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime import OverlapContext, check_wire
-from ...runtime.accumulate import check_wgrad_into, linear_into, weight_grad
+from ...runtime import OverlapContext
+from ...runtime.accumulate import linear_into, weight_grad
 from ..checks import checked_context
 from ..registry import plain, resolve
 from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the registry's tables)
@@ -83,9 +83,8 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
     re-gathering it with Flash-AG in backward. wire_dtype: of the dgrad RS partials ("input" | "fp32").
     wgrad_into [n/P, h]: dw is added into it (module docstring)."""
     algo, num_chunks = resolve("all_gather_matmul", algo, num_chunks)
-    check_wire("all_gather_matmul", wire_dtype)
-    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context)
-    check_wgrad_into("all_gather_matmul", weight, wgrad_into, wgrad_fn)
+    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context,
+                          wire_dtype=wire_dtype, wgrad_into=wgrad_into, wgrad_fn=wgrad_fn)
     if ctx is None:
         return linear_into(x_shard, weight, bias, wgrad_into, wgrad_fn)
     return AllGatherMatmul.apply(x_shard, weight, bias, group, ctx, algo, num_chunks, keep_gathered, wire_dtype,
@@ -100,9 +99,8 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
     bf16/fp16, sent in wire_dtype ("input": the input dtype, stock's bytes; "fp32").
     wgrad_into [h, k/P]: dw is added into it (module docstring)."""
     algo, num_chunks = resolve("matmul_reduce_scatter", algo, num_chunks)
-    check_wire("matmul_reduce_scatter", wire_dtype)
-    ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, divisible=True)
-    check_wgrad_into("matmul_reduce_scatter", weight, wgrad_into, wgrad_fn)
+    ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, divisible=True,
+                          wire_dtype=wire_dtype, wgrad_into=wgrad_into, wgrad_fn=wgrad_fn)
     if ctx is None:
         return linear_into(x, weight, None, wgrad_into, wgrad_fn)
     return MatmulReduceScatter.apply(x, weight, group, ctx, algo, num_chunks, wire_dtype, wgrad_into, wgrad_fn)
