@@ -38,8 +38,12 @@ def megatron_args(iters: int, model: str) -> list[str]:
 
 def train(arm: str, iters: int, model: str, timeout: float) -> dict:
     """One run of the entry on 2 CPU ranks; -> {"loss": [per iteration], "sites": line, "seconds"}."""
-    cmd = [sys.executable, "-m", "megatron_flashoverlap.pretrain_gpt", "--cpu", "--nproc-per-node", "2",
-           *megatron_args(iters, model), *(["--flash-overlap"] if arm == "flash" else [])]
+    return run_entry([*megatron_args(iters, model), *(["--flash-overlap"] if arm == "flash" else [])], arm, timeout)
+
+
+def run_entry(args: list[str], arm: str, timeout: float, nproc: int = 2) -> dict:
+    """The project entry on `nproc` CPU ranks with Megatron `args`; -> {"loss", "sites", "seconds"}."""
+    cmd = [sys.executable, "-m", "megatron_flashoverlap.pretrain_gpt", "--cpu", "--nproc-per-node", str(nproc), *args]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()

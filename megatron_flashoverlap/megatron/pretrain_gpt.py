@@ -10,7 +10,8 @@ pretrain container from args (GPTModelBuilder builds the model, calling our spec
 `pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)`. Megatron logs `lm loss`
 every `--log-interval`; at the end rank 0 prints one line naming what each GEMM site ran:
 
-    GEMM sites: fc1=flash, fc2=flash, proj=flash, qkv=flash        (stock run: "GEMM sites: stock")
+    GEMM sites: fc1=flash, fc2=flash, proj=flash, qkv=flash        (stock run: "GEMM sites: stock"; a MoE
+                                                                   model adds moe=<its EP exchange algo>)
 
 Written for the mock data (tokens / labels / loss_mask / position_ids / attention_mask per sample, every
 rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. For real data, PP or CP, run
@@ -71,6 +72,9 @@ def sites(model) -> dict:
     ran: dict = {}
     for chunk in model if isinstance(model, (list, tuple)) else [model]:
         for module in chunk.modules():
+            algo = getattr(getattr(module, "token_dispatcher", None), "flash_algo", None)
+            if algo is not None:  # a MoE layer whose dispatcher is ours (megatron/moe.py)
+                ran.setdefault("moe", set()).add(algo)
             plan = getattr(module, "flash_plan", None)
             if plan is not None:
                 why = module._stock_reason()
