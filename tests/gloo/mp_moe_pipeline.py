@@ -175,3 +175,14 @@ def bad_counts(rank, world):
             msgs.append(str(err))
     dist.barrier()
     return msgs
+
+
+def no_grad_forward(rank, world, seed=3):
+    """Under torch.no_grad the walk keeps no subgraphs: -> the output error vs expected."""
+    counts = _counts(world, seed, "one")
+    experts = Experts(rank, world)
+    x, p = _tokens(rank, counts)
+    with torch.no_grad():
+        y = expert_pipeline(x, p, experts, experts.params, counts[:, rank], counts[rank].sum(dim=1).tolist(), None,
+                            OverlapContext(check_peers=False))
+    return {"y": _rel(y, _expected(rank, world, counts)[0]), "requires_grad": y.requires_grad}

@@ -67,3 +67,8 @@ def test_experts_run_per_source_block_between_the_steps(pools, p):
 def test_bad_counts_name_the_fix(pools):
     for msgs in pools(2).run(f"{BODY}:bad_counts"):
         assert len(msgs) == 2 and "counts must be" in msgs[0] and "input_splits" in msgs[1], msgs
+
+
+def test_no_grad_forward(pools):
+    for res in pools(3).run(f"{BODY}:no_grad_forward"):
+        assert res["y"] <= 1e-6 and not res["requires_grad"], res  # same row math as above

@@ -43,11 +43,13 @@ WORDS = "expert_all_to_all"  # the MoE words (config.MOE_ALGOS) are the exchange
 class _Graphs:
     """Per-block forward subgraphs (key -> (leaves, out)) and the summed parameter gradients."""
 
-    def __init__(self, experts: Callable, params: Sequence[torch.Tensor]):
-        self.experts, self.params, self.held = experts, tuple(params), {}
+    def __init__(self, experts: Callable, params: Sequence[torch.Tensor], keep: bool = True):
+        self.experts, self.params, self.held, self.keep = experts, tuple(params), {}, keep
         self.grads: list[torch.Tensor | None] = [None] * len(self.params)
 
     def forward(self, key, blocks, counts):
+        if not self.keep:  # no backward will come (inference): no subgraphs kept
+            return (self.experts(blocks[0], counts, blocks[1]),)
         leaves = [b.detach().requires_grad_() for b in blocks]
         with torch.enable_grad():
             out = self.experts(leaves[0], counts, leaves[1])
@@ -96,7 +98,8 @@ class _FusedExperts(torch.autograd.Function):
 @register(OP, "flash")
 def pipeline_flash(tokens, probs, experts, params, plan: Plan, group, ctx):
     """The fused walk (module docstring), differentiable in tokens, probs and params."""
-    graphs = _Graphs(experts, params)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (tokens, probs, *params))
+    graphs = _Graphs(experts, params, keep=needs_grad)
     return _FusedExperts.apply(plan, group, ctx, graphs, tokens, probs, *params)
 
 
