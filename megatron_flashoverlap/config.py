@@ -41,7 +41,10 @@ from typing import Mapping
 ALGOS = ("flash", "flash_bidir", "slicing", "reference")
 ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical")
 ULYSSES_ALGOS = ("flash", "reference")
-MOE_ALGOS = ("flash", "reference")  # the MoE alltoall dispatcher's EP exchange: pairwise steps, or stock's a2a
+# the MoE alltoall dispatcher (expert-TP 1): flash = dispatch, experts and combine in one pipelined walk (each
+# source block through the experts as it arrives); exchange = the pairwise steps, experts after (the ablation);
+# reference = stock's all_to_all_single. Where flash cannot fuse, it runs exchange (logged once per reason).
+MOE_ALGOS = ("flash", "exchange", "reference")
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
@@ -116,7 +119,7 @@ class AllReduceSettings:
 
 @dataclass(frozen=True)
 class MoESettings:
-    """algo: the expert-parallel token exchange of Megatron's alltoall dispatcher, one of MOE_ALGOS."""
+    """algo: how the alltoall dispatcher runs the exchange and the experts, one of MOE_ALGOS (flash: fused)."""
     algo: str = "flash"
 
     def __post_init__(self):

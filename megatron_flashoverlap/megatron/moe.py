@@ -1,11 +1,15 @@
-"""MoE layers with our exchange: Megatron's MoELayer whose alltoall dispatcher runs ops/moe's exchange.
+"""MoE layers with our exchange: Megatron's MoELayer whose alltoall dispatcher runs ops/moe's exchange,
+or (moe.algo = flash, expert-TP 1) the fused expert pipeline of ops/moe/fused.py.
 
     flash_moe_spec(mlp_spec, flash_config) -> the MoE spec with FlashMoELayer in place of MoELayer
         (0.19: functools.partial(MoELayer, submodules=...); 0.16: ModuleSpec(module=MoELayer, ...)); routed
         experts stay Megatron's (SequentialMLP / grouped GEMM), shared experts take our TP linears.
-    FlashMoELayer                 MoELayer; dispatcher "alltoall" -> FlashAlltoAllTokenDispatcher
+    FlashMoELayer                 MoELayer; dispatcher "alltoall" -> FlashAlltoAllTokenDispatcher; with
+                                  moe.algo = flash its dispatch / routed_experts_compute / combine run the
+                                  fused pipeline: each source block through the SAME SequentialMLP (that
+                                  block's counts, its probs applied where stock applies them) as it arrives
     FlashAlltoAllTokenDispatcher  MoEAlltoAllTokenDispatcher; token_dispatch / token_combine run
-                                  expert_all_to_all (moe.algo: flash = pairwise steps, reference = stock a2a)
+                                  expert_all_to_all (exchange = pairwise steps, reference = stock a2a)
 
     dispatch   tokens [sum(input_splits), h] -> [sum(output_splits), h]   own tokens first
     combine    expert outputs [sum(output_splits), h] -> [sum(input_splits), h]   own tokens last
@@ -16,6 +20,9 @@ copies to the host (its one sync per layer); nothing else syncs.
 Refused at build, with the fix: the flex dispatcher (DeepEP / HybridEP / NCCL-EP bring their own fused
 all-to-all kernels) and --overlap-moe-expert-parallel-comm (Megatron's 1F1B a2a overlap on two streams;
 not composed with ours). The allgather dispatcher has no all-to-all: it runs as stock (logged once).
+Where flash cannot fuse it runs "exchange", one log line per reason (moe_fuse.py: expert-TP > 1, experts
+other than SequentialMLP, the shared expert on the dispatcher's side stream, fp8/fp4, delayed expert wgrad,
+inference-optimized experts, EP = 1).
 """
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import FlashOverlapConfig, active
 from ..ops.moe import COMBINE, DISPATCH, expert_all_to_all
+from ..ops.registry import forced
 from .linear import layer_context
+from .moe_fuse import fused_experts, fusion_blocker
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -59,10 +68,10 @@ class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
     flash_ctx = None
 
     @classmethod
-    def adopt(cls, stock: MoEAlltoAllTokenDispatcher, flash_config: FlashOverlapConfig):
-        """The stock dispatcher, now running our exchange (the class changes, nothing else)."""
+    def adopt(cls, stock: MoEAlltoAllTokenDispatcher, flash_config: FlashOverlapConfig, algo: str):
+        """The stock dispatcher, now running our exchange `algo` (the class changes, nothing else)."""
         stock.__class__ = cls
-        stock.flash_algo, stock.flash_ctx = flash_config.moe.algo, layer_context(flash_config.timeout_s)
+        stock.flash_algo, stock.flash_ctx = algo, layer_context(flash_config.timeout_s)
         return stock
 
     def _exchange(self, x, output_splits, input_splits, order):
@@ -92,14 +101,48 @@ class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
 
 
 class FlashMoELayer(MoELayer):
-    """MoELayer (same constructor, parameters, state_dict) whose alltoall dispatcher is ours."""
+    """MoELayer (same constructor, parameters, state_dict) whose alltoall dispatcher is ours; `flash_fused`:
+    dispatch -> routed_experts_compute -> combine is the fused pipeline (dispatch and combine pass through)."""
+
+    flash_fused = False
 
     def __init__(self, config, submodules=None, *args, flash_config: FlashOverlapConfig | None = None, **kwargs):
         check_moe_config(config)
         super().__init__(config, submodules, *args, **kwargs)
         flash_config = active() if flash_config is None else flash_config
         if type(self.token_dispatcher) is MoEAlltoAllTokenDispatcher:
-            FlashAlltoAllTokenDispatcher.adopt(self.token_dispatcher, flash_config)
+            algo = flash_config.moe.algo
+            self.flash_fused = algo == "flash" and not _logged_blocker(fusion_blocker(self))
+            FlashAlltoAllTokenDispatcher.adopt(self.token_dispatcher, flash_config,
+                                               "exchange" if algo == "flash" else algo)
+
+    def _fused_now(self) -> bool:
+        return self.flash_fused and not forced()
+
+    def dispatch(self, hidden_states, probs):
+        """Fused: tokens stay where they are (the split sizes reach the host here, as before stock's a2a)."""
+        if not self._fused_now():
+            return super().dispatch(hidden_states, probs)
+        d = self.token_dispatcher
+        d.tokens_per_expert = d._maybe_dtoh_and_synchronize("before_ep_alltoall", d.tokens_per_expert)
+        return hidden_states, probs
+
+    def routed_experts_compute(self, hidden_states, probs):
+        """Fused: [sum(input_splits), h] tokens -> expert outputs back in the same rows (ops/moe/fused.py)."""
+        if not self._fused_now():
+            return super().routed_experts_compute(hidden_states, probs)
+        return fused_experts(self, hidden_states, probs), None
+
+    def combine(self, output):
+        return output if self._fused_now() else super().combine(output)
+
+
+def _logged_blocker(reason: str | None) -> bool:
+    """True where flash cannot fuse: the reason is logged once per process."""
+    if reason is not None and reason not in _LOGGED:
+        _LOGGED.add(reason)
+        log.warning("flash-overlap MoE: moe.algo=flash runs 'exchange' (pairwise steps, experts after): %s", reason)
+    return reason is not None
 
 
 def flash_moe_spec(mlp_spec, flash_config: FlashOverlapConfig):

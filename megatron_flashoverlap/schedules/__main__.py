@@ -1,13 +1,13 @@
-"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume,ar-ring,ar-rd,ar-hier} P [--bidir] [--local G]`."""
+"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume,moe,ar-ring,ar-rd,ar-hier} P [--bidir] [--local G]`."""
 import argparse
 
 from . import (
     all_gather_ring, all_reduce_hierarchical, all_reduce_recursive_doubling, all_reduce_ring, all_to_all_consume,
-    all_to_all_produce, grid, reduce_scatter_ring, validate,
+    all_to_all_produce, expert_pipeline, grid, reduce_scatter_ring, validate,
 )
 
 BUILDERS = {"ag": all_gather_ring, "rs": reduce_scatter_ring, "a2a-produce": all_to_all_produce,
-            "a2a-consume": all_to_all_consume, "ar-ring": all_reduce_ring, "ar-rd": all_reduce_recursive_doubling,
+            "a2a-consume": all_to_all_consume, "moe": expert_pipeline, "ar-ring": all_reduce_ring, "ar-rd": all_reduce_recursive_doubling,
             "ar-hier": all_reduce_hierarchical}
 
 

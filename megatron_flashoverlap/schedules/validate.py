@@ -8,6 +8,9 @@
 - "produce": a slice is sent only after this rank computed it and added what arrived for it;
 - every rank computes each of its `expected` slices exactly once;
 - "exchange": a slice is received at most once per step;
+- "pipeline" (dispatch, compute, combine in one walk: `local` names the tensors a block brings): a block
+  is computed only once all its tensors arrived from its source, its outputs are sent back only after
+  it was computed, and every rank ends holding its outputs from every peer;
 - every `final` slice ends holding each rank's contribution exactly once (a multiset, so a
   contribution added twice is caught, which a set would hide).
 """
@@ -46,6 +49,8 @@ def _post(rk: _Rank, chans: dict) -> None:
     s, step = rk.s, rk.s.steps[rk.i]
     for t in step.sends:
         x = t.slice
+        if s.kind == "pipeline" and x not in s.local:
+            _pipeline_send(rk, x)
         if s.kind == "consume" and x not in rk.have:
             raise rk.err(f"sends {x.label()} before it is local or has arrived")
         if s.kind == "produce" and rk.computed_at.get(x, rk.i) >= rk.i:
@@ -77,6 +82,19 @@ def _compute(rk: _Rank, x: Slice) -> None:
             raise rk.err(f"computes {x.label()} holding {_freeze(rk.have[x])}, not rank {x.block}'s data")
     elif s.kind == "produce":
         rk.have.setdefault(x, Counter())[s.rank] += 1
+    elif s.kind == "pipeline":
+        for t in sorted({y.tag for y in s.local}):
+            need = Slice(x.block, s.rank, t)
+            if rk.have.get(need) != Counter({x.block: 1}):
+                raise rk.err(f"computes {x.label()} before {need.label()} arrived from rank {x.block}")
+
+
+def _pipeline_send(rk: _Rank, x: Slice) -> None:
+    """An output of block x.block goes back to it only after this rank computed that block."""
+    done = [i for c, i in rk.computed_at.items() if (c.block, c.part) == (x.block, rk.s.rank)]
+    if not done or min(done) >= rk.i:
+        raise rk.err(f"sends {x.label()} before computing block {x.block}")
+    rk.have[x] = Counter({rk.s.rank: 1})
 
 
 def _match(chans: dict) -> bool:
@@ -145,7 +163,19 @@ def _check_end(ranks: list[_Rank], chans: dict, p: int) -> None:
         extra = [x.label() for x in rk.computed_at if rk.s.expected and x not in rk.s.expected]
         if missing or extra:
             raise rk.err(f"never computes {missing}" if missing else f"computes unexpected {extra}")
+        if rk.s.kind == "pipeline":
+            _pipeline_end(rk, p)
         for x in rk.s.final:
             if rk.have.get(x) != Counter({q: 1 for q in range(p)}):
                 raise rk.err(f"ends with {x.label()} = {_freeze(rk.have.get(x, Counter()))}, "
                              f"not every rank's part exactly once")
+
+
+def _pipeline_end(rk: _Rank, p: int) -> None:
+    """Every peer's output of this rank's tokens arrived, from that peer."""
+    s = rk.s
+    outs = {t.slice.tag for st in s.steps for t in st.sends if t.slice not in s.local}
+    for e in range(p):
+        for t in sorted(outs) if e != s.rank else ():
+            if rk.have.get(Slice(s.rank, e, t)) != Counter({e: 1}):
+                raise rk.err(f"ends without the output {Slice(s.rank, e, t).label()} from rank {e}")

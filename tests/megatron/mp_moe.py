@@ -78,10 +78,12 @@ def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash",
     try:
         cfg = _config(tp, ep, etp, variant)
         stock_spec, our_spec = _specs(cfg, algo)
+        _why_not(forget=True)  # the pool's process outlives a test: start with nothing logged
         stock, ours = tm.build_gpt(cfg, stock_spec), tm.build_gpt(cfg, our_spec)
         out = {"keys_equal": _keys(stock) == _keys(ours),
                "init_equal": all(torch.equal(p, q) for p, q in zip(stock.parameters(), ours.parameters())),
-               "dispatcher": type(ours.decoder.layers[0].mlp.token_dispatcher).__name__}
+               "dispatcher": type(ours.decoder.layers[0].mlp.token_dispatcher).__name__,
+               "fused": [layer.mlp.flash_fused for layer in ours.decoder.layers], "why_not_fused": _why_not()}
         data = tm.batch(parallel_state.get_data_parallel_rank())
         _aux_loss()
         losses, aux, routes = [], [], []
@@ -101,6 +103,15 @@ def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash",
         tm.destroy()
 
 
+def _why_not(forget=False):
+    """The reasons flash could not fuse that this process logged (one line each); forget: clear them."""
+    from megatron_flashoverlap.megatron import moe
+
+    if forget:
+        moe._LOGGED.clear()
+    return sorted(r for r in moe._LOGGED if r != "allgather")
+
+
 def _keys(model):
     return [(k, tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in model.state_dict().items()]
 
@@ -112,7 +123,12 @@ def _train(model, steps, data, lr=1e-2):
 
 
 def moe_layer_comm(rank, world, tp, ep, etp, algo="flash"):
-    """One MoE layer (model.decoder.layers[0].mlp) fwd+bwd after a warm-up: c10d ops, stock and ours."""
+    """One MoE layer (model.decoder.layers[0].mlp) fwd+bwd after a warm-up: c10d ops, stock and ours, and
+    the trace of our walks: [(what, compute label or None), ...] in the order they ran."""
+    from megatron.core import parallel_state
+
+    from megatron_flashoverlap.runtime import OverlapContext
+
     _init(tp, ep, etp)
     try:
         cfg = _config(tp, ep, etp, "dropless")
@@ -126,6 +142,12 @@ def moe_layer_comm(rank, world, tp, ep, etp, algo="flash"):
 
             step()
             counts[name] = profile.comm_ops(step)
+            if name == "ours":
+                mlp.token_dispatcher.flash_ctx = OverlapContext(check_peers=False, trace=[])
+                step()
+                counts["trace"] = [(e.what, e.label if e.what == "compute" else None)
+                                   for e in mlp.token_dispatcher.flash_ctx.trace]
+                counts["ep_rank"] = parallel_state.get_expert_model_parallel_rank()
             _aux_loss()
         return counts
     finally:

@@ -1,12 +1,15 @@
 """Tier 3 (Megatron on gloo): a tiny MoE GPT (4 experts, top-2, alltoall dispatcher) from our spec vs stock's
 local MoE spec, at EP=2 and TP2 x EP2 + SP (expert-TP 2 and 1). Bodies in tests/megatron/mp_moe.py.
+moe.algo: flash (the fused pipeline wherever it can fuse: expert-TP 1; expert-TP 2 runs exchange), exchange
+(pairwise steps, experts after), reference (stock's all_to_all_single).
 
 Tolerances (fp32):
   routing        equal (a flipped route would be a different model, not a rounding error)
   logits, loss,  1e-6 relative: the exchange moves rows exactly (tests/gloo/test_moe_exchange.py), but our
   aux loss       spec's core attention is SDPA and our TP layers sum RS partials in ring order: fp32 sums
                  reordered before the router (the same bar as test_megatron_gpt.py)
-  grads          1e-5 relative per parameter (the weight gradients of our TP layers are summed slice by slice)
+  grads          1e-5 relative per parameter (the weight gradients of our TP layers are summed slice by slice;
+                 flash sums each expert's dW over P+1 source blocks where stock runs one GEMM)
   3-step curve   1e-6 relative per step (the grad differences above, fed back through Adam)
 """
 import pytest
@@ -18,10 +21,11 @@ pytestmark = pytest.mark.newest_only
 BODY = "tests.megatron.mp_moe"
 
 
-def _check(res, steps=3):
+def _check(res, steps=3, fused=True):
     assert res["keys_equal"], "our MoE GPT must have stock's state_dict keys and shapes"
     assert res["init_equal"], "the same seed must give the same weights with either spec"
     assert res["dispatcher"] == "FlashAlltoAllTokenDispatcher"
+    assert res["fused"] == [fused] * len(res["fused"]), res["fused"]
     assert res["routes_equal"], "every token must go to the same experts as with stock"
     for a, b in (res["loss"], res["aux"]):
         assert abs(a - b) <= 1e-6 * abs(a), (res["loss"], res["aux"])
@@ -43,13 +47,15 @@ def test_moe_gpt_ep2_matches_stock(pools, variant):
 @pytest.mark.parametrize("variant", ["dropless", "shared"])
 def test_moe_gpt_tp2_ep2_sp_matches_stock(pools, etp, variant):
     for res in pools(4).run(f"{BODY}:moe_gpt_vs_stock", 2, 2, etp, variant, timeout=900):
-        _check(res)
+        _check(res, fused=etp == 1)  # expert-TP 2 cannot fuse: flash runs exchange there, and says so
+        assert (etp == 2) == any("expert_tensor_parallel_size" in why for why in res["why_not_fused"]), res
 
 
-def test_moe_gpt_reference_exchange_matches_stock(pools):
-    """moe.algo = reference: stock's all_to_all_single inside our dispatcher."""
-    for res in pools(2).run(f"{BODY}:moe_gpt_vs_stock", 1, 2, 1, "dropless", "reference", timeout=600):
-        _check(res)
+@pytest.mark.parametrize("algo", ["exchange", "reference"])
+def test_moe_gpt_unfused_algos_match_stock(pools, algo):
+    """moe.algo = exchange (pairwise steps, experts after) / reference (stock's all_to_all_single)."""
+    for res in pools(2).run(f"{BODY}:moe_gpt_vs_stock", 1, 2, 1, "dropless", algo, timeout=600):
+        _check(res, fused=False)
 
 
 @pytest.mark.parametrize("tp,ep,etp,p", [(1, 2, 1, 2), (2, 2, 1, 4)])
@@ -59,6 +65,18 @@ def test_moe_layer_issues_p2p_not_all_to_all(pools, tp, ep, etp, p):
         assert stock.get("all_to_all", 0) >= 4 and stock.get("send", 0) == 0, stock  # tokens+probs, fwd+bwd
         assert ours.get("all_to_all", 0) == 0, ours
         assert ours["send"] == ours["recv"] and ours["send"] >= 1, ours
+        _check_walk_order(counts["trace"], counts["ep_rank"], ep)
+
+
+def _check_walk_order(trace, r, ep):
+    """Forward then backward walk: own half, source blocks r-1, ..., r-P+1, own half; each compute runs while
+    the transfers its step posted fly (at EP=2 the middle step has none)."""
+    computes = [label for what, label in trace if what == "compute"]
+    blocks = [int(label.split("#")[0].split(".")[0]) for label in computes]
+    walk = [r] + [(r - j) % ep for j in range(1, ep)] + [r]
+    assert blocks == walk * 2, trace
+    under = [trace[i - 1][0] == "post" for i, (what, _) in enumerate(trace) if what == "compute"]
+    assert under == ([True, False, True] if ep == 2 else [True] * (ep + 1)) * 2, trace
 
 
 def test_block_spec_builds_moe_with_stock_keys(pools):

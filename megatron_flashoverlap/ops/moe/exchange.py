@@ -4,7 +4,8 @@
         rows of x for rank d:    block d of x   (in_splits[d] rows; the dispatcher's permuted order)
         rows of out from rank s: block s of out (out_splits[s] rows: the output is laid out by source rank)
 
-"flash": the P-1 pairwise steps of schedules.alltoall (step i: send to r+i, receive from r-i), posted
+"flash" / "exchange" (one function: a bare exchange has no experts to fuse; moe.algo "flash" fuses the
+experts into the walk in fused.py, "exchange" is this exchange with the experts after it): the P-1 pairwise steps of schedules.alltoall (step i: send to r+i, receive from r-i), posted
 asynchronously; transfers of zero rows are dropped from the schedule (both ends know the sizes, so every
 rank drops the same pairs). Two orders, the duals of each other:
     DISPATCH  own block first (all_to_all_consume): `use(src, rows)` sees each block the step after it
@@ -92,6 +93,7 @@ class _BlocksPass:
 
 
 @register(OP, "flash")
+@register(OP, "exchange")
 def all_to_all_v_flash(x: torch.Tensor, out_splits, in_splits, group, ctx, *, order: str = DISPATCH,
                        use: Callable | None = None, make: Callable | None = None) -> torch.Tensor:
     """x [sum(in_splits), h] -> out [sum(out_splits), h] on pairwise steps (module docstring)."""
