@@ -73,8 +73,8 @@ def sites(model) -> dict:
     for chunk in model if isinstance(model, (list, tuple)) else [model]:
         for module in chunk.modules():
             algo = getattr(getattr(module, "token_dispatcher", None), "flash_algo", None)
-            if algo is not None:  # a MoE layer whose dispatcher is ours (megatron/moe.py)
-                ran.setdefault("moe", set()).add(algo)
+            if algo is not None:  # a MoE layer whose dispatcher is ours (megatron/moe.py); fused: "flash"
+                ran.setdefault("moe", set()).add("flash" if getattr(module, "flash_fused", False) else algo)
             plan = getattr(module, "flash_plan", None)
             if plan is not None:
                 why = module._stock_reason()
