@@ -11,7 +11,7 @@ ONE plan: an algorithm from ALGOS and its knobs.
     reference      the unfused path: Megatron's own forward (the blocking collective, then the GEMM)
     num_chunks     slicing only: the chunk count
     hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None:
-                   automatic, 2 at P = 2 and 1 for P >= 3; ops/tp_sp/hops.py)
+                   automatic: 1, measured; ops/tp_sp/hops.py)
     keep_gathered  column layers (qkv, fc1): keep AG(x) from forward for the weight gradient
 
 YAML (files in configs/ only choose values; every key is optional):

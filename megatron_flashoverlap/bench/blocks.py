@@ -35,7 +35,7 @@ class Method:
 
 
 METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2), Method("slicing k=4", "slicing", 4),
-           Method("slicing k=8", "slicing", 8), Method("flash", "flash"), Method("flash c=1", "flash", hop_chunks=1),
+           Method("slicing k=8", "slicing", 8), Method("flash", "flash"), Method("flash c=2", "flash", hop_chunks=2),
            Method("flash c=4", "flash", hop_chunks=4), Method("flash_bidir", "flash_bidir"))
 
 

@@ -1,20 +1,25 @@
 """Tier: pure (no processes). The sub-chunks-per-hop rule of the TP/SP flash operators (ops/tp_sp/hops.py)."""
 import pytest
 
-from megatron_flashoverlap.ops.tp_sp.hops import AUTO_P2_CHUNKS, MIN_GEMM_ROWS, check_hop_chunks, hop_chunks_for
+from megatron_flashoverlap.ops.tp_sp.hops import (
+    AUTO_P2_CHUNKS, MIN_GEMM_ROWS, _auto_hop_chunks, check_hop_chunks, hop_chunks_for,
+)
 
 
-def test_automatic_is_sub_chunked_at_two_ranks_only():
+def test_automatic_is_one_hop_one_transfer_as_measured():
+    # the measured choice (hops.py docstring): sub-chunks lost on small blocks and tied elsewhere but at 1 gbit/s
+    assert AUTO_P2_CHUNKS == 1
+    for p in (2, 3, 4, 8):
+        assert hop_chunks_for("flash", None, p, 4 * MIN_GEMM_ROWS, 1) == 1
+
+
+def test_a_sub_chunked_automatic_rule_applies_at_two_ranks_only_and_keeps_slices_big():
     big = 4 * MIN_GEMM_ROWS
-    assert hop_chunks_for("flash", None, 2, big, 1) == AUTO_P2_CHUNKS > 1
-    for p in (3, 4, 8):
-        assert hop_chunks_for("flash", None, p, big, 1) == 1
-
-
-def test_automatic_keeps_gemm_slices_big_enough():
-    # a sub-chunk below MIN_GEMM_ROWS GEMM rows (sequence rows x batch) is not made
-    assert hop_chunks_for("flash", None, 2, MIN_GEMM_ROWS, 1) == 1
-    assert hop_chunks_for("flash", None, 2, MIN_GEMM_ROWS // 2, 4) == AUTO_P2_CHUNKS
+    assert _auto_hop_chunks(2, big, 1, p2_chunks=2) == 2
+    assert all(_auto_hop_chunks(p, big, 1, p2_chunks=2) == 1 for p in (3, 4, 8))
+    assert _auto_hop_chunks(2, MIN_GEMM_ROWS, 1, p2_chunks=2) == 1  # a sub-chunk would have < MIN_GEMM_ROWS rows
+    assert _auto_hop_chunks(2, MIN_GEMM_ROWS // 2, 4, p2_chunks=2) == 2  # rows count sequence rows x batch
+    assert _auto_hop_chunks(2, 3 * MIN_GEMM_ROWS, 1, p2_chunks=4) == 3  # the largest c that keeps them big
 
 
 def test_explicit_counts_are_capped_at_the_rows_and_other_algos_run_one():

@@ -11,7 +11,7 @@ wire_dtype: what reduce-scatter partials (forward RS, column dgrad RS) travel in
 bytes; sums kept in fp32 and rounded per hop) or "fp32" (twice the bytes, one rounding; runtime/numerics.py).
 `force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM.
 hop_chunks (algo "flash" only): row sub-chunks per hop, each its own transfer posted ahead (None: automatic,
-2 at P = 2, 1 for P >= 3; ops/tp_sp/hops.py); forward and backward rings use the same count.
+1 by measurement, ops/tp_sp/hops.py); forward and backward rings use the same count.
 wgrad_into [n, h] (optional, e.g. Megatron's fp32 main_grad): dw is added into it slice by slice instead of
 being returned; the weight then gets Megatron's dummy gradient (runtime/accumulate.py: weight_grad).
 wgrad_fn(dy_full, x_full) -> the weight's autograd gradient (optional, instead of wgrad_into; e.g. the
