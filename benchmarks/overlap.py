@@ -48,6 +48,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes, one rate, 1 repeat (smoke test)")
     p.add_argument("--no-megatron", dest="megatron", action="store_false",
                    help="skip the rows of the real Megatron MLP (stock spec vs ours)")
+    p.add_argument("--methods", default="", help="comma list of table rows to run (default: every method; "
+                   "the verdict needs stock, flash and a slicing k)")
     p.add_argument("--out", default="results")
     a = p.parse_args(argv)
     if a.quick:
@@ -58,7 +60,7 @@ def parse(argv=None) -> argparse.Namespace:
 def config(a, seqs: list[int]) -> dict:
     return {"kinds": a.kinds.split(","), "seqs": seqs, "batch": a.batch, "hidden": a.hidden, "width": a.width,
             "head_dim": a.head_dim, "repeats": a.repeats, "attn_max_seq": a.attn_max_seq,
-            "methods": [m.name for m in METHODS],
+            "methods": [m.name for m in METHODS if not a.methods or m.name in a.methods.split(",")],
             "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]},
             "megatron": {"seq": seqs[len(seqs) // 2]} if a.megatron else None}
 

@@ -10,6 +10,8 @@ ONE plan: an algorithm from ALGOS and its knobs.
     slicing        data slicing with `num_chunks` chunks (the TE "pipeline"-like baseline)
     reference      the unfused path: Megatron's own forward (the blocking collective, then the GEMM)
     num_chunks     slicing only: the chunk count
+    hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None:
+                   automatic: 1, measured; ops/tp_sp/hops.py)
     keep_gathered  column layers (qkv, fc1): keep AG(x) from forward for the weight gradient
 
 YAML (files in configs/ only choose values; every key is optional):
@@ -48,7 +50,7 @@ MOE_ALGOS = ("flash", "exchange", "reference")
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
-PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered")
+PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
 DEFAULT_TIMEOUT_S = 300.0
 _SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"), "moe": ("algo",)}
 _DOC_KEYS = ("description", "stock_megatron")
@@ -66,6 +68,7 @@ class LayerPlan:
     algo: str = "flash"
     num_chunks: int | None = None
     keep_gathered: bool = False
+    hop_chunks: int | None = None
 
     def __post_init__(self):
         if self.algo in ("off", False):  # YAML 1.1 reads a bare `off` as false
@@ -81,6 +84,9 @@ class LayerPlan:
             raise ValueError(f"num_chunks is a knob of algo 'slicing' only; remove it for algo {self.algo!r}")
         if not isinstance(self.keep_gathered, bool):
             raise ValueError(f"keep_gathered must be true or false, got {self.keep_gathered!r}")
+        _positive_int_or_none(self.hop_chunks, "hop_chunks")
+        if self.hop_chunks is not None and self.algo != "flash":
+            raise ValueError(f"hop_chunks is a knob of algo 'flash' only; remove it for algo {self.algo!r}")
 
     @property
     def is_reference(self) -> bool:

@@ -25,15 +25,18 @@ from ..ops import all_gather_matmul, matmul_reduce_scatter
 
 @dataclass(frozen=True)
 class Method:
-    """One row of the table: an operator algo and its slicing chunk count."""
+    """One row of the table: an operator algo, its slicing chunk count, its sub-chunks per hop (flash only:
+    None = the operators' automatic rule, ops/tp_sp/hops.py)."""
 
     name: str
     algo: str
     chunks: int | None = None
+    hop_chunks: int | None = None
 
 
 METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2), Method("slicing k=4", "slicing", 4),
-           Method("slicing k=8", "slicing", 8), Method("flash", "flash"), Method("flash_bidir", "flash_bidir"))
+           Method("slicing k=8", "slicing", 8), Method("flash", "flash"), Method("flash c=2", "flash", hop_chunks=2),
+           Method("flash c=4", "flash", hop_chunks=4), Method("flash_bidir", "flash_bidir"))
 
 
 def method_by_name(name: str) -> Method:
@@ -81,7 +84,7 @@ class Block:
         return F.gelu(y1)
 
     def forward(self, x_shard, group, method: Method, ctx, spans=None):
-        kw = dict(algo=method.algo, num_chunks=method.chunks, context=ctx)
+        kw = dict(algo=method.algo, num_chunks=method.chunks, hop_chunks=method.hop_chunks, context=ctx)
         with _span(spans, "column AG+GEMM"):
             y1 = all_gather_matmul(x_shard, self.w_in, group, **kw)
         with _span(spans, "middle"):

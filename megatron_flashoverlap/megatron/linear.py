@@ -204,7 +204,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
             return self._forward_stock(why, input_, weight, runtime_gather_output)
         bias = None if self.skip_bias_add else self.bias
         output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias,
-                                   keep_gathered=self.flash_plan.keep_gathered, **self._ops_kwargs(input_))
+                                   keep_gathered=self.flash_plan.keep_gathered, hop_chunks=self.flash_plan.hop_chunks,
+                                   **self._ops_kwargs(input_))
         return output, (self.bias if self.skip_bias_add else None)
 
     def _forward_stock(self, why, input_, weight, runtime_gather_output):
@@ -248,7 +249,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         why = self._stock_reason()
         if why is not None:
             return self._forward_stock(why, input_)
-        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, **self._ops_kwargs(input_))
+        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, hop_chunks=self.flash_plan.hop_chunks,
+                                       **self._ops_kwargs(input_))
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

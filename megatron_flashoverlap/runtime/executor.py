@@ -10,6 +10,12 @@ Timeline of one step (the compute slices overlap the step's transfers; arrivals 
 Posting and waiting go through the group's transport (runtime/transport.py): untimed, stream-ordered
 waits on NCCL; timed waits with PeerTimeoutError / PeerLostError on gloo.
 
+Transfers with a `lag` (schedules/step.py: a hop cut in sub-chunks, posted ahead) are posted as their own
+unit, one post per lag, and waited at the end of the step they are due in, in posting order:
+
+    comm    |== sub-chunk 0 ==|== sub-chunk 1 ==|          (both posted at step 0)
+    compute |-- own shard, step 0 --| wait 0 |-- slice of sub-chunk 0 --| wait 1 |-- sub-chunk 1 --|
+
 Host cost: a step list is prepared once (`prepare`: flat tuples of tags, slices and peers, cached by
 the identity of the step tuple, which the pipeline's schedule caches keep alive), and the trace's clock
 is read only when `ctx.trace` is set.
@@ -20,6 +26,7 @@ import time
 from typing import Mapping, Sequence
 
 from ..schedules import Step
+from ..schedules.step import units
 from .context import OverlapContext
 from .transport import PeerError, PeerLostError, PeerTimeoutError, link
 
@@ -28,31 +35,61 @@ _PLANS: dict = {}
 _MAX_PLANS = 1024  # prepared step lists kept; past that the cache starts over
 
 
-class Prepared:
-    """One step, flattened for the walk: (tag, slice) of sends, receives, compute; arrivals (tag, transfer)."""
+class Unit:
+    """One post of a step (its transfers of one lag): (tag, slice) of sends and receives, their peers."""
 
-    __slots__ = ("sends", "send_peers", "recvs", "recv_peers", "compute", "arrivals", "ops", "labels", "where")
+    __slots__ = ("sends", "send_peers", "recvs", "recv_peers", "arrivals", "ops", "where")
 
-    def __init__(self, i: int, step: Step):
-        self.sends = tuple((t.slice.tag, t.slice) for t in step.sends)
-        self.send_peers = tuple(t.peer for t in step.sends)
-        self.recvs = tuple((t.slice.tag, t.slice) for t in step.recvs)
-        self.recv_peers = tuple(t.peer for t in step.recvs)
-        self.compute = tuple((x.tag, x) for x in step.compute)
-        self.arrivals = tuple((t.slice.tag, t) for t in step.recvs)
+    def __init__(self, i: int, lag: int, sends, recvs):
+        self.sends = tuple((t.slice.tag, t.slice) for t in sends)
+        self.send_peers = tuple(t.peer for t in sends)
+        self.recvs = tuple((t.slice.tag, t.slice) for t in recvs)
+        self.recv_peers = tuple(t.peer for t in recvs)
+        self.arrivals = tuple((t.slice.tag, t) for t in recvs)
         self.ops = [("send", p) for p in self.send_peers] + [("receive", p) for p in self.recv_peers]
+        self.where = f"step {i}" if not lag else f"step {i} (waited at step {i + lag})"
+
+
+class Prepared:
+    """One step, flattened for the walk: its posts (`units`, ids `first..` in walk order), its compute
+    (tag, slice), and the ids of the units waited at its end (`due`, in posting order)."""
+
+    __slots__ = ("units", "first", "compute", "labels", "where", "due")
+
+    def __init__(self, i: int, step: Step, first: int):
+        self.units = tuple(Unit(i, lag, sends, recvs) for lag, sends, recvs in units(step))
+        self.first = first
+        self.compute = tuple((x.tag, x) for x in step.compute)
         self.labels = tuple(x.label() for x in step.compute)
         self.where = f"step {i}"
+        self.due: tuple[int, ...] = ()
 
 
-def prepare(steps: Sequence[Step]) -> tuple[Prepared, ...]:
+def _plan(steps: Sequence[Step]) -> tuple[tuple[Prepared, ...], tuple[Unit, ...]]:
+    plan, first = [], 0
+    for i, s in enumerate(steps):
+        plan.append(Prepared(i, s, first))
+        first += len(plan[-1].units)
+    due: list[list[int]] = [[] for _ in plan]
+    for i, (st, s) in enumerate(zip(plan, steps)):
+        for k, (lag, _, _) in enumerate(units(s)):
+            if i + lag >= len(plan):
+                raise ValueError(f"{st.where}: a transfer of lag {lag} is due after the last step; validate the "
+                                 f"schedule (schedules.validate)")
+            due[i + lag].append(st.first + k)
+    for st, d in zip(plan, due):
+        st.due = tuple(d)
+    return tuple(plan), tuple(u for st in plan for u in st.units)
+
+
+def prepare(steps: Sequence[Step]) -> tuple[tuple[Prepared, ...], tuple[Unit, ...]]:
     """The prepared form of `steps`, cached by identity (the entry keeps `steps` alive: no id reuse)."""
     hit = _PLANS.get(id(steps))
     if hit is not None and hit[0] is steps:
         return hit[1]
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
-    plan = tuple(Prepared(i, s) for i, s in enumerate(steps))
+    plan = _plan(steps)
     _PLANS[id(steps)] = (steps, plan)
     return plan
 
@@ -60,26 +97,29 @@ def prepare(steps: Sequence[Step]) -> tuple[Prepared, ...]:
 def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext) -> None:
     """Run `steps` (one rank's schedule) over `group` with the given per-tag handlers."""
     traced = ctx.trace is not None
+    plan, all_units = prepare(steps)
+    works: list = [None] * len(all_units)  # in flight: per unit id, posted and not yet waited
     lk = None
-    for i, st in enumerate(prepare(steps)):
+    for i, st in enumerate(plan):
         start = time.perf_counter() if traced else 0.0
-        works = ()
-        if st.ops:
-            out = [handlers[tag].send(x) for tag, x in st.sends]
-            inc = [handlers[tag].recv(x) for tag, x in st.recvs]
+        for k, u in enumerate(st.units):
+            out = [handlers[tag].send(x) for tag, x in u.sends]
+            inc = [handlers[tag].recv(x) for tag, x in u.recvs]
             lk = lk or link(group, (out or inc)[0].device)
-            works = lk.post(i, out, st.send_peers, inc, st.recv_peers)
-            if traced:
-                ctx.record("post", st.where, start)  # the trace shows step i in flight until its wait ends
+            works[st.first + k] = lk.post(i, out, u.send_peers, inc, u.recv_peers)
+        if traced and st.units:
+            ctx.record("post", st.where, start)  # the trace shows step i in flight until its wait ends
         for k, (tag, x) in enumerate(st.compute):
             t = time.perf_counter() if traced else 0.0
             handlers[tag].compute(x)
             if traced:
                 ctx.record("compute", st.labels[k], t)
         t = time.perf_counter() if traced else 0.0
-        if works:
-            lk.wait(works, st.where, st.ops, ctx.timeout)
+        for d in st.due:
+            lk.wait(works[d], all_units[d].where, all_units[d].ops, ctx.timeout)
+            works[d] = None
         if traced:
             ctx.record("wait", st.where, t)
-        for tag, tr in st.arrivals:
-            handlers[tag].arrived(tr)
+        for d in st.due:
+            for tag, tr in all_units[d].arrivals:
+                handlers[tag].arrived(tr)

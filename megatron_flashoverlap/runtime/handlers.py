@@ -72,7 +72,7 @@ class GatherPass:
         if self.gathered is not None:
             lo = x.block * self.rows
             buf = self.gathered[lo + self.bounds[k][0]:lo + self.bounds[k][1]]
-        else:  # two slots per direction: a slot is free again once the next hop forwarded it
+        else:  # two slots per part (direction, or hop sub-chunk): a slot is free again once the next hop forwarded it
             slot = self.turn[k] % 2
             self.turn[k] += 1
             buf = self.ctx.buffer(self.slots[k][slot], self.shapes[k], self.dtype, self.device)

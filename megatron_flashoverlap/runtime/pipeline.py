@@ -80,22 +80,25 @@ def walk(group, ctx: OverlapContext, *passes: Pass | None) -> None:
 
 
 def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group, ctx: OverlapContext, *,
-           bidirectional: bool = False, keep_gathered: bool = False, name: str = "ag", tag: int = 0) -> Pass:
-    """The Flash-AG pass of x_shard [s/P, ...]: local shard first; `handler.gathered` [s, ...] if kept."""
+           bidirectional: bool = False, keep_gathered: bool = False, name: str = "ag", tag: int = 0,
+           hop_chunks: int = 1) -> Pass:
+    """The Flash-AG pass of x_shard [s/P, ...]: local shard first; `handler.gathered` [s, ...] if kept.
+    hop_chunks: each hop cut in that many row sub-chunks, posted ahead, each consumed as it arrives."""
     rank, world = group_info(group)
-    sched = schedule(all_gather_ring, rank, world, bidirectional=bidirectional, tag=tag)
+    sched = schedule(all_gather_ring, rank, world, bidirectional=bidirectional, chunks=hop_chunks, tag=tag)
     return Pass(sched, GatherPass(x_shard, rank, world, sched.parts, consume, ctx, keep_gathered, name, tag))
 
 
 def scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
             ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
             wire_dtype: torch.dtype | None = None, bidirectional: bool = False, name: str = "rs",
-            tag: int = 0, into: bool = False) -> Pass:
+            tag: int = 0, into: bool = False, hop_chunks: int = 1) -> Pass:
     """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`.
+    hop_chunks: each block made and sent in that many row sub-chunks (each sent as soon as it is made).
     Sums are kept in acc_dtype and travel in wire_dtype (None: out_dtype, the bytes of stock's collective).
     into: `produce(rows, out)` writes the partial into the ring slot `out` (acc_dtype) instead of returning it."""
     rank, world = group_info(group)
-    sched = schedule(reduce_scatter_ring, rank, world, bidirectional=bidirectional, tag=tag)
+    sched = schedule(reduce_scatter_ring, rank, world, bidirectional=bidirectional, chunks=hop_chunks, tag=tag)
     handler = ScatterPass(block_rows, rank, sched.parts, produce, tail_shape, acc_dtype, out_dtype, device, ctx,
                           name, tag, into, wire_dtype)
     return Pass(sched, handler)
@@ -117,9 +120,10 @@ def _tail_schedule(rank: int, world: int, *, pieces: int, tag: int) -> Schedule:
 
 def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group,
                        ctx: OverlapContext, *, bidirectional: bool = False, keep_gathered: bool = False,
-                       name: str = "ag") -> torch.Tensor | None:
+                       name: str = "ag", hop_chunks: int = 1) -> torch.Tensor | None:
     """Flash-AG of x_shard [s/P, ...], each slice consumed as it arrives. -> AG(x) [s, ...] if kept, else None."""
-    p = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, keep_gathered=keep_gathered, name=name)
+    p = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, keep_gathered=keep_gathered, name=name,
+               hop_chunks=hop_chunks)
     walk(group, ctx, p)
     return p.handler.gathered
 
@@ -127,12 +131,13 @@ def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Ten
 def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
                         ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
                         wire_dtype: torch.dtype | None = None, bidirectional: bool = False,
-                        name: str = "rs", into: bool = False) -> torch.Tensor:
+                        name: str = "rs", into: bool = False, hop_chunks: int = 1) -> torch.Tensor:
     """Flash-RS: produce(rows) -> partial [rows, *tail_shape] (into: produce(rows, out) fills it), summed over
     the group in acc_dtype, sent in wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape]
     in out_dtype."""
     p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
-                device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name, into=into)
+                device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name, into=into,
+                hop_chunks=hop_chunks)
     walk(group, ctx, p)
     return p.handler.result()
 

@@ -1,4 +1,4 @@
-"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume,moe,ar-ring,ar-rd,ar-hier} P [--bidir] [--local G]`."""
+"""Print and validate a schedule grid: `python -m megatron_flashoverlap.schedules {ag,rs,a2a-produce,a2a-consume,moe,ar-ring,ar-rd,ar-hier} P [--bidir] [--chunks C] [--local G]`."""
 import argparse
 
 from . import (
@@ -7,8 +7,8 @@ from . import (
 )
 
 BUILDERS = {"ag": all_gather_ring, "rs": reduce_scatter_ring, "a2a-produce": all_to_all_produce,
-            "a2a-consume": all_to_all_consume, "moe": expert_pipeline, "ar-ring": all_reduce_ring, "ar-rd": all_reduce_recursive_doubling,
-            "ar-hier": all_reduce_hierarchical}
+            "a2a-consume": all_to_all_consume, "moe": expert_pipeline, "ar-ring": all_reduce_ring,
+            "ar-rd": all_reduce_recursive_doubling, "ar-hier": all_reduce_hierarchical}
 
 
 def main(argv=None) -> None:
@@ -16,9 +16,12 @@ def main(argv=None) -> None:
     ap.add_argument("op", choices=sorted(BUILDERS))
     ap.add_argument("world_size", type=int)
     ap.add_argument("--bidir", action="store_true", help="bidirectional ring (ag, rs)")
+    ap.add_argument("--chunks", type=int, default=1, help="sub-chunks per hop (ag, rs; one-directional ring)")
     ap.add_argument("--local", type=int, default=None, help="ranks per node (ar-hier; default: one node)")
     a = ap.parse_args(argv)
     kw = {"bidirectional": True} if a.bidir else {}
+    if a.chunks != 1:
+        kw["chunks"] = a.chunks
     args = (a.local or a.world_size,) if a.op == "ar-hier" else ()
     scheds = [BUILDERS[a.op](r, a.world_size, *args, **kw) for r in range(a.world_size)]
     validate(scheds)

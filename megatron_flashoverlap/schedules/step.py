@@ -4,7 +4,11 @@ A schedule is a tuple of `Step`s for one rank. The executor (runtime/executor.py
 
     post every send and recv of the step (async)  ->  run the step's compute slices  ->  wait  ->  arrived(recvs)
 
-so the compute of a step overlaps the transfers of the same step. A `Slice` names a piece of data by
+so the compute of a step overlaps the transfers of the same step. A transfer with `lag` L > 0 is posted
+at its step i but waited (and, if a receive, handed to `arrived`) only at the end of step i + L: it stays
+in flight under L more compute phases (a hop cut in sub-chunks, all posted ahead, each waited just
+before the slice that needs it). A step posts its transfers as units, one per lag, in rising lag
+(`units`): sends then receives within a unit, each unit its own post (its own works to wait on). A `Slice` names a piece of data by
 `block` (a rank-sized block of the collective's tensor) and `part` (a sub-piece: the half of a
 bidirectional ring, a chunk of a slicing baseline). `tag` separates several schedules merged into one
 (e.g. the dgrad reduce-scatter and the wgrad all-gather of one backward pass).
@@ -37,6 +41,7 @@ class Transfer:
     peer: int
     slice: Slice
     op: str = ""  # recv only: "" = the schedule's default combine, "copy" = replace what is held
+    lag: int = 0  # waited at the end of step (posting step + lag); the sender and receiver give it the same
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,13 @@ class Schedule:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+
+def units(step: Step) -> tuple[tuple[int, tuple[Transfer, ...], tuple[Transfer, ...]], ...]:
+    """The posting order of a step: (lag, sends, recvs) per distinct lag, rising; schedule order within."""
+    lags = sorted({t.lag for t in step.sends + step.recvs})
+    return tuple((g, tuple(t for t in step.sends if t.lag == g), tuple(t for t in step.recvs if t.lag == g))
+                 for g in lags)
 
 
 def merge(*schedules: Schedule) -> tuple[Step, ...]:

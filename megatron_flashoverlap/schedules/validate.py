@@ -2,10 +2,13 @@
 
 `validate(schedules)` raises `ScheduleError` naming the rank, step and slice that break:
 - every send is matched by a receive of the same slice, in posting order per (src, dst) pair;
-- no deadlock: ranks post a step, wait for its transfers (a send completes when received), advance;
+- no deadlock: ranks post a step, wait for the transfers due at its end (a send completes when received;
+  a transfer with `lag` L posted at step i is due at step i + L, never past the last step), advance;
+- transfers are matched in the executor's posting order: per step, `units` (rising lag, sends first);
 - "consume": a slice is computed or forwarded only once it is local or has arrived, and it holds its
   owner's data (`slice.block`);
-- "produce": a slice is sent only after this rank computed it and added what arrived for it;
+- "produce": a slice is sent only after this rank computed it and added what arrived for it, and (with
+  `accumulate`) an arrival is added only into a slice this rank has computed by then;
 - every rank computes each of its `expected` slices exactly once;
 - "exchange": a slice is received at most once per step;
 - "pipeline" (dispatch, compute, combine in one walk: `local` names the tensors a block brings): a block
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Sequence
 
-from .step import Schedule, Slice
+from .step import Schedule, Slice, units
 
 
 class ScheduleError(ValueError):
@@ -35,11 +38,12 @@ class _Rank:
         self.s = sched
         self.i = 0
         self.posted = False
-        self.pending = 0
+        self.pending: Counter = Counter()  # due step -> transfers posted and not yet matched
         self.have: dict[Slice, Counter] = {x: Counter({sched.rank: 1}) for x in sched.local}
         self.arrived_at: dict[Slice, int] = {}
         self.computed_at: dict[Slice, int] = {}
-        self.inbox: list[tuple] = []  # (transfer, content) applied when the step's wait ends
+        self.inbox: list[tuple] = []  # (due step, transfer, content) applied when that step's wait ends
+        self.incoming: Counter = Counter()  # slice -> receives posted, not yet waited
 
     def err(self, msg: str) -> ScheduleError:
         return ScheduleError(f"{self.s.name or self.s.kind}: rank {self.s.rank} step {self.i}: {msg}")
@@ -47,27 +51,39 @@ class _Rank:
 
 def _post(rk: _Rank, chans: dict) -> None:
     s, step = rk.s, rk.s.steps[rk.i]
-    for t in step.sends:
-        x = t.slice
-        if s.kind == "pipeline" and x not in s.local:
-            _pipeline_send(rk, x)
-        if s.kind == "consume" and x not in rk.have:
-            raise rk.err(f"sends {x.label()} before it is local or has arrived")
-        if s.kind == "produce" and rk.computed_at.get(x, rk.i) >= rk.i:
-            raise rk.err(f"sends {x.label()} before computing it")
-        if s.kind == "produce" and s.accumulate and x in rk.arrived_at and rk.arrived_at[x] >= rk.i:
-            raise rk.err(f"sends {x.label()} before adding the partial that arrives for it")
-        if x not in rk.have:
-            raise rk.err(f"sends {x.label()}, which it does not hold")
-        chans.setdefault((s.rank, t.peer), (deque(), deque()))[0].append((rk, x, Counter(rk.have[x])))
     if s.kind == "exchange" and len({t.slice for t in step.recvs}) < len(step.recvs):
         raise rk.err("receives one slice twice in a step (the second arrival would overwrite the first)")
-    for t in step.recvs:
-        chans.setdefault((t.peer, s.rank), (deque(), deque()))[1].append((rk, t))
-    rk.pending = len(step.sends) + len(step.recvs)
+    for lag, sends, recvs in units(step):
+        due = rk.i + lag
+        if lag < 0 or due >= len(s.steps):
+            raise rk.err(f"posts a transfer with lag {lag}: due at step {due}, outside steps 0..{len(s.steps) - 1}")
+        for t in sends:
+            _check_send(rk, t.slice)
+            chans.setdefault((s.rank, t.peer), (deque(), deque()))[0].append((rk, due, t.slice,
+                                                                              Counter(rk.have[t.slice])))
+        for t in recvs:
+            rk.incoming[t.slice] += 1
+            chans.setdefault((t.peer, s.rank), (deque(), deque()))[1].append((rk, due, t))
+        rk.pending[due] += len(sends) + len(recvs)
     for x in step.compute:
         _compute(rk, x)
     rk.posted = True
+
+
+def _check_send(rk: _Rank, x: Slice) -> None:
+    s = rk.s
+    if s.kind == "pipeline" and x not in s.local:
+        _pipeline_send(rk, x)
+    if s.kind == "consume" and x not in rk.have:
+        raise rk.err(f"sends {x.label()} before it is local or has arrived")
+    if s.kind == "produce" and rk.computed_at.get(x, rk.i) >= rk.i:
+        raise rk.err(f"sends {x.label()} before computing it")
+    if s.kind == "produce" and s.accumulate and x in rk.arrived_at and rk.arrived_at[x] >= rk.i:
+        raise rk.err(f"sends {x.label()} before adding the partial that arrives for it")
+    if s.kind == "produce" and s.accumulate and rk.incoming[x] > 0:
+        raise rk.err(f"sends {x.label()} while the partial that arrives for it is still in flight")
+    if x not in rk.have:
+        raise rk.err(f"sends {x.label()}, which it does not hold")
 
 
 def _compute(rk: _Rank, x: Slice) -> None:
@@ -101,30 +117,34 @@ def _match(chans: dict) -> bool:
     progressed = False
     for (src, dst), (sends, recvs) in chans.items():
         while sends and recvs:
-            (srk, x, content), (rrk, t) = sends.popleft(), recvs.popleft()
+            (srk, sdue, x, content), (rrk, rdue, t) = sends.popleft(), recvs.popleft()
             if t.slice != x:
                 raise ScheduleError(f"rank {src} sends {x.label()} to rank {dst}, which expects "
                                     f"{t.slice.label()} from it at that point")
-            srk.pending -= 1
-            rrk.pending -= 1
-            rrk.inbox.append((t, content))
+            srk.pending[sdue] -= 1
+            rrk.pending[rdue] -= 1
+            rrk.inbox.append((rdue, t, content))
             progressed = True
     return progressed
 
 
 def _finish_step(rk: _Rank) -> None:
     s = rk.s
-    for t, content in rk.inbox:
+    due = [e for e in rk.inbox if e[0] == rk.i]
+    rk.inbox = [e for e in rk.inbox if e[0] != rk.i]
+    for _, t, content in due:
         x = t.slice
+        rk.incoming[x] -= 1
         if x in rk.arrived_at and s.kind != "exchange":
             raise rk.err(f"receives {x.label()} a second time")
         rk.arrived_at[x] = rk.i
         add = s.kind == "exchange" or (s.kind == "produce" and s.accumulate)
+        if s.kind == "produce" and s.accumulate and x not in rk.computed_at:
+            raise rk.err(f"adds the arrived {x.label()} before computing its own partial of it")
         if add and t.op != "copy":
             rk.have.setdefault(x, Counter()).update(content)
         else:
             rk.have[x] = Counter(content)
-    rk.inbox.clear()
     rk.i += 1
     rk.posted = False
 
@@ -145,7 +165,7 @@ def validate(schedules: Sequence[Schedule]) -> None:
                 progressed = True
         progressed |= _match(chans)
         for rk in ranks:
-            if rk.posted and rk.pending == 0:
+            if rk.posted and rk.pending[rk.i] == 0:
                 _finish_step(rk)
                 progressed = True
         if not progressed:

@@ -136,3 +136,71 @@ def dead_peer(rank, world, timeout_s):
     except fo.PeerTimeoutError as e:
         return {"message": str(e), "seconds": time.monotonic() - t0}
     return {"message": None, "seconds": time.monotonic() - t0}
+
+
+def _column_run(rank, world, x, w, dy, hop_chunks, algo="flash"):
+    """y, dx, dw of the column operator on this rank's shards (bias-free)."""
+    sl, nl = x.shape[0] // world, w.shape[0] // world
+    xs = x[rank * sl:(rank + 1) * sl].clone().requires_grad_()
+    ws = w[rank * nl:(rank + 1) * nl].clone().requires_grad_()
+    y = fo.all_gather_matmul(xs, ws, algo=algo, hop_chunks=hop_chunks)
+    y.backward(dy[:, :, rank * nl:(rank + 1) * nl])
+    return y.detach(), xs.grad, ws.grad
+
+
+def _row_run(rank, world, x, w, dy, hop_chunks, algo="flash"):
+    """y, dx, dw of the row operator: x [s, b, k] split by columns, w [h, k] by columns."""
+    kl, sl = x.shape[-1] // world, x.shape[0] // world
+    xs = x[:, :, rank * kl:(rank + 1) * kl].clone().requires_grad_()
+    ws = w[:, rank * kl:(rank + 1) * kl].clone().requires_grad_()
+    y = fo.matmul_reduce_scatter(xs, ws, algo=algo, hop_chunks=hop_chunks)
+    y.backward(dy[rank * sl:(rank + 1) * sl])
+    return y.detach(), xs.grad, ws.grad
+
+
+def hop_chunks_vs_one(rank, world, s, b, h, n, c, dtype="float32", seed=0):
+    """Both operators with `c` sub-chunks per hop against the same ring with c = 1 (bitwise flags) and
+    against the float64 formula on the global tensors (errors)."""
+    dt = DT[dtype]
+    x, w, _, dy = _globals(seed, s, b, h, n, dt)  # column: x [s,b,h], w [n,h], dy [s,b,n]
+    col, col1 = _column_run(rank, world, x, w, dy, c), _column_run(rank, world, x, w, dy, 1)
+    col_ref = _column_run(rank, world, x, w, dy, None, algo="reference")
+    xd, wd, dyd = x.double(), w.double(), dy.double()
+    sl, nl = s // world, n // world
+    col_want = (xd @ wd[rank * nl:(rank + 1) * nl].t(), (dyd @ wd)[rank * sl:(rank + 1) * sl],
+                dyd[:, :, rank * nl:(rank + 1) * nl].reshape(-1, nl).t() @ xd.reshape(-1, h))
+    # row: x2 [s, b, n] (input width n), w2 [h, n], dy2 [s, b, h]
+    x2, w2, dy2 = dy, w.t().contiguous(), x
+    row, row1 = _row_run(rank, world, x2, w2, dy2, c), _row_run(rank, world, x2, w2, dy2, 1)
+    x2d, w2d, dy2d = x2.double(), w2.double(), dy2.double()
+    row_want = ((x2d @ w2d.t())[rank * sl:(rank + 1) * sl], (dy2d @ w2d)[:, :, rank * nl:(rank + 1) * nl],
+                dy2d.reshape(-1, h).t() @ x2d.reshape(-1, n)[:, rank * nl:(rank + 1) * nl])
+    out = {}
+    for name, got, one, want in (("col", col, col1, col_want), ("row", row, row1, row_want)):
+        for k, g, o, wv in zip(("y", "dx", "dw"), got, one, want):
+            out[f"{name}.{k}.same_as_c1"] = bool(torch.equal(g, o))
+            out[f"{name}.{k}"] = _err(g, wv)
+    out["col.y.same_as_reference"] = bool(torch.equal(col[0], col_ref[0]))
+    ctx = fo.OverlapContext(trace=[])
+    with torch.no_grad():
+        fo.all_gather_matmul(x[rank * sl:(rank + 1) * sl], w[rank * nl:(rank + 1) * nl], hop_chunks=c, context=ctx)
+    out["ag_slices"] = sum(e.what == "compute" for e in ctx.trace)  # GEMM slices the forward ring ran
+    return out
+
+
+def hop_chunks_errors(rank, world):
+    """Each bad hop_chunks request: the ValueError text (None if nothing raised)."""
+    x, w = torch.randn(4, 2, 8), torch.randn(6, 8)
+    return {
+        "zero": _raises(lambda: fo.all_gather_matmul(x, w, hop_chunks=0)),
+        "float": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w, hop_chunks=2.0)),
+        "slicing": _raises(lambda: fo.all_gather_matmul(x, w, algo="slicing", num_chunks=2, hop_chunks=2)),
+        "bidir": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w, algo="flash_bidir",
+                                                          hop_chunks=2)),
+        "forced_ok": _raises(lambda: _forced(x, w)),
+    }
+
+
+def _forced(x, w):
+    with fo.force_reference():
+        fo.all_gather_matmul(x, w, hop_chunks=3)

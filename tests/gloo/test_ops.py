@@ -71,3 +71,29 @@ def test_random_shapes(pools, p, rows, b, h, n_per, algo, chunks, seed):
     for r in pools(p).run("tests.gloo.mp_ops:matmul_rs", algo, rows * p, b, n_per * p, h, seed=seed, num_chunks=chunks):
         for k in ("y_vs_ref", "y", "dx", "dw"):
             assert r[k] < FP32_TOL, (k, r[k])
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hop_chunks_exact_where_no_sum_is_reordered(pools, p, dtype):
+    """c row sub-chunks per hop against the same ring with c = 1. s/P = 5 (odd: uneven sub-chunks 2,1,1,1 at
+    c = 4), b = 16 so every sub-chunk slice has >= 16 GEMM rows (the BLAS row-invariance above).
+    Bitwise: AG forward (rows independent; also vs the reference), RS forward and the column dx (each partial
+    is the same GEMM cut by rows, summed in the same ring order), the row dx (rows of AG(dy) @ w).
+    Close: dw (the sum over slices has c times as many terms: reordered), FP32_TOL / BF16_TOL vs float64."""
+    tol = FP32_TOL if dtype == "float32" else BF16_TOL
+    for c in (1, 2, 3, 4):
+        for r in pools(p).run("tests.gloo.mp_ops:hop_chunks_vs_one", 5 * p, 16, 16, 3 * p, c, dtype=dtype):
+            for k in ("col.y", "col.dx", "row.y", "row.dx"):
+                assert r[f"{k}.same_as_c1"], (c, k)
+            assert r["col.y.same_as_reference"], c
+            assert r["ag_slices"] == p * c  # the sub-chunks really ran: one GEMM slice per sub-chunk per block
+            for k in ("col.y", "col.dx", "col.dw", "row.y", "row.dx", "row.dw"):
+                assert r[k] < tol, (c, k, r[k])
+
+
+def test_hop_chunks_bad_requests_name_the_fix(pools):
+    r = pools(2).run("tests.gloo.mp_ops:hop_chunks_errors")[0]
+    assert "integer >= 1" in r["zero"] and "integer >= 1" in r["float"]
+    assert "knob of algo 'flash'" in r["slicing"] and "knob of algo 'flash'" in r["bidir"]
+    assert r["forced_ok"] is None  # force_reference() overrides the algo: the flash knob is then unused

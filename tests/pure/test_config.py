@@ -86,6 +86,9 @@ def test_uniform_keep_gathered_reaches_column_layers_only():
     ({"proj": {"algo": "slicing", "num_chunks": 0}}, ["num_chunks must be an integer >= 1"]),
     ({"fc1": {"algo": "flash", "num_chunks": 2}}, ["slicing' only"]),
     ({"proj": {"keep_gathered": True}}, ["column layers", "proj"]),
+    ({"fc2": {"algo": "slicing", "num_chunks": 2, "hop_chunks": 2}}, ["fc2: hop_chunks is a knob of algo 'flash'"]),
+    ({"fc1": {"algo": "flash_bidir", "hop_chunks": 2}}, ["hop_chunks is a knob of algo 'flash'"]),
+    ({"qkv": {"algo": "flash", "hop_chunks": 0}}, ["hop_chunks must be an integer >= 1"]),
     ({"qkv": "flash"}, ["expected a mapping"]),
     ({"attention": {"ulysses_algo": "stock"}}, ["'stock' is now called 'reference'"]),
     ({"attention": {"query_split": "yes"}}, ["query_split must be true or false"]),
@@ -161,3 +164,9 @@ def test_unknown_layer_plan():
 def test_the_word_lists_are_the_agreed_ones():
     assert fc.ALGOS == ("flash", "flash_bidir", "slicing", "reference")
     assert fc.ULYSSES_ALGOS == ("flash", "reference") and "reference" in fc.ALL_REDUCE_ALGOS
+
+
+def test_hop_chunks_is_a_flash_knob_per_layer():
+    cfg = from_dict({"default": {"algo": "flash", "hop_chunks": 3}, "fc2": {"algo": "flash"}}, QUIET)
+    assert cfg.plan("fc1").hop_chunks == 3 and cfg.plan("proj").hop_chunks == 3
+    assert cfg.plan("fc2").hop_chunks is None  # a layer's own entry replaces the default: automatic

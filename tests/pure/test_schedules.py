@@ -117,3 +117,54 @@ def test_grid_p4_shows_local_first_and_own_last():
 def test_bad_rank():
     with pytest.raises(ValueError, match="not in a group"):
         all_gather_ring(4, 4)
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("c", [1, 2, 3, 4])
+def test_sub_chunked_rings_validate(p, c):
+    validate(_all(all_gather_ring, p, chunks=c))
+    validate(_all(reduce_scatter_ring, p, chunks=c))
+    for r in range(p):  # the column backward's merged walk: both rings have 1 + (P-1) c steps
+        steps = merge(reduce_scatter_ring(r, p, chunks=c, tag=0), all_gather_ring(r, p, chunks=c, tag=1))
+        assert len(steps) == 1 + (p - 1) * c
+
+
+@pytest.mark.parametrize("c", [2, 3, 4])
+def test_sub_chunks_at_p2_are_posted_ahead_and_used_as_they_arrive(c):
+    ag, rs = all_gather_ring(0, 2, chunks=c), reduce_scatter_ring(0, 2, chunks=c)
+    # AG: step 0 multiplies the whole local shard and posts every sub-chunk of the hop, sub-chunk j waited
+    # at the end of step j; step j+1 multiplies the peer's sub-chunk j
+    assert ag.steps[0].compute == tuple(Slice(0, j) for j in range(c))
+    assert [(t.slice, t.lag) for t in ag.steps[0].recvs] == [(Slice(1, j), j) for j in range(c)]
+    assert [st.compute for st in ag.steps[1:]] == [(Slice(1, j),) for j in range(c)]
+    assert not any(st.has_comm for st in ag.steps[1:])
+    # RS: partial j of the peer's block is made at step j and sent at step j+1; the own block last, its
+    # sub-chunks waited after it (all at the last step)
+    assert [st.compute for st in rs.steps[:c]] == [(Slice(1, j),) for j in range(c)]
+    assert [[t.slice for t in st.sends] for st in rs.steps] == [[]] + [[Slice(1, j)] for j in range(c)]
+    assert rs.steps[-1].compute == tuple(Slice(0, j) for j in range(c))
+    assert all(i + t.lag == c for i, st in enumerate(rs.steps) for t in st.recvs)
+
+
+def test_validator_catches_a_slice_computed_before_its_sub_chunk_is_waited():
+    scheds = _all(all_gather_ring, 2, chunks=2)
+    late = tuple(Transfer(t.peer, t.slice, lag=t.lag + 1) if t.slice.part == 0 else t for t in scheds[0].steps[0].recvs)
+    with pytest.raises(ScheduleError, match="before it is local or has arrived"):
+        validate(_mutate(scheds, 0, 0, recvs=late))
+    past = tuple(Transfer(t.peer, t.slice, lag=5) for t in scheds[0].steps[0].recvs)
+    with pytest.raises(ScheduleError, match="outside steps"):
+        validate(_mutate(scheds, 0, 0, recvs=past))
+
+
+def test_validator_catches_an_arrival_added_before_its_partial_is_made():
+    rs = _all(reduce_scatter_ring, 2, chunks=2)
+    early = tuple(Transfer(t.peer, t.slice, lag=0) for t in rs[0].steps[1].recvs)  # own 0.0 is made at step 2
+    with pytest.raises(ScheduleError, match="before computing its own partial"):
+        validate(_mutate(rs, 0, 1, recvs=early))
+
+
+def test_sub_chunks_refuse_bad_counts_and_the_bidirectional_ring():
+    with pytest.raises(ValueError, match="integer >= 1"):
+        all_gather_ring(0, 2, chunks=0)
+    with pytest.raises(ValueError, match="one-directional"):
+        reduce_scatter_ring(0, 2, bidirectional=True, chunks=2)

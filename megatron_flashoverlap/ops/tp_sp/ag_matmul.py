@@ -10,8 +10,9 @@
     bgrad    db = sum_{s,b} dy
 
 This file: the forward plain functions (no autograd), one per algorithm, all with one signature
-(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered) -> (y, AG(x) or None), registered in
-ops/registry.py. functions.py holds the autograd.Function and the public wrapper; backward.py the backward.
+(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered, hop_chunks) -> (y, AG(x) or None), registered
+in ops/registry.py. hop_chunks (flash only; 1 elsewhere): row sub-chunks per hop, each posted ahead as its own
+transfer and multiplied as soon as it arrived (ops/tp_sp/hops.py). functions.py holds the autograd.Function and the public wrapper; backward.py the backward.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def gather_reference(x_shard, group):
 
 
 @register(OP, "reference")
-def ag_matmul_reference(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False):
+def ag_matmul_reference(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False, hop_chunks=1):
     """Unfused: one all-gather, then one GEMM. Returns (y, gathered x or None)."""
     t = time.perf_counter()
     full = gather_reference(x_shard, group)
@@ -51,7 +52,8 @@ def ag_matmul_reference(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep
 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
-def ag_matmul_ring(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False, bidirectional=False):
+def ag_matmul_ring(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False, bidirectional=False,
+                   hop_chunks=1):
     """Flash-AG: the ring of all_gather_ring; each arrived shard is multiplied while the next one flies."""
     rank, world = group_info(group)
     rows = x_shard.shape[0]
@@ -59,12 +61,12 @@ def ag_matmul_ring(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gath
                     dtype=x_shard.dtype, device=x_shard.device)
     consume = rows_writer(y, weight, bias)  # y[span] = xs @ w^T + bias, straight into y's rows
     gathered = gather_and_consume(x_shard, consume, group, ctx, bidirectional=bidirectional,
-                                  keep_gathered=keep_gathered)
+                                  keep_gathered=keep_gathered, hop_chunks=hop_chunks)
     return y, gathered
 
 
 @register(OP, "slicing")
-def ag_matmul_slicing(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered=False):
+def ag_matmul_slicing(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered=False, hop_chunks=1):
     """Data slicing (the Megatron/TE pipeline baseline): all-gather chunk j+1.. while chunk j multiplies.
     The first gather is exposed (the head); chunks are cut along the local sequence."""
     rank, world = group_info(group)

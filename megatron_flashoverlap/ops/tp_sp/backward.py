@@ -15,7 +15,8 @@ wgrad_into [n, h] (e.g. Megatron's fp32 `main_grad`, gradient_accumulation_fusio
 added straight into it (runtime.numerics.add_wgrad: no [n, h] temporary) and the returned dw is None.
 Plain functions, one per algorithm, registered as "all_gather_matmul.backward" (column) and
 "matmul_reduce_scatter.backward" (row):
-(dy, saved..., weight, group, ctx, *, num_chunks, need_dw, wgrad_into=None, wgrad_fn=None) -> (dx, dw or None).
+(dy, saved..., weight, group, ctx, *, num_chunks, need_dw, wgrad_into=None, wgrad_fn=None, hop_chunks=1) -> (dx, dw
+or None); hop_chunks (flash): the forward's sub-chunks per hop, used by every ring of the backward too.
 wgrad_fn(dy_full, x_full) (e.g. the data-parallel reduce-scatter of dW, megatron/ddp.py): the walk keeps the
 operand it gathers (AG(x) for the column, AG(dy) for the row) instead of adding dw slices, then hands this
 rank's complete dW operands to wgrad_fn once (its GEMM runs inside the DP ring); dw = what it returns.
@@ -57,7 +58,7 @@ def _column_unfused(rs_matmul, dy, x_shard, gathered, weight, group, ctx, num_ch
 
 @register(COLUMN, "reference")
 def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
-                              wgrad_into=None, wire="input", wgrad_fn=None):
+                              wgrad_into=None, wire="input", wgrad_fn=None, hop_chunks=1):
     """-> (dx [s/P, b, h], dw [n/P, h] or None): stock RS of dy @ w; dw = AG(x)^T dy."""
     return _column_unfused(rs_matmul_reference, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
                            wgrad_into, wire, wgrad_fn)
@@ -65,7 +66,7 @@ def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, *, num_
 
 @register(COLUMN, "slicing")
 def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None,
-                            wire="input", wgrad_fn=None):
+                            wire="input", wgrad_fn=None, hop_chunks=1):
     return _column_unfused(rs_matmul_slicing, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw,
                            wgrad_into, wire, wgrad_fn)
 
@@ -73,16 +74,17 @@ def column_backward_slicing(dy, x_shard, gathered, weight, group, ctx, *, num_ch
 @register(COLUMN, "flash")
 @register(COLUMN, "flash_bidir", bidirectional=True)
 def column_backward_ring(dy, x_shard, gathered, weight, group, ctx, *, num_chunks=1, need_dw=True,
-                         wgrad_into=None, wire="input", bidirectional=False, wgrad_fn=None):
+                         wgrad_into=None, wire="input", bidirectional=False, wgrad_fn=None, hop_chunks=1):
     """The dgrad RS and the wgrad AG of x in ONE walk; from a kept AG(x) only the RS runs on the ring."""
     if gathered is None and need_dw:
-        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wgrad_into, wire, wgrad_fn)
-    rs = functools.partial(rs_matmul_ring, bidirectional=bidirectional)
+        return _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, wgrad_into, wire, wgrad_fn,
+                                       hop_chunks)
+    rs = functools.partial(rs_matmul_ring, bidirectional=bidirectional, hop_chunks=hop_chunks)
     return _column_unfused(rs, dy, x_shard, gathered, weight, group, ctx, num_chunks, need_dw, wgrad_into, wire,
                            wgrad_fn)
 
 
-def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into, wire, wgrad_fn=None):
+def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into, wire, wgrad_fn=None, hop_chunks=1):
     dw = wgrad_target(weight, into) if wgrad_fn is None else None
     full = None if wgrad_fn is None else x_shard.new_empty((dy.shape[0],) + tuple(x_shard.shape[1:]))  # [s, b, h]
 
@@ -96,8 +98,8 @@ def _column_backward_merged(dy, x_shard, weight, group, ctx, bidirectional, into
     rs = scatter(produce, x_shard.shape[0], tuple(dy.shape[1:-1]) + (weight.shape[1],), group, ctx,
                  acc_dtype=acc_dtype(dy.dtype), out_dtype=dy.dtype, device=dy.device,
                  wire_dtype=wire_dtype(dy.dtype, wire), bidirectional=bidirectional, name="bwd.rs", tag=0,
-                 into=in_place)
-    ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1)
+                 into=in_place, hop_chunks=hop_chunks)
+    ag = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", tag=1, hop_chunks=hop_chunks)
     walk(group, ctx, rs, ag)
     if full is not None:
         return rs.handler.result(), wgrad_fn(dy, full)
@@ -112,20 +114,22 @@ def _row_unfused(ag_matmul, dy, x, weight, group, ctx, num_chunks, need_dw, into
 
 
 @register(ROW, "reference")
-def row_backward_reference(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, wgrad_into=None, wgrad_fn=None):
+def row_backward_reference(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, wgrad_into=None, wgrad_fn=None,
+                           hop_chunks=1):
     """-> (dx [s, b, k/P], dw [h, k/P] or None): stock AG of dy, then the two GEMMs."""
     return _row_unfused(ag_matmul_reference, dy, x, weight, group, ctx, num_chunks, need_dw, wgrad_into, wgrad_fn)
 
 
 @register(ROW, "slicing")
-def row_backward_slicing(dy, x, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None, wgrad_fn=None):
+def row_backward_slicing(dy, x, weight, group, ctx, *, num_chunks, need_dw=True, wgrad_into=None, wgrad_fn=None,
+                         hop_chunks=1):
     return _row_unfused(ag_matmul_slicing, dy, x, weight, group, ctx, num_chunks, need_dw, wgrad_into, wgrad_fn)
 
 
 @register(ROW, "flash")
 @register(ROW, "flash_bidir", bidirectional=True)
 def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, wgrad_into=None,
-                      bidirectional=False, wgrad_fn=None):
+                      bidirectional=False, wgrad_fn=None, hop_chunks=1):
     """One Flash-AG of dy; each arrived dy shard gives its dx rows and adds to dw (or to wgrad_into), or is
     kept in AG(dy) for wgrad_fn."""
     dx = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
@@ -141,5 +145,5 @@ def row_backward_ring(dy, x, weight, group, ctx, *, num_chunks=1, need_dw=True, 
         elif dw is not None:
             add_wgrad(dw, dys, x[span[0]:span[1]])
 
-    gather_and_consume(dy, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag")
+    gather_and_consume(dy, consume, group, ctx, bidirectional=bidirectional, name="bwd.ag", hop_chunks=hop_chunks)
     return dx, (fn(full, x) if fn is not None else wgrad_result(weight, dw, wgrad_into))

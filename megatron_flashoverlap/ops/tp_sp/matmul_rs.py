@@ -9,8 +9,9 @@
     dgrad    dx = AG(dy) @ w       (the dual: Flash-AG of dy, local shard first; backward.py)
     wgrad    dw = AG(dy)^T @ x     (summed slice by slice as dy shards arrive, in the same ring walk)
 
-All plain functions share one signature: (x, weight, group, ctx, *, num_chunks, wire) -> y_s (registered in
-ops/registry.py); the reference and slicing reduce-scatter in the wire dtype too (wire="input": stock).
+All plain functions share one signature: (x, weight, group, ctx, *, num_chunks, wire, hop_chunks) -> y_s
+(registered in ops/registry.py; hop_chunks: flash only, row sub-chunks per block, each partial sent as soon as
+it is made, ops/tp_sp/hops.py); the reference and slicing reduce-scatter in the wire dtype too (wire="input": stock).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ OP = "matmul_reduce_scatter"
 
 
 @register(OP, "reference")
-def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input"):
+def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input", hop_chunks=1):
     """Unfused: one GEMM, then one stock reduce-scatter in the wire dtype (wire="input": stock Megatron)."""
     rank, world = group_info(group)
     t = time.perf_counter()
@@ -44,17 +45,18 @@ def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input"):
 
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
-def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, wire="input", bidirectional=False):
+def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, wire="input", bidirectional=False, hop_chunks=1):
     """Flash-RS: produce the partial of the block the next hop carries; own block last, no tail."""
     world = group_info(group)[1]
     produce, into = partial_producer(x, weight)
     return produce_and_scatter(produce, x.shape[0] // world, tuple(x.shape[1:-1]) + (weight.shape[0],), group, ctx,
                                acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype, device=x.device,
-                               wire_dtype=wire_dtype(x.dtype, wire), bidirectional=bidirectional, into=into)
+                               wire_dtype=wire_dtype(x.dtype, wire), bidirectional=bidirectional, into=into,
+                               hop_chunks=hop_chunks)
 
 
 @register(OP, "slicing")
-def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input"):
+def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input", hop_chunks=1):
     """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail.
     Chunk j is rows a:b of every rank-block, copied contiguous first (a copy of the chunk's input, linear
     time) so its GEMM is one BLAS mm: a GEMM on the strided [P, c, b, k/P] view took a batched path
