@@ -12,6 +12,8 @@ DDP and optimizer, identical seeds):
     ours, auto                 our spec, wrap_with_dp_overlap's automatic choice (its calibrated cost model,
                                tokens = s x b: megatron/ddp_choice.py), default buckets
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
+    ours, auto, DP worker      (TP = 1 only) "ours, auto" with the fused rings on the DP worker thread
+                               (asynchronous=True, megatron/ddp_async.py) instead of inside each layer's backward
 Per arm and round, three samples (seconds, max over ranks):
     step   zero_grad_buffer, forward + loss.backward(), finalize_model_grads (finish_grad_sync + the SP
            norm all-reduce), optimizer.step() (DistributedOptimizer: its param all-gather included)
@@ -38,6 +40,7 @@ import torch.distributed as dist
 from .rounds import interleaved, rank_max
 
 ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets")
+WORKER_ARM = "ours, auto, DP worker"  # TP = 1 only (megatron/ddp_async.py refuses TP > 1)
 WARMUP = 2  # round 0: Megatron's first batch (no overlap, learns the grad-ready counts), round 1: caches
 
 
@@ -81,7 +84,8 @@ def _build(name: str, cfg: dict) -> Arm:
     kw = {"bucket_size": cfg["bucket"]} if name.endswith("small buckets") else {}
     dcfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **kw)
     if name.startswith("ours, auto"):
-        ddp, fused = wrap_with_dp_overlap(config, dcfg, model, tokens=cfg["seq"] * cfg["batch"])  # cost model
+        sync = {"asynchronous": True} if name == WORKER_ARM else {}
+        ddp, fused = wrap_with_dp_overlap(config, dcfg, model, tokens=cfg["seq"] * cfg["batch"], **sync)
     else:
         ddp, fused = DistributedDataParallel(config, dcfg, model), []
     opt = get_megatron_optimizer(OptimizerConfig(use_distributed_optimizer=True, optimizer="adam", lr=1e-5,
@@ -154,15 +158,16 @@ def measure(cfg: dict) -> dict:
 
     from ..megatron.models import batch
 
-    arms = {name: _build(name, cfg) for name in ARMS}
+    names = ARMS + ((WORKER_ARM,) if cfg["tp"] == 1 else ())
+    arms = {name: _build(name, cfg) for name in names}
     data = batch(100 + ps.get_data_parallel_rank(), cfg["batch"], cfg["seq"], cfg["vocab"])  # per DP rank
-    tails = {name: [] for name in ARMS}
+    tails = {name: [] for name in names}
     samples = interleaved(_variants(arms, data, tails), cfg["repeats"], warmup=WARMUP)
-    samples.update({(name, "tail"): tails[name][WARMUP:] for name in ARMS})
+    samples.update({(name, "tail"): tails[name][WARMUP:] for name in names})
     samples = rank_max(samples)
     out = {name: {"step": samples[(name, "step")], "free": samples[(name, "free")],
                   "tail": samples[(name, "tail")], "buckets": arms[name].buckets,
-                  "fused": _names(arms[name], arms[name].ddp.module)} for name in ARMS}
+                  "fused": _names(arms[name], arms[name].ddp.module)} for name in names}
     return {"arms": out, "comm": samples[("comm", "alone")], "dp": ps.get_data_parallel_world_size()}
 
 

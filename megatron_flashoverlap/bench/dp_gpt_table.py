@@ -16,7 +16,7 @@ import statistics
 from .estimator import bootstrap, estimate, speedup
 
 TARGET_EXPOSED = 0.20  # issue 14: exposed DP communication at most 20 % of stock's
-OURS = ("ours, auto", "ours, auto, small buckets")
+OURS = ("ours, auto", "ours, auto, small buckets", "ours, auto, DP worker")
 
 
 def _ref(arm: str) -> str:

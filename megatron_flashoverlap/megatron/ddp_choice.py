@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ..ops.dp.choice import Param, Rates, choose
 from ..ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
 from ..runtime import OverlapContext, reduce_scatter_into
+from .ddp_async import runs_async
 from .ddp_layout import last_bucket_weights
 
 PROBE = 1 << 20  # elements: ~4 MB fp32, long enough to be link-bound at 1-10 Gbit/s, short enough for start-up
@@ -73,10 +74,10 @@ def _params(module, candidates) -> tuple[list, list[Param]]:
     return order, [Param(p.numel(), id(p) in ids) for p in order]
 
 
-def by_cost_model(module, candidates, bucket_size, rates: Rates) -> tuple[list, str]:
+def by_cost_model(module, candidates, bucket_size, rates: Rates, asynchronous: bool = False) -> tuple[list, str]:
     """The candidates the cost model fuses, and its one log line."""
     order, params = _params(module, candidates)
-    k, best, stock = choose(params, bucket_size, rates)
+    k, best, stock = choose(params, bucket_size, rates, asynchronous)
     chosen = {id(p) for p in [order[i] for i in range(len(order) - 1, -1, -1) if params[i].linear][:k]}
     picked = [m for m in candidates if id(m.weight) in chosen]
     line = (f"flash DP overlap (automatic, cost model): reduce-scatter {rates.comm_s * 1e9:.1f} ns (stock) / "
@@ -86,7 +87,8 @@ def by_cost_model(module, candidates, bucket_size, rates: Rates) -> tuple[list, 
             f"~{stock.compute * 1e3:.0f} ms backward; fusing the {k} of {len(candidates)} tensor-parallel "
             f"linears reduced last in backward ({sum(m.weight.numel() for m in picked)} elements) leaves "
             f"~{best.exposed * 1e3:.0f} ms after a ~{best.compute * 1e3:.0f} ms backward (their rings run "
-            f"synchronously under their own wgrad); every other parameter keeps Megatron's buckets")
+            f"{'on the DP worker thread from their wgrad on' if asynchronous else 'synchronously under their wgrad'}"
+            f"); every other parameter keeps Megatron's buckets")
     return picked, line
 
 
@@ -103,11 +105,14 @@ def by_last_bucket(module, candidates, bucket_size) -> tuple[list, str]:
     return picked, line
 
 
-def auto_linears(module, candidates, bucket_size, dp_group, tokens) -> tuple[list, str]:
-    """The automatic choice (module docstring) and its one log line."""
+def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous=None) -> tuple[list, str]:
+    """The automatic choice (module docstring) and its one log line; asynchronous None: as the DP overlap
+    decides it (ddp_async.runs_async)."""
     tokens = tokens or megatron_tokens()
     if not tokens or dp_group is None or dp_group.size() < 2:
         return by_last_bucket(module, candidates, bucket_size)
     first = next(module.parameters())
+    if asynchronous is None:
+        asynchronous = runs_async(dp_group, first.device.type)
     rates = calibrate(dp_group, tokens, dtype=first.dtype, device=first.device)
-    return by_cost_model(module, candidates, bucket_size, rates)
+    return by_cost_model(module, candidates, bucket_size, rates, asynchronous)

@@ -104,19 +104,21 @@ def _dp_groups(ddp_kwargs):
     return ps.get_data_parallel_group(), ps.get_data_parallel_group(with_context_parallel=True)
 
 
-def _auto_choice(module, ddp_config, ddp_kwargs, tokens) -> list:
+def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> list:
     """The linears to fuse by default (ddp_choice.auto_linears: the cost model where the token count is
     known, else stock's last bucket), explained in one log line."""
     dp, dp_cp = _dp_groups(ddp_kwargs)
     size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, dp.size())
-    picked, line = auto_linears(module, _linears(module), size, dp_cp, tokens)
+    picked, line = auto_linears(module, _linears(module), size, dp_cp, tokens, asynchronous)
     log.info("%s", line)
     return picked
 
 
-def _select(module, linears, ddp_config, ddp_kwargs, tokens=None) -> list:
+def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=None) -> list:
     """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line)."""
-    linears = _auto_choice(module, ddp_config, ddp_kwargs, tokens) if linears is None else list(linears)
+    if linears is None:
+        linears = _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous)
+    linears = list(linears)
     refused = {tuple(m.weight.shape): _why_unfusable(m) for m in linears if _why_unfusable(m)}
     if refused:
         log.warning("flash DP overlap: %d weight(s) stay on Megatron's bucketed reduce-scatter: %s", len(refused),
@@ -125,7 +127,7 @@ def _select(module, linears, ddp_config, ddp_kwargs, tokens=None) -> list:
 
 
 def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flash", context=None, tokens=None,
-                         **ddp_kwargs):
+                         asynchronous=None, **ddp_kwargs):
     """Megatron `DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)` whose selected linears
     reduce-scatter their weight gradient over DP inside their wgrad GEMM (stock layers through
     `linear_dp_forward_impl`, the plugin's Flash layers inside their own TP walk, megatron/linear.py).
@@ -135,17 +137,19 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     cost model fuses the linears reduced last in backward where stock would leave communication exposed;
     without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
     (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
+    asynchronous: True = the fused rings on the DP worker thread (ddp_async.py: gloo, TP 1 only); None/False:
+    each ring inside its own layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel
 
-    linears = _select(module, linears, ddp_config, ddp_kwargs, tokens)
+    linears = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
     weights = [m.weight for m in linears]
     if ddp_kwargs.get("full_param_layout") is not None:
         ddp_kwargs["full_param_layout"] = relayout(ddp_kwargs["full_param_layout"], module, weights, ddp_config)
     with isolated_buckets(module, weights):
         ddp = DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)
-    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context)
+    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context, asynchronous=asynchronous)
     ids = {id(w) for w in accepted}
     for m in linears:
         if id(m.weight) in ids:  # the stock forward of both kinds reaches the fused wgrad through this;

@@ -33,7 +33,17 @@ def _check(res, steps, expect_linears):
 def test_tp2_dp2_sp_our_linears_fuse_and_train_like_stock(pools):
     res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=3, timeout=900)
     _check(res, 3, 8)  # 2 layers x (qkv, proj, fc1, fc2), all in stock's single bucket
+    assert res[0]["flash"]["asynchronous"] == [False]  # the default: each ring inside its layer's backward
     assert any("automatic" in line for line in res[0]["log"]), res[0]["log"]
+
+
+def test_dp_worker_ring_dp2_trains_like_stock(pools):
+    # asynchronous=True (ddp_async.py), TP=1 x DP=2, several stock buckets beside the worker's rings
+    res = pools(2).run("tests.megatron.mp_ddp_gpt:train", tp=1, sp=False, steps=3, asynchronous=True,
+                       ddp_kw={"bucket_size": 3000}, linears=["layers.0.mlp.linear_fc1", "layers.0.mlp.linear_fc2",
+                                                              "layers.1.mlp.linear_fc1"], timeout=600)
+    assert res[0]["flash"]["asynchronous"] == [True]
+    _check(res, 3, 3)
 
 
 def test_automatic_choice_keeps_stock_buckets(pools):

@@ -74,3 +74,13 @@ def test_the_ring_latency_keeps_small_weights_stock():
     k_fast = choose(_layers(3), 11, Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0, ring_lat_s=5.0))[0]
     k_slow = choose(_layers(3), 11, Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0, ring_lat_s=50.0))[0]
     assert (k_fast, k_slow) == (1, 0)
+
+
+def test_an_asynchronous_ring_does_not_stall_the_backward():
+    # the synchronous 128 of test_a_ring_slower_than_its_wgrad... : off the compute thread the backward ends at
+    # 80; the rings of layers 3..0 start after their dgrads (10, 30, 50, 70) and queue on the link: 10-30,
+    # 30-50, 50-70, 70-90, then the norms' bucket 90-98: exposed 18 (stock: 28)
+    rates = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
+    out = simulate(_layers(4), {0, 2, 4, 6}, 11, rates, asynchronous=True)
+    assert (out.compute, out.exposed) == (80.0, 18.0)
+    assert choose(_layers(4), 11, rates, asynchronous=True)[0] == 4

@@ -15,7 +15,8 @@ def _run():
         "stock, small buckets": _arm([15.0, 16.0, 17.0], [10.0, 10.0, 10.0], buckets=5),  # exposed 6
         "ours, fusion off": _arm([19.0, 20.0, 21.0], [9.0, 9.0, 9.0]),
         "ours, auto": _arm([11.0, 12.0, 12.0], [10.0, 10.0, 10.0], fused=8),  # exposed 2: 2/11 of stock's
-        "ours, auto, small buckets": _arm([17.0, 18.0, 19.0], [10.0, 10.0, 10.0], buckets=6, fused=1)}}
+        "ours, auto, small buckets": _arm([17.0, 18.0, 19.0], [10.0, 10.0, 10.0], buckets=6, fused=1),
+        "ours, auto, DP worker": _arm([21.0, 21.0, 21.0], [10.0, 10.0, 10.0], fused=8)}}
 
 
 def test_rows_hold_exposed_hidden_and_ratios_against_the_same_bucket_stock():
@@ -28,10 +29,11 @@ def test_rows_hold_exposed_hidden_and_ratios_against_the_same_bucket_stock():
 
 def test_verdict_calls_the_targets():
     lines = t.verdict(_run(), "1gbit, TP2xDP2")
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert "no slower" in lines[0] and "target <= 0.20: met" in lines[0]
     assert "SLOWER" in lines[1] and "MISSED" in lines[1]
+    assert "MISSED" in lines[2]  # exposed 11 = stock's
 
 
 def test_table_has_a_row_per_arm():
-    assert len(t.table(_run()).splitlines()) == 2 + 5
+    assert len(t.table(_run()).splitlines()) == 2 + 6

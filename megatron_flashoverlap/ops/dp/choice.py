@@ -5,9 +5,10 @@
                                     (comm_s) and of our ring (ring_s, ops/dp/wgrad_rs.py); seconds per weight
                                     element of ONE GEMM of the layer's backward (dgrad and wgrad each cost it);
                                     seconds of a ring call over (almost) nothing (its per-call latency)
-    simulate(params, fused, bucket_size, rates) -> Outcome(compute, exposed, step)
-    choose(params, bucket_size, rates) -> (k, Outcome of k, Outcome of stock): fuse the k candidate linears
-                                    reduced LAST in backward (the first layers), k minimizing the modelled step
+    simulate(params, fused, bucket_size, rates, asynchronous=False) -> Outcome(compute, exposed, step)
+    choose(params, bucket_size, rates, asynchronous=False) -> (k, Outcome of k, Outcome of stock): fuse the k
+                                    candidate linears reduced LAST in backward (the first layers), k
+                                    minimizing the modelled step
 
 The model (one serial link, one compute thread; the backward is the linears' dgrad + wgrad GEMMs):
 
@@ -18,7 +19,9 @@ The model (one serial link, one compute thread; the backward is the linears' dgr
 A stock bucket's reduce-scatter starts when its last parameter's gradient is ready and the link is free
 (Megatron's buckets go one at a time: one communication handle outstanding, and one link). A fused weight's
 ring starts at its wgrad (when the link is free) and the compute thread waits for it after the wgrad GEMM:
-its ring runs synchronously, hidden only under its own wgrad. The non-fused parameters are re-bucketed by
+its ring runs synchronously, hidden only under its own wgrad. `asynchronous` (the ring on the DP worker
+thread, megatron/ddp_async.py): the compute thread does not wait; the ring occupies the link from its
+wgrad on, like a bucket of its own reduced by our ring (its GEMM slices still cost their time). The non-fused parameters are re-bucketed by
 Megatron's size rule, as `ddp_layout.isolated_buckets` lays them out. Non-linear parameters (norms, biases,
 embeddings) cost no compute here (their backward is small next to the GEMMs; attention's score GEMMs are
 left out too, so the model under-counts compute and errs towards fusing more).
@@ -68,7 +71,8 @@ def _buckets(params, fused: set, bucket_size) -> list[list[int]]:
     return [b for b in out if b]
 
 
-def simulate(params: list[Param], fused: set, bucket_size: int | None, rates: Rates) -> Outcome:
+def simulate(params: list[Param], fused: set, bucket_size: int | None, rates: Rates,
+             asynchronous: bool = False) -> Outcome:
     """The modelled backward (module docstring) with the params at indices `fused` fused."""
     last_of = {b[-1]: sum(params[i].numel for i in b) for b in _buckets(params, fused, bucket_size)}
     t = link = 0.0
@@ -78,7 +82,7 @@ def simulate(params: list[Param], fused: set, bucket_size: int | None, rates: Ra
             t += gemm  # dgrad
             start = max(t, link)
             link = start + rates.ring_lat_s + rates.ring_s * p.numel
-            t = max(t + gemm, link)  # wgrad, then wait for the ring (own shard last)
+            t = t + gemm if asynchronous else max(t + gemm, link)  # wgrad; the synchronous ring is waited for
         else:
             t += 2 * gemm
         if i in last_of:
@@ -92,14 +96,15 @@ def tail_candidates(params: list[Param]) -> list[int]:
     return [i for i in range(len(params) - 1, -1, -1) if params[i].linear]
 
 
-def choose(params: list[Param], bucket_size: int | None, rates: Rates) -> tuple[int, Outcome, Outcome]:
+def choose(params: list[Param], bucket_size: int | None, rates: Rates,
+           asynchronous: bool = False) -> tuple[int, Outcome, Outcome]:
     """(k, its outcome, stock's outcome): fusing the last k candidates in backward order minimizes the
     modelled step (ties: the smaller k, the fewer changes to Megatron's buckets)."""
     tail = tail_candidates(params)
     stock = simulate(params, set(), bucket_size, rates)
     best_k, best = 0, stock
     for k in range(1, len(tail) + 1):
-        out = simulate(params, set(tail[:k]), bucket_size, rates)
+        out = simulate(params, set(tail[:k]), bucket_size, rates, asynchronous)
         if out.step < best.step * (1 - 1e-9):
             best_k, best = k, out
     return best_k, best, stock
