@@ -1,10 +1,13 @@
-"""DP gradient reduce-scatter inside the wgrad GEMM, and TP without SP (all-reduce), vs stock, on the
-emulated link (2 ranks in a tbf-shaped network namespace; the bench harness's netns, timing and stats).
+"""DP gradient reduce-scatter vs Megatron's `--overlap-grad-reduce`, on the emulated link (ranks in a
+tbf-shaped network namespace; the bench harness's netns, rounds and estimator).
 
-    sudo .venv/bin/python benchmarks/dp.py                        # results/dp.md (+ dp_raw.json)
-    .venv/bin/python benchmarks/dp.py --unshaped --quick          # no root: host loopback, labelled
+    sudo .venv/bin/python benchmarks/dp.py                      # GPT rows -> results/dp.md (+ dp_raw.json)
+    .venv/bin/python benchmarks/dp.py --unshaped --quick        # no root: host loopback, labelled
+    sudo .venv/bin/python benchmarks/dp.py --ops --out results/dp_ops   # the earlier operator rows
 
-The rows and what each measures: megatron_flashoverlap/bench/dp_rows.py.
+GPT rows (default): a Megatron GPT (--layers >= 4) under DDP + DistributedOptimizer, overlap_grad_reduce on,
+one training step per arm and round (bench/dp_gpt.py: arms, what `step`, `free` and `tail` measure),
+for every --layouts entry TPxDP (4 ranks for 2x2, 2 for 1x2). --ops: the operator rows (bench/dp_rows.py).
 """
 from __future__ import annotations
 
@@ -17,25 +20,35 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from megatron_flashoverlap.bench import dp_gpt_table  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
 from megatron_flashoverlap.bench.launch import run_ranks  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
+GPT_RANKS = "megatron_flashoverlap.bench.dp_gpt:main"
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="1gbit", help="tbf rates (comma list)")
     p.add_argument("--burst", default="512kb")
-    p.add_argument("--seqs", default="512,1024", help="TP-without-SP sequence lengths")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--width", type=int, default=512, help="per-rank inner width of the TP MLP")
+    p.add_argument("--ops", action="store_true", help="the operator rows instead of the GPT rows")
+    p.add_argument("--layouts", default="2x2,1x2", help="GPT rows: TPxDP entries (comma list)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=1024, help="GPT rows: untied, small (the embedding stays small)")
+    p.add_argument("--seq", type=int, default=512, help="GPT rows: sequence length")
+    p.add_argument("--bucket", type=int, default=0, help="GPT rows: the small bucket size in elements "
+                   "(0: one transformer layer's weights per TP rank, 12 h^2 / tp)")
+    p.add_argument("--seqs", default="512,1024", help="--ops: TP-without-SP sequence lengths")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--width", type=int, default=512, help="--ops: per-rank inner width of the TP MLP")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dp-n", type=int, default=1024, help="DP weight rows (W [n, k])")
+    p.add_argument("--dp-n", type=int, default=1024, help="--ops: DP weight rows (W [n, k])")
     p.add_argument("--dp-k", type=int, default=512)
-    p.add_argument("--dp-tokens", type=int, default=2048, help="tokens of the wgrad GEMM")
-    p.add_argument("--ddp-layers", type=int, default=2, help="column+row blocks of the Megatron DDP rows")
+    p.add_argument("--dp-tokens", type=int, default=2048, help="--ops: tokens of the wgrad GEMM")
+    p.add_argument("--ddp-layers", type=int, default=2, help="--ops: column+row blocks of the Megatron DDP rows")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--unshaped", action="store_true", help="host loopback, no root; labelled 'unshaped'")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat (smoke test)")
@@ -44,19 +57,77 @@ def parse(argv=None):
     a = p.parse_args(argv)
     if a.quick:
         a.seqs, a.hidden, a.width, a.dp_n, a.dp_k, a.dp_tokens, a.repeats = "64", 64, 64, 64, 64, 64, 1
+        a.seq, a.heads, a.vocab = 64, 4, 128
     return a
 
 
-def runs(a, cfg: dict) -> list[dict]:
-    """One run per rate in one shaped namespace (or one unshaped run on the host loopback)."""
-    if a.unshaped:
-        return [{**run_ranks(RANKS, 2, args=(cfg,), timeout=a.timeout)[0], "rate": "unshaped (host loopback)"}]
+def _layouts(s: str) -> list[tuple[int, int]]:
     out = []
-    with shaped_namespace(None) as ns:
-        for rate in a.rates.split(","):
-            ns.shape_lo(rate, a.burst)
-            out.append({**run_ranks(RANKS, 2, args=(cfg,), ns=ns, timeout=a.timeout)[0], "rate": rate})
+    for item in s.split(","):
+        tp, _, dp = item.partition("x")
+        if not (tp.isdigit() and dp.isdigit()) or int(dp) < 2:
+            raise ValueError(f"--layouts {item!r}: write TPxDP with DP >= 2, e.g. 2x2 or 1x2")
+        out.append((int(tp), int(dp)))
     return out
+
+
+def gpt_cfg(a, tp: int) -> dict:
+    bucket = a.bucket or 12 * a.hidden * a.hidden // tp
+    return {"tp": tp, "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "vocab": a.vocab, "seq": a.seq,
+            "batch": a.batch, "bucket": bucket, "repeats": a.repeats}
+
+
+def _jobs(a) -> list[tuple[str, int, dict]]:
+    """(target, world, cfg) of every run on one link."""
+    if a.ops:
+        cfg = {"seqs": [int(s) for s in a.seqs.split(",")], "hidden": a.hidden, "width": a.width,
+               "batch": a.batch, "dp_n": a.dp_n, "dp_k": a.dp_k, "dp_tokens": a.dp_tokens,
+               "ddp_layers": a.ddp_layers, "repeats": a.repeats, "burst": a.burst}
+        return [(RANKS, 2, cfg)]
+    return [(GPT_RANKS, tp * dp, gpt_cfg(a, tp)) for tp, dp in _layouts(a.layouts)]
+
+
+def runs(a) -> list[dict]:
+    """Every job once per rate in one shaped namespace (or once on the host loopback)."""
+    out = []
+    with (shaped_namespace(None) if not a.unshaped else _null()) as ns:
+        for rate in (["unshaped (host loopback)"] if a.unshaped else a.rates.split(",")):
+            if ns is not None:
+                ns.shape_lo(rate, a.burst)
+            for target, world, cfg in _jobs(a):
+                load0 = os.getloadavg()[0]
+                res = run_ranks(target, world, args=(cfg,), ns=ns, timeout=a.timeout)[0]
+                out.append({**res, "rate": rate, "loadavg": (load0, os.getloadavg()[0])})
+    return out
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext(None)
+
+
+def _gpt_md(a, results: list[dict]) -> list[str]:
+    md, verdicts = [], []
+    for run in results:
+        c = run["config"]
+        label = f"{run['rate']}, TP{c['tp']}xDP{run['dp']}"
+        md += [f"## link {label} ({run['world']} ranks on {os.cpu_count()} cores, load {run['loadavg'][0]:.1f}-"
+               f"{run['loadavg'][1]:.1f}): GPT {c['layers']} layers, h={c['hidden']}, ffn={4 * c['hidden']}, "
+               f"heads={c['heads']}, s={c['seq']}, b={c['batch']}, vocab={c['vocab']} untied, fp32, "
+               f"small buckets {c['bucket']} elements, {c['repeats']} rounds", "",
+               dp_gpt_table.table(run), "", f"DP communication alone (every bucket's reduce-scatter, stock): "
+               f"{sorted(run['comm'])[len(run['comm']) // 2] * 1e3:.0f} ms. Automatic choice: "
+               + "; ".join(line for line in run["log"] if "automatic" in line), ""]
+        verdicts += dp_gpt_table.verdict(run, label)
+    return ["## Verdict (90 % bootstrap intervals over rounds)", ""] + verdicts + [""] + md
+
+
+def _ops_md(a, results: list[dict]) -> list[str]:
+    md = []
+    for run in results:
+        md += [f"## link {run['rate']}, 2 ranks, W [{a.dp_n}, {a.dp_k}] fp32, TP MLP h={a.hidden} "
+               f"w={a.width} b={a.batch}", "", table(run), ""]
+    return md
 
 
 def main(argv=None) -> int:
@@ -64,16 +135,12 @@ def main(argv=None) -> int:
     if not a.unshaped and why_not_shaped():
         print(f"cannot shape the link: {why_not_shaped()}. Rerun with --unshaped (labelled).", file=sys.stderr)
         return 2
-    cfg = {"seqs": [int(s) for s in a.seqs.split(",")], "hidden": a.hidden, "width": a.width, "batch": a.batch,
-           "dp_n": a.dp_n, "dp_k": a.dp_k, "dp_tokens": a.dp_tokens, "ddp_layers": a.ddp_layers,
-           "repeats": a.repeats, "burst": a.burst}
-    results = runs(a, cfg)
+    results = runs(a)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd = "python benchmarks/dp.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    md = [f"# DP reduce-scatter in the wgrad GEMM, TP without SP ({now})", "", f"Command: `{cmd}`", ""]
-    for run in results:
-        md += [f"## link {run['rate']}, 2 ranks, W [{a.dp_n}, {a.dp_k}] fp32, TP MLP h={a.hidden} "
-               f"w={a.width} b={a.batch}", "", table(run), ""]
+    title = "DP reduce-scatter in the wgrad GEMM vs --overlap-grad-reduce" + (", operator rows" if a.ops else "")
+    md = [f"# {title} ({now})", "", f"Command: `{cmd}`", ""]
+    md += _ops_md(a, results) if a.ops else _gpt_md(a, results)
     os.makedirs(a.out, exist_ok=True)
     text = "\n".join(md) + "\n"
     with open(os.path.join(a.out, "dp.md"), "w") as f:

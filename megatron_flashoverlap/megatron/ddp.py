@@ -10,9 +10,9 @@ must (a) give that weight a bucket of its own, and (b) not reduce-scatter that b
                  so the other params keep stock's buckets; a precomputed 0.19 `full_param_layout` is
                  rewritten the same way (`ddp_layout.relayout`). Both are undone afterwards.
     (b) sync     `_ParamAndGradBucketGroup.start_grad_sync` is wrapped (class-level, once): for a bucket
-                 group marked `_flashoverlap_reduced` this iteration it installs a completed handle instead
-                 of issuing the collective; `finish_grad_sync` then waits on it as usual. Every other
-                 bucket group runs the original method.
+                 group marked `_flashoverlap_reduced` this iteration it installs the ring's handle instead
+                 of issuing the collective (a completed one, or the DP worker's: ddp_async.py, opt-in);
+                 `finish_grad_sync` then waits on it as usual. Every other bucket group runs the original.
     (c) checks   the NaN / Inf / large-gradient check runs on the LOCAL gradient, as stock runs it before
                  its collective: the fused ring hands every local part (before it is sent) to a norm
                  accumulator, and Megatron's own `check_grads` judges that norm on the rank that made it.
@@ -28,6 +28,7 @@ or the weight does not own its bucket and bucket group (e.g. `disable_bucketing`
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -35,7 +36,9 @@ from types import SimpleNamespace
 import torch
 
 from ..runtime import OverlapContext, default_context
-from ..ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+from ..ops.checks import peers_agree
+from ..ops.dp.wgrad_rs import OP as DP_OP, matmul_wgrad_reduce_scatter
+from .ddp_async import RingHandle, check_async, no_grad, runs_async, worker, worker_context
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("0.16", "0.17", "0.18", "0.19")
@@ -76,8 +79,10 @@ def _patch_start_grad_sync() -> None:
         if force_all_reduce:
             raise RuntimeError("a bucket reduce-scattered by the flash DP overlap cannot be all-reduced again "
                                "(force_all_reduce); disable the DP overlap for this model")
-        self._flashoverlap_reduced = False  # its local gradient was checked before the ring (dp_wgrad)
-        self.grad_reduce_handle = _Done()
+        self._flashoverlap_reduced = False
+        # the ring's handle: done (it ran in the backward) or running on the DP worker (ddp_async.py)
+        self.grad_reduce_handle = getattr(self, "_flashoverlap_handle", None) or _Done()
+        self._flashoverlap_handle = None
 
     start_grad_sync._flashoverlap_original = original
     G.start_grad_sync = start_grad_sync
@@ -96,6 +101,7 @@ class DPSite:
     algo: str = "flash"
     context: OverlapContext = field(default_factory=default_context)
     fused_calls: int = 0  # last-micro-batch wgrads reduce-scattered in the GEMM (tests read it)
+    asynchronous: bool = False  # the ring runs on the DP worker thread (ddp_async.py)
 
 
 def _refuse(ddp, param, bucket_group) -> str | None:
@@ -116,19 +122,24 @@ def _refuse(ddp, param, bucket_group) -> str | None:
     return None
 
 
-def _site(ddp, param, algo, context) -> DPSite:
+def _site(ddp, param, algo, context, asynchronous=None) -> DPSite:
     bucket_group = ddp.param_to_bucket_group[param]
     bucket = bucket_group.buckets[0]
     grad_flat = bucket.grad_data
     offset = (param.main_grad.data_ptr() - grad_flat.data_ptr()) // grad_flat.element_size()
     group = bucket_group.intra_distributed_optimizer_instance_group
     scale = bucket.gradient_scaling_factor / (group.size() if ddp.ddp_config.average_in_collective else 1)
-    return DPSite(bucket_group, grad_flat, offset, group, scale, algo, context or default_context())
+    if asynchronous:
+        check_async(group, grad_flat.device.type)
+    return DPSite(bucket_group, grad_flat, offset, group, scale, algo, context or default_context(),
+                  asynchronous=asynchronous if asynchronous is not None else runs_async(group, grad_flat.device.type))
 
 
-def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapContext | None = None) -> list:
+def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapContext | None = None,
+                      asynchronous: bool | None = None) -> list:
     """Mark `weights` of a Megatron DDP model for the fused wgrad reduce-scatter; returns the ones accepted
-    (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py)."""
+    (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py).
+    asynchronous: the ring on the DP worker thread (ddp_async.py: opt-in, gloo, TP 1); None/False: in backward."""
     _patch_start_grad_sync()
     accepted, refused = [], []
     for w in weights:
@@ -137,7 +148,7 @@ def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapCont
         if why:
             refused.append(f"{tuple(w.shape)}: {why}")
             continue
-        w._flashoverlap_dp = _site(ddp, w, algo, context)
+        w._flashoverlap_dp = _site(ddp, w, algo, context, asynchronous)
         accepted.append(w)
     if refused:
         log.warning("flash DP overlap: %d weight(s) stay on Megatron's bucketed reduce-scatter: %s",
@@ -173,16 +184,27 @@ class _LocalNorm:
 
 
 def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
-    """Last micro-batch: dW produced shard by shard inside the DP reduce-scatter of the weight's bucket."""
-    if getattr(site.bucket_group, "_flashoverlap_reduced", False):
+    """Last micro-batch: dW produced shard by shard inside the DP reduce-scatter of the weight's bucket, here
+    or on the DP worker (site.asynchronous); finish_grad_sync waits on the handle left on the bucket group."""
+    group_ = site.bucket_group
+    if getattr(group_, "_flashoverlap_reduced", False):
         raise RuntimeError("flash DP overlap: this weight's bucket is already reduce-scattered and not yet "
                            "consumed: either the weight is used twice per step (disable the DP overlap for "
                            "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
     local = _LocalNorm()
-    matmul_wgrad_reduce_scatter(dy, x, site.grad_flat, site.offset, site.group, scale=site.scale,
-                                algo=site.algo, context=site.context, on_local=local)
-    local.check(site.bucket_group)
-    site.bucket_group._flashoverlap_reduced = True
+    ctx = site.context
+    if site.asynchronous:  # the shape check here, in program order; the ring on the worker (ddp_async.py)
+        peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, ctx, site.grad_flat.numel(),
+                    site.offset, dy.shape[-1], x.shape[-1])
+        ctx = worker_context(ctx)
+    run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, site.grad_flat, site.offset, site.group,
+                            scale=site.scale, algo=site.algo, context=ctx, on_local=local)
+    if site.asynchronous:
+        group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(run)), lambda: local.check(group_))
+    else:
+        run()
+        local.check(group_)
+    group_._flashoverlap_reduced = True
     site.fused_calls += 1
 
 

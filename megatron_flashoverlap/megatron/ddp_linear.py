@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from ..runtime import all_gather_into, group_info, reduce_scatter_into
 from .ddp import dp_wgrad, enable_dp_overlap
-from .ddp_layout import isolated_buckets, last_bucket_weights, relayout, stock_bucket_size
+from .ddp_choice import auto_linears
+from .ddp_layout import isolated_buckets, relayout, stock_bucket_size
 
 log = logging.getLogger(__name__)
 
@@ -94,31 +95,30 @@ def _why_unfusable(m) -> str | None:
     return None
 
 
-def _dp_size(ddp_kwargs) -> int:
+def _dp_groups(ddp_kwargs):
+    """(DP group: sets Megatron's default bucket size, DP x CP group: reduce-scatters the gradients)."""
     pgs = ddp_kwargs.get("pg_collection")
     if pgs is not None and getattr(pgs, "dp", None) is not None:
-        return pgs.dp.size()
-    from megatron.core import parallel_state
-    return parallel_state.get_data_parallel_world_size()
+        return pgs.dp, getattr(pgs, "dp_cp", None) or pgs.dp
+    from megatron.core import parallel_state as ps
+    return ps.get_data_parallel_group(), ps.get_data_parallel_group(with_context_parallel=True)
 
 
-def _auto_choice(module, ddp_config, ddp_kwargs) -> list:
-    """The linears whose weights sit in stock's last bucket (ddp_layout.last_bucket_weights), one log line."""
-    candidates = _linears(module)
-    size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, _dp_size(ddp_kwargs))
-    chosen = {id(w) for w in last_bucket_weights(module, [m.weight for m in candidates], size)}
-    picked = [m for m in candidates if id(m.weight) in chosen]
-    total = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    log.info("flash DP overlap (automatic): fusing %d of %d tensor-parallel linear weights (%d of %d gradient "
-             "elements), those in stock's last bucket (bucket_size %s): stock reduce-scatters it after the whole "
-             "backward, exposed; every other parameter keeps Megatron's buckets and their overlap",
-             len(picked), len(candidates), sum(m.weight.numel() for m in picked), total, size)
+def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> list:
+    """The linears to fuse by default (ddp_choice.auto_linears: the cost model where the token count is
+    known, else stock's last bucket), explained in one log line."""
+    dp, dp_cp = _dp_groups(ddp_kwargs)
+    size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, dp.size())
+    picked, line = auto_linears(module, _linears(module), size, dp_cp, tokens, asynchronous)
+    log.info("%s", line)
     return picked
 
 
-def _select(module, linears, ddp_config, ddp_kwargs) -> list:
+def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=None) -> list:
     """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line)."""
-    linears = _auto_choice(module, ddp_config, ddp_kwargs) if linears is None else list(linears)
+    if linears is None:
+        linears = _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous)
+    linears = list(linears)
     refused = {tuple(m.weight.shape): _why_unfusable(m) for m in linears if _why_unfusable(m)}
     if refused:
         log.warning("flash DP overlap: %d weight(s) stay on Megatron's bucketed reduce-scatter: %s", len(refused),
@@ -126,25 +126,30 @@ def _select(module, linears, ddp_config, ddp_kwargs) -> list:
     return [m for m in linears if _why_unfusable(m) is None]
 
 
-def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flash", context=None, **ddp_kwargs):
+def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flash", context=None, tokens=None,
+                         asynchronous=None, **ddp_kwargs):
     """Megatron `DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)` whose selected linears
     reduce-scatter their weight gradient over DP inside their wgrad GEMM (stock layers through
     `linear_dp_forward_impl`, the plugin's Flash layers inside their own TP walk, megatron/linear.py).
 
-    linears: None = the automatic choice (the weights in stock's last bucket, logged in one line), or an
-    explicit list. A precomputed `full_param_layout` (megatron-core >= 0.19) is rewritten so that each fused
-    weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
+    linears: None = the automatic choice, logged in one line (megatron/ddp_choice.py: with `tokens`, the rows
+    of a wgrad GEMM (seq x micro-batch; read from Megatron's args when pretrain() set them), a calibrated
+    cost model fuses the linears reduced last in backward where stock would leave communication exposed;
+    without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
+    (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
+    asynchronous: True = the fused rings on the DP worker thread (ddp_async.py: gloo, TP 1 only); None/False:
+    each ring inside its own layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel
 
-    linears = _select(module, linears, ddp_config, ddp_kwargs)
+    linears = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
     weights = [m.weight for m in linears]
     if ddp_kwargs.get("full_param_layout") is not None:
         ddp_kwargs["full_param_layout"] = relayout(ddp_kwargs["full_param_layout"], module, weights, ddp_config)
     with isolated_buckets(module, weights):
         ddp = DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)
-    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context)
+    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context, asynchronous=asynchronous)
     ids = {id(w) for w in accepted}
     for m in linears:
         if id(m.weight) in ids:  # the stock forward of both kinds reaches the fused wgrad through this;

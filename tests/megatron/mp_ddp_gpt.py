@@ -27,7 +27,7 @@ def _model(mode, tp, sp, layers):
     return cfg, tm.build_gpt(cfg, get_gpt_layer_local_spec() if mode == "stock" else layer_spec())
 
 
-def _ddp(mode, cfg, model, ddp_kw, layout, linears):
+def _ddp(mode, cfg, model, ddp_kw, layout, linears, tokens=None, asynchronous=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
@@ -43,7 +43,8 @@ def _ddp(mode, cfg, model, ddp_kw, layout, linears):
     if mode == "stock":
         return DistributedDataParallel(cfg, ddp_cfg, model, **kwargs), []
     chosen = None if linears is None else [m for n, m in model.named_modules() if n.endswith(tuple(linears))]
-    return wrap_with_dp_overlap(cfg, ddp_cfg, model, linears=chosen, **kwargs)
+    return wrap_with_dp_overlap(cfg, ddp_cfg, model, linears=chosen, tokens=tokens, asynchronous=asynchronous,
+                                **kwargs)
 
 
 def _step(ddp, opt, micro, seed):
@@ -58,12 +59,12 @@ def _step(ddp, opt, micro, seed):
     opt.step()
 
 
-def _run(mode, tp, sp, layers, steps, micro, ddp_kw, layout, linears):
+def _run(mode, tp, sp, layers, steps, micro, ddp_kw, layout, linears, tokens=None, asynchronous=None):
     from megatron.core import parallel_state as ps
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     cfg, model = _model(mode, tp, sp, layers)
-    ddp, accepted = _ddp(mode, cfg, model, dict(ddp_kw), layout, linears)
+    ddp, accepted = _ddp(mode, cfg, model, dict(ddp_kw), layout, linears, tokens, asynchronous)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = get_megatron_optimizer(OptimizerConfig(use_distributed_optimizer=True, optimizer="adam", lr=10.0,
                                                  adam_eps=100.0, clip_grad=0.0), [ddp])
@@ -73,11 +74,13 @@ def _run(mode, tp, sp, layers, steps, micro, ddp_kw, layout, linears):
     names = {id(p): n for n, p in model.named_parameters()}
     return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
             "fused": {names[id(w)]: w._flashoverlap_dp.fused_calls for w in accepted},
+            "asynchronous": sorted({w._flashoverlap_dp.asynchronous for w in accepted}),
             "buckets": [bk.grad_data.numel() for buf in ddp.buffers for bk in buf.buckets],
             "moved": min((p.detach() - init[n]).abs().max().item() for n, p in model.named_parameters())}
 
 
-def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, layout=False, linears=None):
+def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, layout=False, linears=None,
+          tokens=None, asynchronous=None):
     """-> {"stock": ..., "flash": ..., "log": [ddp + ddp_linear lines], "dp": DP size} (module docstring)."""
     from megatron.core import parallel_state as ps
 
@@ -90,7 +93,7 @@ def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, l
     old = ddp_linear.log.level
     ddp_linear.log.setLevel("INFO")
     try:
-        out = {mode: _run(mode, tp, sp, layers, steps, micro, ddp_kw or {}, layout, linears)
+        out = {mode: _run(mode, tp, sp, layers, steps, micro, ddp_kw or {}, layout, linears, tokens, asynchronous)
                for mode in ("stock", "flash")}
         out.update(log=lines.lines, dp=ps.get_data_parallel_world_size())
         return out

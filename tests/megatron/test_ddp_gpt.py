@@ -33,7 +33,17 @@ def _check(res, steps, expect_linears):
 def test_tp2_dp2_sp_our_linears_fuse_and_train_like_stock(pools):
     res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=3, timeout=900)
     _check(res, 3, 8)  # 2 layers x (qkv, proj, fc1, fc2), all in stock's single bucket
+    assert res[0]["flash"]["asynchronous"] == [False]  # the default: each ring inside its layer's backward
     assert any("automatic" in line for line in res[0]["log"]), res[0]["log"]
+
+
+def test_dp_worker_ring_dp2_trains_like_stock(pools):
+    # asynchronous=True (ddp_async.py), TP=1 x DP=2, several stock buckets beside the worker's rings
+    res = pools(2).run("tests.megatron.mp_ddp_gpt:train", tp=1, sp=False, steps=3, asynchronous=True,
+                       ddp_kw={"bucket_size": 3000}, linears=["layers.0.mlp.linear_fc1", "layers.0.mlp.linear_fc2",
+                                                              "layers.1.mlp.linear_fc1"], timeout=600)
+    assert res[0]["flash"]["asynchronous"] == [True]
+    _check(res, 3, 3)
 
 
 def test_automatic_choice_keeps_stock_buckets(pools):
@@ -46,6 +56,19 @@ def test_automatic_choice_keeps_stock_buckets(pools):
         assert len(st["buckets"]) > 1 and 0 < len(fl["fused"]) < 9, (st["buckets"], fl["fused"])
         assert all(".layers.1." not in n for n in fl["fused"]), fl["fused"]  # the last layer stays stock
     _check(res, 3, len(_ours(res[0]["flash"]["fused"])))
+
+
+def test_cost_model_choice_is_logged_and_trains_like_stock(pools):
+    # tokens given: the calibrated cost model (megatron/ddp_choice.py) picks the linears, whatever it picks on
+    # this loaded box (0 to all 8 + output); the run must say so in one line and still equal stock
+    res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=2, ddp_kw={"bucket_size": 3000},
+                       tokens=32, timeout=900)
+    lines = [line for line in res[0]["log"] if "cost model" in line]
+    assert len(lines) == 1 and "stock --overlap-grad-reduce" in lines[0], res[0]["log"]
+    for r in res:  # the fused linears are those reduced last in backward: layer 1 only after layer 0
+        fused = r["flash"]["fused"]
+        assert not any(".layers.1." in n for n in fused) or any(".layers.0." in n for n in fused), fused
+    _check(res, 2, len(_ours(res[0]["flash"]["fused"])))
 
 
 def test_explicit_choice(pools):

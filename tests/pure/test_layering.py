@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "megatron_flashoverlap"
 FLOORS = {"config": 0, "schedules": 0, "testing": 0, "runtime": 1, "ops": 2, "megatron": 3, "bench": 4,
           "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5}
-MEGATRON_IMPORTERS = ("megatron", "bench/megatron_rows.py", "bench/moe_rows.py")
+MEGATRON_IMPORTERS = ("megatron", "bench/megatron_rows.py", "bench/moe_rows.py", "bench/dp_gpt.py")
 TEST_HELPERS = ("megatron_flashoverlap.testing", "tests")
 
 

@@ -1,0 +1,91 @@
+"""The GPT DDP table of benchmarks/dp.py from one run's samples (bench/dp_gpt.py), through bench/estimator.py.
+
+    rows(run) -> [{"arm", "buckets", "fused", "step", "free", "exposed", "hidden", "hidden_ci", "tail",
+                   "vs_ref", "vs_best", "exposed_ratio"}]
+        ref of an arm     the stock arm with the same bucket size ("stock" or "stock, small buckets")
+        exposed           median(step) - median(free): what the DP gradient reduction adds to a step
+        hidden            1 - exposed / median(comm alone)                         [90 % bootstrap interval]
+        vs_ref / vs_best  estimator.speedup(ref step, arm step) / against the faster stock arm
+        exposed_ratio     exposed(arm) / exposed(ref) with its bootstrap interval (rounds resampled jointly)
+    table(run) -> markdown; verdict(run) -> the lines that judge the targets (win/loss only outside the interval)
+"""
+from __future__ import annotations
+
+import statistics
+
+from .estimator import bootstrap, estimate, speedup
+
+TARGET_EXPOSED = 0.20  # issue 14: exposed DP communication at most 20 % of stock's
+OURS = ("ours, auto", "ours, auto, small buckets", "ours, auto, DP worker")
+
+
+def _ref(arm: str) -> str:
+    return "stock, small buckets" if arm.endswith("small buckets") else "stock"
+
+
+def _exposed(step, free) -> float:
+    return statistics.median(step) - statistics.median(free)
+
+
+def exposed_ratio(arm: dict, ref: dict) -> dict:
+    """exposed(arm) / exposed(ref) and its interval; nan where the reference exposes nothing."""
+    def ratio(s, f, rs, rf):
+        base = _exposed(rs, rf)
+        return _exposed(s, f) / base if base > 0 else float("nan")
+    lists = (arm["step"], arm["free"], ref["step"], ref["free"])
+    return {"ratio": ratio(*lists), "ci": bootstrap(ratio, *lists)}
+
+
+def rows(run: dict) -> list[dict]:
+    arms, comm = run["arms"], run["comm"]
+    best = min(("stock", "stock, small buckets"), key=lambda n: statistics.median(arms[n]["step"]))
+    out = []
+    for name, a in arms.items():
+        est = estimate(a["step"], a["free"], comm)
+        ref = arms[_ref(name)]
+        out.append({"arm": name, "buckets": len(a["buckets"]), "fused": len(a["fused"]), "step": est["block"],
+                    "spread": (min(a["step"]), max(a["step"])), "free": est["compute"], "exposed": est["exposed"],
+                    "hidden": est["hidden"], "hidden_ci": est["hidden_ci"], "tail": statistics.median(a["tail"]),
+                    "vs_ref": speedup(ref["step"], a["step"]), "vs_best": speedup(arms[best]["step"], a["step"]),
+                    "best": best, "exposed_ratio": exposed_ratio(a, ref)})
+    return out
+
+
+def _sp(s: dict) -> str:
+    word = "win" if s["win"] else ("LOSS" if s["loss"] else "tie")
+    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}-{s['ci'][1]:.2f}] {word}"
+
+
+HEAD = ("| arm | buckets | fused | step ms (min-max) | DP-free step ms | exposed DP ms | hidden [90% ci] | "
+        "tail after bwd ms | vs stock, same buckets [90% ci] | exposed / stock's [90% ci] |\n"
+        "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table(run: dict) -> str:
+    lines = [HEAD]
+    for r in rows(run):
+        er, (hl, hh) = r["exposed_ratio"], r["hidden_ci"]
+        lines.append(f"| {r['arm']} | {r['buckets']} | {r['fused']} | {r['step'] * 1e3:.0f} "
+                     f"({r['spread'][0] * 1e3:.0f}-{r['spread'][1] * 1e3:.0f}) | {r['free'] * 1e3:.0f} | "
+                     f"{r['exposed'] * 1e3:.0f} | {r['hidden'] * 100:.0f}% [{hl * 100:.0f}-{hh * 100:.0f}] | "
+                     f"{r['tail'] * 1e3:.0f} | {_sp(r['vs_ref'])} | "
+                     f"{er['ratio']:.2f} [{er['ci'][0]:.2f}-{er['ci'][1]:.2f}] |")
+    return "\n".join(lines)
+
+
+def verdict(run: dict, label: str) -> list[str]:
+    """Per automatic-choice arm: step time vs both stock arms (a loss only where the interval is below 1)
+    and the exposed ratio against TARGET_EXPOSED (met where the interval's upper end is at most the target)."""
+    out = []
+    for r in rows(run):
+        if r["arm"] not in OURS:
+            continue
+        er = r["exposed_ratio"]
+        slow = r["vs_ref"]["loss"] or r["vs_best"]["loss"]
+        met = "met" if er["ci"][1] <= TARGET_EXPOSED else ("point met, interval not" if er["ratio"] <=
+                                                             TARGET_EXPOSED else "MISSED")
+        out.append(f"- {label}, {r['arm']}: step vs {_ref(r['arm'])} {_sp(r['vs_ref'])}, vs the faster stock "
+                   f"({r['best']}) {_sp(r['vs_best'])}: {'SLOWER' if slow else 'no slower'}; exposed DP "
+                   f"{er['ratio']:.2f} of stock's [{er['ci'][0]:.2f}-{er['ci'][1]:.2f}] "
+                   f"(target <= {TARGET_EXPOSED:.2f}: {met})")
+    return out

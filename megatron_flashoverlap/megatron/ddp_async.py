@@ -1,0 +1,93 @@
+"""The fused DP ring off the compute thread, on host-driven transports (gloo): its wait no longer blocks backward.
+
+A fused weight's ring (ops/dp/wgrad_rs.py) waits on every hop. Run in the compute thread, it hides only
+under that weight's own wgrad GEMM (a hop longer than the GEMM slice stalls the whole backward). Here, on a
+"timed" transport (gloo: the host moves the bytes, runtime/transport.py), the ring, its GEMM slices
+included, runs on ONE DP worker thread per process, FIFO (so every rank runs the rings in backward
+order, and each ring's hops keep program order), while the compute thread goes on with the backward of
+the layers before it:
+
+    compute | layer 3 dgrad | layer 2 dgrad+wgrad ........ | layer 1 ...... | layer 0 | finish_grad_sync: wait
+    worker  |               | ring of layer 3 (GEMM slices, hops) | ring of layer 2 ... | ring 1 | ring 0 |
+
+`finish_grad_sync` waits on the ring's handle (Megatron's own wait), then judges the local gradient norm
+(the NaN / large-gradient check, in the compute thread, as stock). On "stream" transports (NCCL) the ring
+stays on the current stream: its waits are stream-ordered and never block the host (a side stream would
+let it overlap the next layers' GEMMs on the device too; not done here).
+
+Opt-in (asynchronous=True), DP only: the first TP2xDP2 test run (several stock buckets) hung; the worker
+then lacked torch.no_grad() (grad mode is per thread), so one rank raised and the others waited, which may
+be the whole cause, but TP > 1 was not re-tested: it is refused with a ValueError until it is.
+
+The ring's shape check runs in the compute thread before the job is queued (a collective on the DP group
+issued in program order, like Megatron's own bucket collectives); the worker's ring runs with a context
+that does not check again. Its operands (dy, the gathered x) stay alive until the ring has run.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..runtime import OverlapContext, transport_kind
+from ..runtime.commthread import CommThread
+
+_WORKER: dict[int, CommThread] = {}  # pid -> this process's DP worker (a fork does not inherit threads)
+_CONTEXTS: dict[int, OverlapContext] = {}
+
+
+def runs_async(group, device_type: str) -> bool:
+    """The default: False (the ring in the layer's backward). Opt in with asynchronous=True."""
+    return False
+
+
+def check_async(group, device_type: str) -> None:
+    """asynchronous=True is for host-driven transports with tensor-parallel size 1 (module docstring)."""
+    from megatron.core import parallel_state
+
+    if transport_kind(dist.get_backend(group), device_type) != "timed":
+        raise ValueError("flash DP overlap: asynchronous=True runs the ring on a host thread, for host-driven "
+                         "transports (gloo); on NCCL the ring is already stream-ordered: leave it None/False")
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        raise ValueError("flash DP overlap: asynchronous=True is not validated with tensor parallelism (a TP2xDP2 "
+                         "gloo run hung, ddp_async.py); use asynchronous=False (the default) with TP > 1")
+
+
+def worker() -> CommThread:
+    """This process's DP worker thread, started on first use."""
+    pid = os.getpid()
+    if pid not in _WORKER:
+        _WORKER.clear()
+        _WORKER[pid] = CommThread()
+    return _WORKER[pid]
+
+
+def worker_context(like: OverlapContext) -> OverlapContext:
+    """The worker's own context (its buffers are not the compute thread's), `like`'s timeout, no peer check
+    (the compute thread checked before queuing the ring)."""
+    pid = os.getpid()
+    if pid not in _CONTEXTS:
+        _CONTEXTS.clear()
+        _CONTEXTS[pid] = OverlapContext(check_peers="never", timeout=like.timeout)
+    return _CONTEXTS[pid]
+
+
+def no_grad(fn):
+    """fn run without autograd recording (grad mode is per thread: the worker's is on, backward's is off)."""
+    def run():
+        with torch.no_grad():
+            return fn()
+    return run
+
+
+class RingHandle:
+    """Megatron's communication handle for a bucket whose ring runs on the worker: wait() joins the ring
+    (re-raising its error here) and then runs the local-gradient check."""
+
+    def __init__(self, pending, on_done):
+        self._pending, self._on_done = pending, on_done
+
+    def wait(self, *args, **kwargs) -> None:
+        self._pending.result(None)  # the ring's own hops are timed: a dead peer raises inside it
+        self._on_done()

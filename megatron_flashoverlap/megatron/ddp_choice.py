@@ -1,0 +1,118 @@
+"""The automatic choice of `wrap_with_dp_overlap`: which TP linears reduce-scatter inside their wgrad GEMM.
+
+    auto_linears(module, candidates, bucket_size, dp_group, tokens) -> (linears, log line)
+        tokens known (the wgrad GEMM's rows: seq x micro-batch; or Megatron's args when initialized):
+            a quick calibration on this machine (PROBE gradient elements reduce-scattered over DP by stock's
+            collective and by our ring, a ring over 8 x DP elements (its latency), the GEMM of a PROBE-element
+            weight over `tokens` rows, each the
+            best of two after a warm-up, max over the DP ranks) feeds the
+            cost model of ops/dp/choice.py; the k linears reduced last in backward that minimize its
+            modelled step are fused (k = 0 where stock already hides its buckets)
+        tokens unknown: stock's last bucket (ddp_layout.last_bucket_weights), as before
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..ops.dp.choice import Param, Rates, choose
+from ..ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+from ..runtime import OverlapContext, reduce_scatter_into
+from .ddp_async import runs_async
+from .ddp_layout import last_bucket_weights
+
+PROBE = 1 << 20  # elements: ~4 MB fp32, long enough to be link-bound at 1-10 Gbit/s, short enough for start-up
+
+
+def megatron_tokens() -> int | None:
+    """seq_length * micro_batch_size from Megatron's parsed args, when pretrain() set them up; else None."""
+    try:
+        from megatron.training.global_vars import get_args
+        args = get_args()
+    except Exception:  # not initialized, or megatron.training absent: the caller falls back
+        return None
+    seq, mbs = getattr(args, "seq_length", None), getattr(args, "micro_batch_size", None)
+    return seq * mbs if seq and mbs else None
+
+
+def _best_of_two(fn) -> float:
+    fn()  # warm-up (buffers, connections)
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates:
+    """Rates measured here (module docstring); the same on every DP rank (max over the group)."""
+    world = dp_group.size()
+    length = -(-PROBE // world) * world
+    grad = torch.zeros(length, dtype=dtype, device=device)
+    out = torch.empty(length // world, dtype=dtype, device=device)
+    side = 1 << 10  # a [1024, 1024] weight = PROBE elements
+    dy = torch.randn(tokens, side, dtype=dtype, device=device)
+    x = torch.randn(tokens, side, dtype=dtype, device=device)
+    ctx = OverlapContext(check_peers=False)
+    comm = _best_of_two(lambda: reduce_scatter_into(out, grad, dp_group))
+    ring = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1], x[:1], grad, 0, dp_group, context=ctx))
+    gemm = _best_of_two(lambda: torch.mm(dy.t(), x))
+    tiny = grad[:8 * world]  # one row of 8 per rank: the ring's per-call latency
+    lat = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1, :8], x[:1, :world], tiny, 0, dp_group, context=ctx))
+    rates = torch.tensor([comm / PROBE, ring / PROBE, gemm / PROBE, lat], dtype=torch.float64)
+    dist.all_reduce(rates, op=dist.ReduceOp.MAX, group=dp_group)
+    return Rates(*rates.tolist())
+
+
+def _params(module, candidates) -> tuple[list, list[Param]]:
+    """Trainable params in backward (layout) order, and their cost-model view."""
+    ids = {id(m.weight) for m in candidates}
+    order = [p for _, p in module.named_parameters() if p.requires_grad][::-1]
+    return order, [Param(p.numel(), id(p) in ids) for p in order]
+
+
+def by_cost_model(module, candidates, bucket_size, rates: Rates, asynchronous: bool = False) -> tuple[list, str]:
+    """The candidates the cost model fuses, and its one log line."""
+    order, params = _params(module, candidates)
+    k, best, stock = choose(params, bucket_size, rates, asynchronous)
+    chosen = {id(p) for p in [order[i] for i in range(len(order) - 1, -1, -1) if params[i].linear][:k]}
+    picked = [m for m in candidates if id(m.weight) in chosen]
+    line = (f"flash DP overlap (automatic, cost model): reduce-scatter {rates.comm_s * 1e9:.1f} ns (stock) / "
+            f"{rates.ring_s * 1e9:.1f} ns + {rates.ring_lat_s * 1e3:.2f} ms a call (our ring) and one backward GEMM {rates.gemm_s * 1e9:.1f} ns per "
+            f"gradient element; stock --overlap-grad-reduce (bucket_size "
+            f"{bucket_size}) leaves ~{stock.exposed * 1e3:.0f} ms of its reduce-scatters after a "
+            f"~{stock.compute * 1e3:.0f} ms backward; fusing the {k} of {len(candidates)} tensor-parallel "
+            f"linears reduced last in backward ({sum(m.weight.numel() for m in picked)} elements) leaves "
+            f"~{best.exposed * 1e3:.0f} ms after a ~{best.compute * 1e3:.0f} ms backward (their rings run "
+            f"{'on the DP worker thread from their wgrad on' if asynchronous else 'synchronously under their wgrad'}"
+            f"); every other parameter keeps Megatron's buckets")
+    return picked, line
+
+
+def by_last_bucket(module, candidates, bucket_size) -> tuple[list, str]:
+    """Stock's last bucket (no token count for the cost model), and its one log line."""
+    chosen = {id(w) for w in last_bucket_weights(module, [m.weight for m in candidates], bucket_size)}
+    picked = [m for m in candidates if id(m.weight) in chosen]
+    total = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    line = (f"flash DP overlap (automatic): fusing {len(picked)} of {len(candidates)} tensor-parallel linear "
+            f"weights ({sum(m.weight.numel() for m in picked)} of {total} gradient elements), those in stock's "
+            f"last bucket (bucket_size {bucket_size}): stock reduce-scatters it after the whole backward, exposed; "
+            f"every other parameter keeps Megatron's buckets and their overlap (pass tokens= to "
+            f"wrap_with_dp_overlap for the cost model)")
+    return picked, line
+
+
+def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous=None) -> tuple[list, str]:
+    """The automatic choice (module docstring) and its one log line; asynchronous None: as the DP overlap
+    decides it (ddp_async.runs_async)."""
+    tokens = tokens or megatron_tokens()
+    if not tokens or dp_group is None or dp_group.size() < 2:
+        return by_last_bucket(module, candidates, bucket_size)
+    first = next(module.parameters())
+    if asynchronous is None:
+        asynchronous = runs_async(dp_group, first.device.type)
+    rates = calibrate(dp_group, tokens, dtype=first.dtype, device=first.device)
+    return by_cost_model(module, candidates, bucket_size, rates, asynchronous)

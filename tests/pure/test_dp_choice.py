@@ -1,0 +1,86 @@
+"""Tier: pure. The cost model of the automatic DP-fusion choice (ops/dp/choice.py), checked against timelines
+worked out by hand (no processes, no torch)."""
+import pytest
+
+from megatron_flashoverlap.ops.dp.choice import Param, Rates, choose, simulate, tail_candidates
+
+# exact float comparisons are fine below: every time is a small integer count of 1.0-second units
+
+
+def _layers(n, weight=10):
+    """n layers of one linear weight + one norm each, in backward order (last layer first)."""
+    return [p for _ in range(n) for p in (Param(weight, True), Param(1, False))]
+
+
+def test_one_bucket_exposes_all_of_its_communication():
+    # 3 layers, bucket holds all: compute 3 x 2 x 10 = 60; RS of 33 elements starts at 60, lasts 33
+    out = simulate(_layers(3), set(), None, Rates(comm_s=1.0, ring_s=1.0, gemm_s=1.0))
+    assert (out.compute, out.exposed, out.step) == (60.0, 33.0, 93.0)
+
+
+def test_small_buckets_hide_all_but_the_last():
+    # bucket_size 11: buckets [w, n] per layer; bucket i ready at 20 i, 11 long: the link keeps up; only the
+    # last (ready at 60) is exposed
+    out = simulate(_layers(3), set(), 11, Rates(comm_s=1.0, ring_s=1.0, gemm_s=1.0))
+    assert (out.compute, out.exposed) == (60.0, 11.0)
+
+
+def test_a_fused_ring_hides_under_its_own_wgrad_and_waits_for_a_busy_link():
+    rates = Rates(comm_s=1.0, ring_s=1.0, gemm_s=1.0)
+    # fuse the first layer's weight (index 4, reduced last): buckets [w2 n2] ready 20 (runs 20-31), [w1 n1]
+    # ready 40 (40-51); layer 0's dgrad ends at 50, the link is busy to 51, so its ring runs 51-61; the wgrad
+    # ends at 60, the thread waits to 61; the last bucket [n0] (1 element) runs 61-62
+    out = simulate(_layers(3), {4}, 11, rates)
+    assert (out.compute, out.exposed) == (61.0, 1.0)
+
+
+def test_choose_fuses_only_the_last_bucket_where_stock_hides_the_rest():
+    # comm 100x cheaper than compute: stock exposes 0.11 s; fusing layer 0's weight trades 0.1 of it for a
+    # ring that hides fully under its wgrad (0.1 <= 10): still better, so k = 1; never more than the tail
+    k, best, stock = choose(_layers(3), 11, Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0))
+    assert k == 1 and best.step < stock.step
+
+
+def test_choose_fuses_every_layer_when_the_link_is_the_bottleneck():
+    # stock's collective 2 s per element (each layer's 22 > its 20 of backward): buckets run 20-42, 42-64,
+    # 64-86, 86-108: 28 exposed. Our ring at 1 s per element hides under each wgrad (10 <= 10), compute 80, the
+    # norms' bucket (4 elements) 80-88: step 88, the best k
+    k, best, stock = choose(_layers(4), 11, Rates(comm_s=2.0, ring_s=1.0, gemm_s=1.0))
+    assert (k, best.step, stock.step, stock.exposed, best.exposed) == (4, 88.0, 108.0, 28.0, 8.0)
+
+
+def test_a_ring_slower_than_its_wgrad_costs_the_excess_each_layer():
+    # ring 2 s per element: each fused layer waits 20 - 10 = 10: fusing all 4 gives 80 + 40 + 8 = 128 > 108
+    rates = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
+    assert simulate(_layers(4), {0, 2, 4, 6}, 11, rates).step == 128.0
+    assert choose(_layers(4), 11, rates)[0] < 4
+
+
+def test_choose_keeps_stock_where_fusing_cannot_help():
+    # no linear candidates: k = 0 and the stock outcome
+    params = [Param(5, False), Param(5, False)]
+    k, best, stock = choose(params, None, Rates(1.0, 1.0, 1.0))
+    assert k == 0 and best == stock and tail_candidates(params) == []
+
+
+def test_rates_must_be_non_negative():
+    with pytest.raises(ValueError, match=">= 0"):
+        Rates(comm_s=-1.0, ring_s=1.0, gemm_s=1.0)
+
+
+def test_the_ring_latency_keeps_small_weights_stock():
+    # stock exposes its last bucket [w0 n0] (0.11 s). Fusing w0 at 5 s a call: its ring (50-55.1) hides under
+    # its wgrad (50-60), the [n0] bucket exposes 0.01: 60.01 < 60.11, k = 1. At 50 s a call: 100.1, k = 0
+    k_fast = choose(_layers(3), 11, Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0, ring_lat_s=5.0))[0]
+    k_slow = choose(_layers(3), 11, Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0, ring_lat_s=50.0))[0]
+    assert (k_fast, k_slow) == (1, 0)
+
+
+def test_an_asynchronous_ring_does_not_stall_the_backward():
+    # the synchronous 128 of test_a_ring_slower_than_its_wgrad... : off the compute thread the backward ends at
+    # 80; the rings of layers 3..0 start after their dgrads (10, 30, 50, 70) and queue on the link: 10-30,
+    # 30-50, 50-70, 70-90, then the norms' bucket 90-98: exposed 18 (stock: 28)
+    rates = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
+    out = simulate(_layers(4), {0, 2, 4, 6}, 11, rates, asynchronous=True)
+    assert (out.compute, out.exposed) == (80.0, 18.0)
+    assert choose(_layers(4), 11, rates, asynchronous=True)[0] == 4

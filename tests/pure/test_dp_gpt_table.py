@@ -1,0 +1,39 @@
+"""Tier: pure. The GPT DDP table of benchmarks/dp.py (bench/dp_gpt_table.py) on hand-made samples."""
+from megatron_flashoverlap.bench import dp_gpt_table as t
+
+# exact comparisons: medians of integer-valued lists and their differences are exact in binary floating point
+
+
+def _arm(step, free, buckets=1, fused=0):
+    return {"step": step, "free": free, "tail": [s - f for s, f in zip(step, free)], "buckets": [1] * buckets,
+            "fused": ["w"] * fused}
+
+
+def _run():
+    return {"comm": [10.0, 10.0, 10.0], "arms": {
+        "stock": _arm([20.0, 21.0, 22.0], [10.0, 10.0, 10.0]),  # exposed 11
+        "stock, small buckets": _arm([15.0, 16.0, 17.0], [10.0, 10.0, 10.0], buckets=5),  # exposed 6
+        "ours, fusion off": _arm([19.0, 20.0, 21.0], [9.0, 9.0, 9.0]),
+        "ours, auto": _arm([11.0, 12.0, 12.0], [10.0, 10.0, 10.0], fused=8),  # exposed 2: 2/11 of stock's
+        "ours, auto, small buckets": _arm([17.0, 18.0, 19.0], [10.0, 10.0, 10.0], buckets=6, fused=1),
+        "ours, auto, DP worker": _arm([21.0, 21.0, 21.0], [10.0, 10.0, 10.0], fused=8)}}
+
+
+def test_rows_hold_exposed_hidden_and_ratios_against_the_same_bucket_stock():
+    rows = {r["arm"]: r for r in t.rows(_run())}
+    auto, small = rows["ours, auto"], rows["ours, auto, small buckets"]
+    assert (auto["exposed"], auto["hidden"], auto["exposed_ratio"]["ratio"]) == (2.0, 0.8, 2.0 / 11.0)
+    assert auto["vs_ref"]["ratio"] == 21.0 / 12.0 and auto["best"] == "stock, small buckets"
+    assert small["exposed_ratio"]["ratio"] == 8.0 / 6.0 and small["vs_ref"]["ratio"] == 16.0 / 18.0
+
+
+def test_verdict_calls_the_targets():
+    lines = t.verdict(_run(), "1gbit, TP2xDP2")
+    assert len(lines) == 3
+    assert "no slower" in lines[0] and "target <= 0.20: met" in lines[0]
+    assert "SLOWER" in lines[1] and "MISSED" in lines[1]
+    assert "MISSED" in lines[2]  # exposed 11 = stock's
+
+
+def test_table_has_a_row_per_arm():
+    assert len(t.table(_run()).splitlines()) == 2 + 6
