@@ -38,7 +38,7 @@ FAST = "stock@unshaped"
 ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|"
                   r".*?lm loss: ([0-9.eE+-]+)")
 TIMER = re.compile(r"^\s+([\w./-]+) \.+: \(([0-9.]+), ([0-9.]+)\)\s*$")
-PHASES = ("forward-compute", "backward-compute", "all-grads-sync", "optimizer")
+PHASES = ("forward-backward", "forward-compute", "backward-compute", "all-grads-sync", "optimizer")
 
 
 def model_argv(cfg: dict) -> list[str]:

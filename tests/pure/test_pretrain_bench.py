@@ -1,0 +1,107 @@
+"""benchmarks/pretrain.py's parsing, statistic and tables on hand-written Megatron logs.
+
+Tier: pure (no processes, no shaping). The log lines copy the format Megatron-Core 0.19's training_log and
+Timers.log print (an iteration line on the last rank, then "(min, max) time across ranks (ms):" and one
+line per timer; rank 0 prints our "GEMM sites:" line). Expected values are worked out by hand beside each
+assert; every figure is a short decimal, so medians and ratios are compared exactly or to 1e-12 where a
+division rounds.
+"""
+import argparse
+import os
+
+import pytest
+
+from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table
+from megatron_flashoverlap.bench.pretrain_rows import ARMS, entry_argv, merge, parse_log, run_stat
+from megatron_flashoverlap.megatron.args import add_flash_overlap_args
+
+CFG = {"layers": 2, "hidden": 1024, "heads": 16, "seq": 1024, "mbs": 1, "iters": 4, "vocab": 128}
+
+
+def _log(ms: list[float], loss: list[float], fwd: list[float]) -> str:
+    """The last rank's output of one run: set-up timers, then per iteration a log line and its timers."""
+    lines = ["INFO:megatron.core.timers:(min, max) time across ranks (ms):",
+             "    model-and-optimizer-setup ......................: (94.52, 94.92)"]
+    for i, (t, l, f) in enumerate(zip(ms, loss, fwd), start=1):
+        lines += [f" [2026-12-01 11:30:13.386239] iteration        {i}/       {len(ms)} | consumed samples: "
+                  f"           {i} | elapsed time per iteration (ms): {t:.1f} | learning rate: 8.333333E-05 | "
+                  f"global batch size:     1 | lm loss: {l:.6E} | loss scale: 1.0 | grad norm: 6.185 | "
+                  f"number of skipped iterations:   0 | number of nan iterations:   0 |",
+                  "WARNING:megatron.core.tensor_parallel.random:CPU RNG state changed within GPU RNG context",
+                  "INFO:megatron.core.timers:(min, max) time across ranks (ms):",
+                  f"    forward-backward ...............................: ({t - 60:.2f}, {t - 50:.2f})",
+                  f"    forward-compute ................................: ({f - 1:.2f}, {f:.2f})",
+                  "    optimizer ......................................: (45.49, 45.97)"]
+    return "\n".join(lines) + "\n"
+
+
+def _run(ms, loss=(5.0, 4.0, 3.0, 2.0), fwd=(600.0, 500.0, 400.0, 300.0), sites="fc1=flash, qkv=flash"):
+    rank0 = parse_log(f"noise\nGEMM sites: {sites}\n")
+    return merge([rank0, parse_log(_log(list(ms), list(loss), list(fwd)))])
+
+
+def test_parse_log_reads_iterations_losses_timers_and_sites():
+    p = _run([3000.0, 2000.0, 1000.0, 1500.0])
+    assert p["iters"] == {1: 3000.0, 2: 2000.0, 3: 1000.0, 4: 1500.0}
+    assert p["loss"] == {1: 5.0, 2: 4.0, 3: 3.0, 4: 2.0}
+    assert p["timers"][0] == {"model-and-optimizer-setup": 94.92}  # set-up: before iteration 1, max kept
+    assert p["timers"][3] == {"forward-backward": 950.0, "forward-compute": 400.0, "optimizer": 45.97}
+    assert p["sites"] == "fc1=flash, qkv=flash"
+
+
+def test_run_stat_is_the_median_after_warmup():
+    p = _run([3000.0, 2000.0, 1000.0, 1500.0])
+    assert run_stat(p, 1) == 1.5  # iterations 2, 3, 4: 2000, 1000, 1500 ms -> median 1500 ms
+    assert run_stat(p, 2) == 1.25  # iterations 3, 4: (1000 + 1500) / 2 ms
+    with pytest.raises(ValueError, match="raise --iters above --warmup"):
+        run_stat(p, 4)
+
+
+def test_summarize_speedup_loss_diff_and_comm_share():
+    # 3 rounds; per-run medians after warmup 1 (iterations 2-4): stock 2000, 2100, 1900; flash 1000 in each
+    stock = [_run([9000, 2000, 2000, 2000]), _run([9000, 2100, 2100, 2100]), _run([9000, 1900, 1900, 1900])]
+    flash = [_run([9000, 1000, 1000, 1000], loss=(5.0, 4.0, 3.0, 2.5))] * 3
+    fast = [_run([9000, 1500, 1500, 1500])] * 3
+    s = summarize({"stock": stock, "flash": flash, "stock@unshaped": fast}, warmup=1)
+    f = s["arms"]["flash"]
+    assert f["median"] == 1.0 and s["arms"]["stock"]["median"] == 2.0
+    assert f["vs_stock"]["ratio"] == 2.0  # median stock 2000 / median flash 1000
+    assert f["vs_stock"]["win"] and 1.9 / 1.0 <= f["vs_stock"]["ci"][0] <= f["vs_stock"]["ci"][1] <= 2.1
+    assert s["max_loss_diff"] == {"stock": 0.0, "flash": 0.5, "stock@unshaped": 0.0}  # iteration 4: 2.5 vs 2
+    assert s["comm"]["fraction"] == pytest.approx(0.25, abs=1e-12)  # 1 - 1500 / 2000
+    assert f["phases"]["forward-compute"] == 400.0  # iterations 2-4: 500, 400, 300 -> median 400
+    assert f["sites"] == "fc1=flash, qkv=flash"
+
+
+def test_tables_show_every_arm_and_the_verdict():
+    stock = [_run([9000, 2000, 2000, 2000])] * 2
+    flash = [_run([9000, 1000, 1000, 1000])] * 2
+    slicing = [_run([9000, 2000, 2000, 2000], sites="fc1=slicing")] * 2
+    s = summarize({"stock": stock, "flash": flash, "slicing": slicing}, warmup=1)
+    t = table(s, "1gbit")
+    assert "| flash | 1gbit | 1000 (1000-1000) | 2 | 2.00x [2.00, 2.00] win | 0.0e+00 | fc1=flash, qkv=flash |" in t
+    assert "| slicing | 1gbit | 2000 (2000-2000) | 2 | 1.00x [1.00, 1.00] tie |" in t  # equal: no claim
+    assert "Communication share" not in t  # no stock@unshaped arm, no share
+    assert "| flash | 950 | 400 | 46 | 1000 |" in breakdown_table(s)  # fwd-bwd max 1000 - 50; fwd 500, 400, 300
+    assert loss_table(s).splitlines()[2] == "| 1 | 5.000000 | 5.000000 | 5.000000 |"
+
+
+def test_summarize_refuses_no_stock_and_mismatched_iterations():
+    with pytest.raises(ValueError, match="keep it in --arms"):
+        summarize({"flash": [_run([1, 2, 3, 4])]}, warmup=1)
+    short = merge([parse_log(_log([9000, 1000], [5.0, 4.0], [1.0, 1.0]))])
+    with pytest.raises(ValueError, match="same --iters"):
+        summarize({"stock": [_run([9000, 2000, 2000, 2000])], "flash": [short]}, warmup=1)
+
+
+def test_arms_use_the_real_flags_and_configs():
+    parser = add_flash_overlap_args(argparse.ArgumentParser())
+    for arm, (flags, _link) in ARMS.items():
+        argv = entry_argv(arm, CFG)
+        assert argv[0] == "--cpu" and "--sequence-parallel" in argv and argv[argv.index("--seq-length") + 1] == "1024"
+        args, _ = parser.parse_known_args(flags)
+        assert args.flash_overlap == ("--flash-overlap" in flags)
+        assert args.flash_overlap_config is None or os.path.isfile(args.flash_overlap_config)
+    assert ARMS["slicing"][0][-1].endswith("configs/slicing.yaml")
+    with pytest.raises(ValueError, match="choose among"):
+        entry_argv("fast", CFG)
