@@ -10,6 +10,8 @@ stock@unshaped arm: the same namespace with its qdisc removed). A run's sample i
 iteration` Megatron logs after --warmup iterations; each arm's speedup over stock is bench/estimator.py's
 (median ratio, 90 % bootstrap interval over rounds; a win only where the interval excludes 1.0). Same seed
 and mock data in every arm: the lm loss of each is compared with stock's. Arms, parsing: bench/pretrain_rows.py.
+`--profile`: one more run per shaped arm under Megatron's torch profiler (rank 0), cut into categories
+(bench/pretrain_profile.py): where the iteration goes.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +30,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench.launch import run_ranks, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
+from megatron_flashoverlap.bench.pretrain_profile import categorize, profile_argv, profile_table, trace_path  # noqa: E402
 from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table  # noqa: E402
 from megatron_flashoverlap.bench.pretrain_rows import ARMS, entry_argv, merge, run_stat  # noqa: E402
 from megatron_flashoverlap.bench.rounds import interleaved  # noqa: E402
@@ -51,6 +55,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--unshaped", action="store_true", help="host loopback, no namespace (no root), labelled")
     p.add_argument("--quick", action="store_true", help="tiny model, 1 round (smoke test)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
+    p.add_argument("--profile", action="store_true",
+                   help="after the rounds, one more run per shaped arm with Megatron's torch profiler on rank 0 "
+                        "(iterations warmup+1 .. warmup+3, not timed): the breakdown table")
     p.add_argument("--logs", default=None, help="folder for every rank's whole output (default: none kept)")
     p.add_argument("--out", default="results/pretrain.md")
     a = p.parse_args(argv)
@@ -96,7 +103,22 @@ def measure(a, cfg: dict, arms: list[str]) -> dict:
     return runs
 
 
-def report(a, cfg: dict, runs: dict, cmd: str, load: tuple) -> str:
+def profile(a, cfg: dict, arms: list[str]) -> dict:
+    """{arm: bench/pretrain_profile.categorize of one profiled run} for the shaped arms (one namespace)."""
+    folder = os.path.abspath(a.logs or tempfile.mkdtemp(prefix="pretrain-profile-"))
+    out = {}
+    with (contextlib.nullcontext(None) if a.unshaped else shaped_namespace(None)) as ns:
+        for arm in (x for x in arms if ARMS[x][1] == "rate"):
+            _set_link(ns, arm, a)
+            where = os.path.join(folder, f"{arm}.profile")
+            flags = profile_argv(where, a.warmup + 1, min(a.iters, a.warmup + 3))
+            run_ranks([RANK, where, *entry_argv(arm, cfg), *flags], 2, ns=ns, timeout=a.timeout)
+            out[arm] = categorize(trace_path(where))
+            print(f"  {arm:15s} profiled: {out[arm]['step_ms']:.0f} ms per iteration", flush=True)
+    return out
+
+
+def report(a, cfg: dict, runs: dict, cmd: str, load: tuple, profiles: dict) -> str:
     s = summarize(runs, a.warmup)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     link = "unshaped host loopback" if a.unshaped else f"tbf {a.rate} (burst {a.burst})"
@@ -107,7 +129,13 @@ def report(a, cfg: dict, runs: dict, cmd: str, load: tuple) -> str:
     md = [f"# End-to-end training loop on the shaped link ({now})", "", f"Command: `{cmd}`", "", head, "",
           table(s, "unshaped" if a.unshaped else a.rate), "",
           "Where the time goes (Megatron's timers, ms, max over ranks; medians over kept iterations, rounds):",
-          "", breakdown_table(s), "", "lm loss per iteration (round 0 of each arm):", "", loss_table(s), ""]
+          "", breakdown_table(s), ""]
+    if profiles:
+        md += ["Rank 0's iteration by category (Megatron's torch profiler, one extra run per arm, iterations "
+               f"{a.warmup + 2}-{min(a.iters, a.warmup + 3)}; the profiler slows every op: compare the columns, "
+               "not with the table above; bench/pretrain_profile.py says what each category holds):", "",
+               profile_table(profiles), ""]
+    md += ["lm loss per iteration (round 0 of each arm):", "", loss_table(s), ""]
     return "\n".join(md) + "\n", s
 
 
@@ -123,12 +151,14 @@ def main(argv=None) -> int:
         entry_argv(arm, cfg)  # an unknown arm fails here, before any run
     load0 = os.getloadavg()[0]
     runs = measure(a, cfg, arms)
+    profiles = profile(a, cfg, arms) if a.profile else {}
     cmd = "python benchmarks/pretrain.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text, s = report(a, cfg, runs, cmd, (load0, os.getloadavg()[0]))
+    text, s = report(a, cfg, runs, cmd, (load0, os.getloadavg()[0]), profiles)
     write_text(a.out, text)
     with open(os.path.splitext(a.out)[0] + "_raw.json", "w") as f:
         json.dump({"config": {**cfg, "rate": a.rate, "burst": a.burst, "rounds": a.rounds, "warmup": a.warmup,
-                              "unshaped": a.unshaped}, "runs": runs, "summary": s}, f)
+                              "unshaped": a.unshaped}, "runs": runs, "summary": s,
+                   "profiles": profiles}, f)
     return 0
 
 

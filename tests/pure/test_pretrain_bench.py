@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from megatron_flashoverlap.bench.pretrain_profile import OTHER, categorize_events, profile_argv, profile_table
 from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table
 from megatron_flashoverlap.bench.pretrain_rows import ARMS, entry_argv, merge, parse_log, run_stat
 from megatron_flashoverlap.megatron.args import add_flash_overlap_args
@@ -105,3 +106,37 @@ def test_arms_use_the_real_flags_and_configs():
     assert ARMS["slicing"][0][-1].endswith("configs/slicing.yaml")
     with pytest.raises(ValueError, match="choose among"):
         entry_argv("fast", CFG)
+
+
+def _x(name, ts, dur, tid=1):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def test_profile_categories_claim_each_instant_once():
+    # two profiled steps of 100 us each on thread 1: [0, 100) and [200, 300); times in us, results in ms
+    events = [_x("ProfilerStep#3", 0, 100), _x("ProfilerStep#4", 200, 100),
+              _x("AllGatherMatmul", 10, 30),  # ours: 10-40
+              _x("c10d::allgather_", 20, 10),  # inside ours: already claimed, counts as ours
+              _x("c10d::allreduce_", 50, 20),  # a free collective: 20
+              _x("Optimizer.step#AdamW.step", 280, 40),  # runs past the window: only 280-300 counts
+              _x("autograd::engine::evaluate_function: MatmulReduceScatterBackward", 210, 20),  # ours: 20
+              _x("MatmulReduceScatterBackward", 212, 10),  # nested in the one above: no double count
+              _x("AllGatherMatmul", 400, 50),  # outside every profiled step: ignored
+              _x("aten::mm", 0, 100, tid=2)]  # another thread (the communication thread): ignored
+    out = categorize_events(events)
+    ms = out["ms"]
+    assert out["steps"] == 2 and out["step_ms"] == 0.1  # 200 us over 2 steps
+    assert ms["flash TP linears (ours)"] == 0.025  # (30 + 20) us / 2 steps
+    assert ms["other collectives (grad sync, grad norm, loss, barriers)"] == 0.01  # 20 us / 2
+    assert ms["optimizer step"] == 0.01  # 20 us / 2
+    assert ms[OTHER] == pytest.approx(0.1 - 0.025 - 0.01 - 0.01, abs=1e-12)  # the rest of each step
+    assert "| **profiled iteration** | 0 |" in profile_table({"flash": out})
+
+
+def test_profile_refuses_a_trace_without_steps_and_bad_iterations():
+    with pytest.raises(ValueError, match="profile-step-start"):
+        categorize_events([_x("aten::mm", 0, 10)])
+    with pytest.raises(ValueError, match="1 <= start < end"):
+        profile_argv("/tmp/x", 3, 3)
+    argv = profile_argv("/tmp/x", 3, 5)
+    assert argv[argv.index("--profile-step-start") + 1] == "3" and "--use-pytorch-profiler" in argv
