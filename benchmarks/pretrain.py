@@ -42,7 +42,7 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", default="1gbit", help="tbf rate of the namespace's loopback")
     p.add_argument("--burst", default="512kb")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5, help="0 with --profile: the profiled runs only")
     p.add_argument("--iters", type=int, default=8, help="training iterations per run")
     p.add_argument("--warmup", type=int, default=2, help="first iterations of a run left out of its median")
     p.add_argument("--layers", type=int, default=2)
@@ -118,24 +118,26 @@ def profile(a, cfg: dict, arms: list[str]) -> dict:
     return out
 
 
-def report(a, cfg: dict, runs: dict, cmd: str, load: tuple, profiles: dict) -> str:
-    s = summarize(runs, a.warmup)
+def report(a, runs: dict, cmd: str, load: tuple, profiles: dict) -> tuple[str, dict | None]:
+    """The markdown and the summary (None for a profile-only run, --rounds 0)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     link = "unshaped host loopback" if a.unshaped else f"tbf {a.rate} (burst {a.burst})"
     head = (f"Megatron pretrain() (project entry), GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, "
             f"seq {a.seq}, micro-batch {a.mbs}, vocab {a.vocab}, fp32, TP=2 + SP, 2 CPU ranks (gloo), {link}; "
             f"{a.rounds} rounds x {a.iters} iterations per arm, first {a.warmup} dropped; load average "
             f"{load[0]:.1f} -> {load[1]:.1f}")
-    md = [f"# End-to-end training loop on the shaped link ({now})", "", f"Command: `{cmd}`", "", head, "",
-          table(s, "unshaped" if a.unshaped else a.rate), "",
-          "Where the time goes (Megatron's timers, ms, max over ranks; medians over kept iterations, rounds):",
-          "", breakdown_table(s), ""]
+    md = [f"# End-to-end training loop on the shaped link ({now})", "", f"Command: `{cmd}`", "", head, ""]
+    s = summarize(runs, a.warmup) if runs else None
+    if s:
+        md += [table(s, "unshaped" if a.unshaped else a.rate), "", "Where the time goes (Megatron's timers, ms, "
+               "max over ranks; medians over kept iterations, rounds):", "", breakdown_table(s), ""]
     if profiles:
         md += ["Rank 0's iteration by category (Megatron's torch profiler, one extra run per arm, iterations "
                f"{a.warmup + 2}-{min(a.iters, a.warmup + 3)}; the profiler slows every op: compare the columns, "
                "not with the table above; bench/pretrain_profile.py says what each category holds):", "",
                profile_table(profiles), ""]
-    md += ["lm loss per iteration (round 0 of each arm):", "", loss_table(s), ""]
+    if s:
+        md += ["lm loss per iteration (round 0 of each arm):", "", loss_table(s), ""]
     return "\n".join(md) + "\n", s
 
 
@@ -150,10 +152,12 @@ def main(argv=None) -> int:
     for arm in arms:
         entry_argv(arm, cfg)  # an unknown arm fails here, before any run
     load0 = os.getloadavg()[0]
-    runs = measure(a, cfg, arms)
+    if a.rounds == 0 and not a.profile:
+        raise ValueError("--rounds 0 measures nothing: give --profile with it (a profile-only run)")
+    runs = measure(a, cfg, arms) if a.rounds else {}
     profiles = profile(a, cfg, arms) if a.profile else {}
     cmd = "python benchmarks/pretrain.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text, s = report(a, cfg, runs, cmd, (load0, os.getloadavg()[0]), profiles)
+    text, s = report(a, runs, cmd, (load0, os.getloadavg()[0]), profiles)
     write_text(a.out, text)
     with open(os.path.splitext(a.out)[0] + "_raw.json", "w") as f:
         json.dump({"config": {**cfg, "rate": a.rate, "burst": a.burst, "rounds": a.rounds, "warmup": a.warmup,

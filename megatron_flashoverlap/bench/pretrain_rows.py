@@ -12,7 +12,7 @@ Megatron prints `elapsed time per iteration (ms)` (its interval timer, stopped a
 `lm loss` every iteration on the last rank, the per-phase timers ((min, max) across ranks, we keep the max)
 after each iteration line, and our entry prints `GEMM sites: ...` on rank 0.
 
-    round r | stock  flash  slicing  stock@unshaped |   one run each, order rotated by r (bench/rounds.py)
+    round r | stock  flash  slicing  flash+keep  stock@unshaped |   one run each, order rotated by r (bench/rounds.py)
     sample  = median(elapsed ms of iterations > warmup) of that run
     speedup = bench/estimator.speedup(stock samples, arm samples): median ratio, 90 % bootstrap interval
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import tempfile
 
 from .estimator import speedup
 
@@ -30,8 +31,14 @@ ARMS = {
     "stock": ([], "rate"),
     "flash": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "flash.yaml")], "rate"),
     "slicing": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "slicing.yaml")], "rate"),
+    # flash, and the column layers (qkv, fc1) keep AG(x) from forward for the weight gradient: one gather
+    # fewer per column layer in backward (stock re-gathers too), memory for time; YAML written by keep_yaml()
+    "flash+keep": (["--flash-overlap", "--flash-overlap-config", "{keep_yaml}"], "rate"),
     "stock@unshaped": ([], "unshaped"),  # the same stock run with no qdisc: what the link costs stock
 }
+KEEP_YAML = ("description: flash, qkv and fc1 keep the gathered input for wgrad (benchmarks/pretrain.py)\n"
+             "default: {algo: flash}\nqkv: {algo: flash, keep_gathered: true}\n"
+             "fc1: {algo: flash, keep_gathered: true}\n")
 BASE = "stock"
 FAST = "stock@unshaped"
 
@@ -56,7 +63,16 @@ def entry_argv(arm: str, cfg: dict) -> list[str]:
     """The project entry's argv for one rank of `arm` (`--cpu`, the model, the arm's flags)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose among {sorted(ARMS)}")
-    return ["--cpu", *model_argv(cfg), *ARMS[arm][0]]
+    return ["--cpu", *model_argv(cfg), *(keep_yaml() if f == "{keep_yaml}" else f for f in ARMS[arm][0])]
+
+
+def keep_yaml() -> str:
+    """The flash+keep arm's YAML (KEEP_YAML), written once into the temp folder; -> its path."""
+    path = os.path.join(tempfile.gettempdir(), "flashoverlap-pretrain-flash-keep.yaml")
+    if not os.path.exists(path) or open(path).read() != KEEP_YAML:
+        with open(path, "w") as f:
+            f.write(KEEP_YAML)
+    return path
 
 
 def parse_log(text: str) -> dict:

@@ -14,6 +14,7 @@ import pytest
 from megatron_flashoverlap.bench.pretrain_profile import OTHER, categorize_events, profile_argv, profile_table
 from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table
 from megatron_flashoverlap.bench.pretrain_rows import ARMS, entry_argv, merge, parse_log, run_stat
+from megatron_flashoverlap.config import load_config
 from megatron_flashoverlap.megatron.args import add_flash_overlap_args
 
 CFG = {"layers": 2, "hidden": 1024, "heads": 16, "seq": 1024, "mbs": 1, "iters": 4, "vocab": 128}
@@ -100,10 +101,12 @@ def test_arms_use_the_real_flags_and_configs():
     for arm, (flags, _link) in ARMS.items():
         argv = entry_argv(arm, CFG)
         assert argv[0] == "--cpu" and "--sequence-parallel" in argv and argv[argv.index("--seq-length") + 1] == "1024"
-        args, _ = parser.parse_known_args(flags)
+        args, _ = parser.parse_known_args(argv)  # the flags as the entry gets them
         assert args.flash_overlap == ("--flash-overlap" in flags)
         assert args.flash_overlap_config is None or os.path.isfile(args.flash_overlap_config)
     assert ARMS["slicing"][0][-1].endswith("configs/slicing.yaml")
+    keep = load_config(entry_argv("flash+keep", CFG)[-1])  # the YAML the arm writes loads, with the knob set
+    assert keep.plan("qkv").keep_gathered and keep.plan("fc1").keep_gathered and not keep.plan("proj").keep_gathered
     with pytest.raises(ValueError, match="choose among"):
         entry_argv("fast", CFG)
 
