@@ -34,6 +34,9 @@ ARMS = {
     # flash, and the column layers (qkv, fc1) keep AG(x) from forward for the weight gradient: one gather
     # fewer per column layer in backward (stock re-gathers too), memory for time; YAML written by keep_yaml()
     "flash+keep": (["--flash-overlap", "--flash-overlap-config", "{keep_yaml}"], "rate"),
+    # our spec (SDPA core attention, our norms) with every linear on Megatron's own forward: what the spec
+    # alone changes against stock, so flash vs this arm is the overlap alone
+    "ours-reference": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "stock.yaml")], "rate"),
     "stock@unshaped": ([], "unshaped"),  # the same stock run with no qdisc: what the link costs stock
 }
 KEEP_YAML = ("description: flash, qkv and fc1 keep the gathered input for wgrad (benchmarks/pretrain.py)\n"
