@@ -119,6 +119,7 @@ def test_profile_categories_claim_each_instant_once():
     # two profiled steps of 100 us each on thread 1: [0, 100) and [200, 300); times in us, results in ms
     events = [_x("ProfilerStep#3", 0, 100), _x("ProfilerStep#4", 200, 100),
               _x("AllGatherMatmul", 10, 30),  # ours: 10-40
+              _x("aten::mm", 12, 5),  # a GEMM slice inside ours: ours, not a wait
               _x("c10d::allgather_", 20, 10),  # inside ours: already claimed, counts as ours
               _x("c10d::allreduce_", 50, 20),  # a free collective: 20
               _x("Optimizer.step#AdamW.step", 280, 40),  # runs past the window: only 280-300 counts
@@ -130,10 +131,12 @@ def test_profile_categories_claim_each_instant_once():
     ms = out["ms"]
     assert out["steps"] == 2 and out["step_ms"] == 0.1  # 200 us over 2 steps
     assert ms["flash TP linears (ours)"] == 0.025  # (30 + 20) us / 2 steps
+    assert out["wait_ms"]["flash TP linears (ours)"] == 0.0225  # (50 - 5 us in aten::mm) / 2 steps
     assert ms["other collectives (grad sync, grad norm, loss, barriers)"] == 0.01  # 20 us / 2
     assert ms["optimizer step"] == 0.01  # 20 us / 2
     assert ms[OTHER] == pytest.approx(0.1 - 0.025 - 0.01 - 0.01, abs=1e-12)  # the rest of each step
-    assert "| **profiled iteration** | 0 |" in profile_table({"flash": out})
+    table_ = profile_table({"flash": out})
+    assert "| flash TP linears (ours) | 0 (0) |" in table_ and "| **profiled iteration** | 0 |" in table_
 
 
 def test_profile_refuses_a_trace_without_steps_and_bad_iterations():
