@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -22,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import dp_gpt_table  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_ranks  # noqa: E402
+from megatron_flashoverlap.bench.launch import run_ranks, write_results  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
@@ -141,13 +140,7 @@ def main(argv=None) -> int:
     title = "DP reduce-scatter in the wgrad GEMM vs --overlap-grad-reduce" + (", operator rows" if a.ops else "")
     md = [f"# {title} ({now})", "", f"Command: `{cmd}`", ""]
     md += _ops_md(a, results) if a.ops else _gpt_md(a, results)
-    os.makedirs(a.out, exist_ok=True)
-    text = "\n".join(md) + "\n"
-    with open(os.path.join(a.out, "dp.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(a.out, "dp_raw.json"), "w") as f:
-        json.dump(results, f)
-    print(text)
+    write_results(a.out, "dp", "\n".join(md) + "\n", results)
     return 0
 
 

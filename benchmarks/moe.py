@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -21,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import moe_table  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_ranks  # noqa: E402
+from megatron_flashoverlap.bench.launch import run_ranks, write_results  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.moe_rows:main"
@@ -85,12 +84,7 @@ def main(argv=None) -> int:
         return 2
     results = runs(a, {k: getattr(a, k) for k in SHAPE})
     text = report(results, "python benchmarks/moe.py " + " ".join(sys.argv[1:] if argv is None else argv))
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "moe.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(a.out, "moe_raw.json"), "w") as f:
-        json.dump(results, f)
-    print(text)
+    write_results(a.out, "moe", text, results)
     return 0
 
 

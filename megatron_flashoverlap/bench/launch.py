@@ -200,3 +200,10 @@ def write_text(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
     print(text)
+
+
+def write_results(out_dir: str, name: str, text: str, raw) -> None:
+    """out_dir/NAME.md (the table, printed too) and out_dir/NAME_raw.json (every sample)."""
+    write_text(os.path.join(out_dir, f"{name}.md"), text)
+    with open(os.path.join(out_dir, f"{name}_raw.json"), "w") as f:
+        json.dump(raw, f)
