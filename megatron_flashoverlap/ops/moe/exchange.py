@@ -36,7 +36,8 @@ DISPATCH, COMBINE = "dispatch", "combine"
 _DUAL = {DISPATCH: COMBINE, COMBINE: DISPATCH}
 
 
-def _offsets(splits: Sequence[int]) -> list[int]:
+def offsets(splits: Sequence[int]) -> list[int]:
+    """[0, n0, n0+n1, ...]: where each rank's block starts (and the end)."""
     out = [0]
     for n in splits:
         out.append(out[-1] + n)
@@ -59,7 +60,7 @@ class _BlocksPass:
 
     def __init__(self, x, out, in_splits, out_splits, rank, use=None, make=None):
         self.x, self.out, self.rank, self.use, self.make = x, out, rank, use, make
-        self.xo, self.oo = _offsets(in_splits), _offsets(out_splits)
+        self.xo, self.oo = offsets(in_splits), offsets(out_splits)
         self.ready: dict[Slice, torch.Tensor] = {}
         self.tag = 0
 
@@ -101,7 +102,8 @@ def all_to_all_v_flash(x: torch.Tensor, out_splits, in_splits, group, ctx, *, or
     x = x.contiguous()
     out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
     if order == COMBINE and make is None:
-        make = lambda d: x[_offsets(in_splits)[d]:_offsets(in_splits)[d + 1]]  # noqa: E731  the plain copy
+        starts = offsets(in_splits)
+        make = lambda d: x[starts[d]:starts[d + 1]]  # noqa: E731  the plain copy
     sched = (all_to_all_consume if order == DISPATCH else all_to_all_produce)(rank, world)
     handler = _BlocksPass(x, out, in_splits, out_splits, rank, use=use, make=make)
     execute(_drop_empty(sched, in_splits, out_splits), group, {0: handler}, ctx)

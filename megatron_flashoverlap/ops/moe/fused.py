@@ -33,8 +33,8 @@ import torch
 
 from ...runtime import group_info
 from ..registry import check_algo, forced, plain, register
-from .exchange import COMBINE, DISPATCH, expert_all_to_all
-from .walk import Plan, offsets, walk
+from .exchange import COMBINE, DISPATCH, expert_all_to_all, offsets
+from .walk import Plan, walk
 
 OP = "expert_pipeline"
 WORDS = "expert_all_to_all"  # the MoE words (config.MOE_ALGOS) are the exchange's

@@ -17,13 +17,7 @@ import torch
 
 from ...runtime.executor import execute
 from ...schedules import Slice, Step, Transfer, expert_pipeline
-
-
-def offsets(splits: Sequence[int]) -> list[int]:
-    out = [0]
-    for n in splits:
-        out.append(out[-1] + n)
-    return out
+from .exchange import offsets
 
 
 @dataclass(frozen=True)
