@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 
 from .estimator import bootstrap, estimate, speedup
+from .verdict import speedup_text
 
 TARGET_EXPOSED = 0.20  # issue 14: exposed DP communication at most 20 % of stock's
 OURS = ("ours, auto", "ours, auto, small buckets", "ours, auto, DP worker")
@@ -51,11 +52,6 @@ def rows(run: dict) -> list[dict]:
     return out
 
 
-def _sp(s: dict) -> str:
-    word = "win" if s["win"] else ("LOSS" if s["loss"] else "tie")
-    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}-{s['ci'][1]:.2f}] {word}"
-
-
 HEAD = ("| arm | buckets | fused | step ms (min-max) | DP-free step ms | exposed DP ms | hidden [90% ci] | "
         "tail after bwd ms | vs stock, same buckets [90% ci] | exposed / stock's [90% ci] |\n"
         "|---|---|---|---|---|---|---|---|---|---|")
@@ -68,7 +64,7 @@ def table(run: dict) -> str:
         lines.append(f"| {r['arm']} | {r['buckets']} | {r['fused']} | {r['step'] * 1e3:.0f} "
                      f"({r['spread'][0] * 1e3:.0f}-{r['spread'][1] * 1e3:.0f}) | {r['free'] * 1e3:.0f} | "
                      f"{r['exposed'] * 1e3:.0f} | {r['hidden'] * 100:.0f}% [{hl * 100:.0f}-{hh * 100:.0f}] | "
-                     f"{r['tail'] * 1e3:.0f} | {_sp(r['vs_ref'])} | "
+                     f"{r['tail'] * 1e3:.0f} | {speedup_text(r['vs_ref'])} | "
                      f"{er['ratio']:.2f} [{er['ci'][0]:.2f}-{er['ci'][1]:.2f}] |")
     return "\n".join(lines)
 
@@ -84,8 +80,8 @@ def verdict(run: dict, label: str) -> list[str]:
         slow = r["vs_ref"]["loss"] or r["vs_best"]["loss"]
         met = "met" if er["ci"][1] <= TARGET_EXPOSED else ("point met, interval not" if er["ratio"] <=
                                                              TARGET_EXPOSED else "MISSED")
-        out.append(f"- {label}, {r['arm']}: step vs {_ref(r['arm'])} {_sp(r['vs_ref'])}, vs the faster stock "
-                   f"({r['best']}) {_sp(r['vs_best'])}: {'SLOWER' if slow else 'no slower'}; exposed DP "
+        out.append(f"- {label}, {r['arm']}: step vs {_ref(r['arm'])} {speedup_text(r['vs_ref'])}, vs the faster stock "
+                   f"({r['best']}) {speedup_text(r['vs_best'])}: {'SLOWER' if slow else 'no slower'}; exposed DP "
                    f"{er['ratio']:.2f} of stock's [{er['ci'][0]:.2f}-{er['ci'][1]:.2f}] "
                    f"(target <= {TARGET_EXPOSED:.2f}: {met})")
     return out

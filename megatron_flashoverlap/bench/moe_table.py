@@ -13,13 +13,10 @@ vs stock = median(stock block) / median(row block) with its 90 % round-bootstrap
 from __future__ import annotations
 
 from .estimator import speedup
+from .verdict import speedup_text, word
 
 HEAD = ("| method | mode | block ms (min-max) | compute ms | comm ms | exposed ms | hidden [90% ci] | "
         "to bound [90% ci] | vs stock [90% ci] |\n|---|---|---|---|---|---|---|---|---|")
-
-
-def _word(s: dict) -> str:
-    return "win" if s["win"] else ("LOSS" if s["loss"] else "tie")
 
 
 def _stock(run: dict, mode: str) -> dict:
@@ -43,7 +40,7 @@ def share(run: dict, mode: str) -> float:
 def _line(run: dict, r: dict) -> str:
     (lo, hi), (hl, hh), (bl, bh) = r["spread"], r["hidden_ci"], r["bound_ci"]
     s = vs_stock(run, r)
-    vs = "-" if r["method"] == "stock" else f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}-{s['ci'][1]:.2f}] {_word(s)}"
+    vs = "-" if r["method"] == "stock" else speedup_text(s)
     return (f"| {r['method']} | {r['mode']} | {r['block'] * 1e3:.1f} ({lo * 1e3:.1f}-{hi * 1e3:.1f}) | "
             f"{r['compute'] * 1e3:.1f} | {r['comm'] * 1e3:.1f} | {r['exposed'] * 1e3:.1f} | "
             f"{r['hidden'] * 100:.0f}% [{hl * 100:.0f}-{hh * 100:.0f}] | {r['bound']:.2f}x [{bl:.2f}-{bh:.2f}] | "
@@ -71,7 +68,7 @@ def summary(runs: list[dict]) -> list[str]:
     lines = []
     for name in names:
         pts = [(run, r, vs_stock(run, r)) for run in runs for r in run["rows"] if r["method"] == name]
-        words = [_word(s) for _, _, s in pts]
+        words = [word(s) for _, _, s in pts]
         lost = [f"EP={run['world']} {run['rate']} {r['mode']}" for run, r, s in pts if s["loss"]]
         lines.append(f"- {name} vs stock: {words.count('win')} wins, {words.count('tie')} ties (interval contains "
                      f"1.0), {words.count('LOSS')} losses of {len(words)} points"

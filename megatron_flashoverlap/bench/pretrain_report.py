@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 
 from .estimator import speedup
+from .verdict import word
 from .pretrain_rows import ARMS, BASE, FAST, PHASES, phases, run_stat
 
 
@@ -63,8 +64,7 @@ def summarize(runs: dict, warmup: int) -> dict:
 def _vs(s: dict | None) -> str:
     if s is None:
         return "1.00x (baseline)"
-    word = "win" if s["win"] else ("LOSS" if s["loss"] else "tie")
-    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}, {s['ci'][1]:.2f}] {word}"
+    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}, {s['ci'][1]:.2f}] {word(s)}"
 
 
 def table(s: dict, rate: str) -> str:

@@ -14,12 +14,14 @@ HEAD = ["| link | block | seq | comm/compute (stock) | flash hidden [90% ci] | f
         "|---|---|---|---|---|---|---|---|---|"]
 
 
-def _word(s: dict) -> str:
+def word(s: dict) -> str:
+    """An estimator.speedup as a verdict: win / LOSS only where its interval excludes 1.0, else tie."""
     return "win" if s["win"] else ("LOSS" if s["loss"] else "tie")
 
 
-def _fmt(s: dict) -> str:
-    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}-{s['ci'][1]:.2f}] {_word(s)}"
+def speedup_text(s: dict) -> str:
+    """'1.26x [1.22-1.39] win'."""
+    return f"{s['ratio']:.2f}x [{s['ci'][0]:.2f}-{s['ci'][1]:.2f}] {word(s)}"
 
 
 def point_rows(run: dict, kind: str, mode: str) -> list[dict]:
@@ -43,10 +45,10 @@ def verdict(run: dict, kind: str, mode: str) -> list[str]:
     lines = []
     for p in point_rows(run, kind, mode):
         f, (hl, hh), (bl, bh) = p["flash"], p["flash"]["hidden_ci"], p["flash"]["bound_ci"]
-        vs = _fmt(p["vs_slicing"]) if p["vs_slicing"] else "-"
+        vs = speedup_text(p["vs_slicing"]) if p["vs_slicing"] else "-"
         lines.append(f"| {p['rate']} | {kind} {mode} | {p['seq']} | {p['comm_ratio']:.2f} | "
                      f"{f['hidden'] * 100:.0f}% [{hl * 100:.0f}-{hh * 100:.0f}] | {f['bound']:.2f}x "
-                     f"[{bl:.2f}-{bh:.2f}] | {_fmt(p['vs_stock'])} | {p['best'] or '-'} | {vs} |")
+                     f"[{bl:.2f}-{bh:.2f}] | {speedup_text(p['vs_stock'])} | {p['best'] or '-'} | {vs} |")
     return lines
 
 
@@ -56,7 +58,7 @@ def summary(runs: list[dict]) -> list[str]:
            for p in point_rows(run, kind, mode)]
     lines = []
     for key, name in (("vs_stock", "stock"), ("vs_slicing", "the best slicing k")):
-        words = [_word(p[key]) for p in pts if p[key] is not None]
+        words = [word(p[key]) for p in pts if p[key] is not None]
         lost = [f"{p['rate']} {p['kind']} {p['mode']} s={p['seq']}" for p in pts
                 if p[key] is not None and p[key]["loss"]]
         lines.append(f"- flash vs {name}: {words.count('win')} wins, {words.count('tie')} ties (interval "
