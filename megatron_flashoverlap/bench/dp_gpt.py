@@ -12,7 +12,7 @@ DDP and optimizer, identical seeds):
     ours, auto                 our spec, wrap_with_dp_overlap's automatic choice (its calibrated cost model,
                                tokens = s x b: megatron/ddp_choice.py), default buckets
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
-    ours, auto, DP worker      (TP = 1 only) "ours, auto" with the fused rings on the DP worker thread
+    ours, auto, DP worker      "ours, auto" with the fused rings on the DP worker thread
                                (asynchronous=True, megatron/ddp_async.py) instead of inside each layer's backward
 Per arm and round, three samples (seconds, max over ranks):
     step   zero_grad_buffer, forward + loss.backward(), finalize_model_grads (finish_grad_sync + the SP
@@ -39,8 +39,8 @@ import torch.distributed as dist
 
 from .rounds import interleaved, rank_max
 
-ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets")
-WORKER_ARM = "ours, auto, DP worker"  # TP = 1 only (megatron/ddp_async.py refuses TP > 1)
+WORKER_ARM = "ours, auto, DP worker"  # the fused rings on the DP worker thread (megatron/ddp_async.py)
+ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets", WORKER_ARM)
 WARMUP = 2  # round 0: Megatron's first batch (no overlap, learns the grad-ready counts), round 1: caches
 
 
@@ -158,7 +158,7 @@ def measure(cfg: dict) -> dict:
 
     from ..megatron.models import batch
 
-    names = ARMS + ((WORKER_ARM,) if cfg["tp"] == 1 else ())
+    names = ARMS
     arms = {name: _build(name, cfg) for name in names}
     data = batch(100 + ps.get_data_parallel_rank(), cfg["batch"], cfg["seq"], cfg["vocab"])  # per DP rank
     tails = {name: [] for name in names}

@@ -139,7 +139,7 @@ def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapCont
                       asynchronous: bool | None = None) -> list:
     """Mark `weights` of a Megatron DDP model for the fused wgrad reduce-scatter; returns the ones accepted
     (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py).
-    asynchronous: the ring on the DP worker thread (ddp_async.py: opt-in, gloo, TP 1); None/False: in backward."""
+    asynchronous: the ring on the DP worker thread (ddp_async.py: opt-in, gloo); None/False: in backward."""
     _patch_start_grad_sync()
     accepted, refused = [], []
     for w in weights:

@@ -1,29 +1,38 @@
-"""The communication thread of a host-driven transport: the CPU analogue of NCCL's stream.
+"""The communication threads of a host-driven transport: the CPU analogue of NCCL's streams.
 
 gloo posts a point-to-point transfer in the calling thread (a 512 KiB hop blocks it ~1.5 ms at 4 gbit/s),
-so a post from the compute thread runs serially with the GEMM slice it should overlap. Here every post
-of a process runs on ONE worker thread, in submission order (a FIFO queue: the order of transfers to
-each peer is the program's order, as on a stream), while the compute thread goes on to its slice:
+so a post from the compute thread runs serially with the GEMM slice it should overlap. Here the posts of
+each process group run on that group's worker thread, in submission order (a FIFO queue per group: the
+order of transfers to each peer within a group is the program's order, as on a stream; point-to-point
+transfers only match within their group), while the compute thread goes on to its slice:
 
     compute thread | submit(step i) | GEMM slice i ............ | wait(i) | submit(i+1) | ...
     comm thread    |                | post sends/recvs of i    |          |              | post i+1 ...
 
+One FIFO per group, not per process: the TP rings of the compute thread and the DP rings of the DP worker
+(megatron/ddp_async.py) post from two threads at once; on one shared queue a post of one group would
+wait behind every queued post of the other (head-of-line coupling of two independent rings).
+
     threaded()                              False while torch's profiler or a dispatch mode is active in the
                                             caller: posts stay in the caller
-    comm_thread().submit(fn) -> Pending     fn() runs on the thread; Pending.result(seconds) -> its value,
-                                            or re-raises its exception in the caller; None if not done
+    comm_thread(group=None).submit(fn)      fn() runs on `group`'s thread (None: the process's default one)
+        -> Pending                          Pending.result(seconds) -> its value, or re-raises its exception
+                                            in the caller; None if not done
 
-The thread is a daemon, started on first use in each process (a forked worker starts its own).
+Each thread is a daemon, started on first use of its group in each process (a forked worker starts its
+own); it ends once its group is garbage (the table holds groups weakly) and its queue is drained.
 """
 from __future__ import annotations
 
 import os
 import queue
 import threading
+import weakref
 from typing import Callable
 
 import torch
 
+_STOP = object()  # the sentinel that ends a thread whose group is gone
 
 
 class Pending:
@@ -51,22 +60,25 @@ class Pending:
 
 
 class CommThread:
-    """One daemon thread running submitted jobs in FIFO order."""
+    """One daemon thread running submitted jobs in FIFO order (it ends when this object is garbage)."""
 
-    def __init__(self):
+    def __init__(self, name: str = "flashoverlap-comm"):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="flashoverlap-comm", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            pending, fn = self._jobs.get()
-            pending._run(fn)
+        threading.Thread(target=_loop, args=(self._jobs,), name=name, daemon=True).start()
+        weakref.finalize(self, self._jobs.put, (None, _STOP))  # the thread holds the queue, not self
 
     def submit(self, fn: Callable[[], object]) -> Pending:
         p = Pending()
         self._jobs.put((p, fn))
         return p
+
+
+def _loop(jobs: queue.SimpleQueue) -> None:
+    while True:
+        pending, fn = jobs.get()
+        if fn is _STOP:
+            return
+        pending._run(fn)
 
 
 def threaded() -> bool:
@@ -77,14 +89,22 @@ def threaded() -> bool:
     return not torch.autograd._profiler_enabled() and torch._C._len_torch_dispatch_stack() == 0
 
 
-_THREAD: dict[int, CommThread] = {}  # pid -> this process's thread (a fork does not inherit threads)
+_TABLE: dict = {}  # pid -> (default thread, {group: its thread}, weak on the group); a fork does not inherit
 
 
-def comm_thread() -> CommThread:
-    """This process's communication thread, started on first use."""
+def comm_thread(group=None) -> CommThread:
+    """The communication thread of `group` (any process group object; None: this process's default one),
+    started on first use."""
     pid = os.getpid()
-    t = _THREAD.get(pid)
+    entry = _TABLE.get(pid)
+    if entry is None:
+        _TABLE.clear()
+        entry = _TABLE[pid] = [None, weakref.WeakKeyDictionary()]
+    if group is None:
+        if entry[0] is None:
+            entry[0] = CommThread()
+        return entry[0]
+    t = entry[1].get(group)
     if t is None:
-        _THREAD.clear()
-        t = _THREAD[pid] = CommThread()
+        t = entry[1][group] = CommThread(f"flashoverlap-comm-{id(group):x}")
     return t

@@ -15,9 +15,9 @@
     peer's global rank and the step (never reported as a timeout).
 
 Posting off the compute thread (gloo, and any host-driven backend that posts directly): a step's posts
-run on the process's communication thread (runtime/commthread.py, FIFO: each peer's transfers in program
-order), so the GEMM slice of the step overlaps the host work of posting it; `wait` first waits (timed) for
-the post to have run, re-raising its PeerLostError in the compute thread, then on the works.
+run on the group's communication thread (runtime/commthread.py, one FIFO per group: each peer's transfers
+in program order), so the GEMM slice of the step overlaps the host work of posting it; `wait` first waits
+(timed) for the post to have run, re-raising its PeerLostError in the compute thread, then on the works.
 
 Posting: on gloo and fake, `batch_isend_irecv` is a plain loop of isend/irecv, so the link calls the
 group's own send/recv (group ranks, none of the per-op argument checks); every other backend posts a
@@ -94,7 +94,7 @@ class Link:
         if self.threaded and threaded():
             for p in (*send_peers, *recv_peers):
                 self.global_rank(p)  # cached here, so the thread's error messages only read the cache
-            return comm_thread().submit(lambda: self._post(step, sends, send_peers, recvs, recv_peers))
+            return comm_thread(self.pg).submit(lambda: self._post(step, sends, send_peers, recvs, recv_peers))
         return self._post(step, sends, send_peers, recvs, recv_peers)
 
     def _post(self, step, sends, send_peers, recvs, recv_peers) -> list:

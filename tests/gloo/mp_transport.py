@@ -125,3 +125,42 @@ def posted_off_thread(rank, world):
     deferred = isinstance(works, Pending)
     lk.wait(works, "step 0", [("send", nxt), ("receive", prv)], default_context().timeout)
     return {"deferred": deferred, "received": bool(torch.all(recv == float(prv)))}
+
+
+def _ring(lk, rank, world, steps, base, timeout) -> bool:
+    """`steps` ring hops on one link (value base + 100 * step + rank) -> whether every hop brought prev's."""
+    nxt, prv, ok = (rank + 1) % world, (rank - 1) % world, True
+    for step in range(steps):
+        send, recv = torch.full((4096,), float(base + 100 * step + rank)), torch.empty(4096)
+        lk.wait(lk.post(step, [send], [nxt], [recv], [prv]), f"step {step}", [("send", nxt), ("receive", prv)],
+                timeout)
+        ok = ok and bool(torch.all(recv == float(base + 100 * step + prv)))
+    return ok
+
+
+def two_groups(rank, world):
+    """Two groups over the same ranks. stuck: group A's thread is held by a job that does not return (as a
+    post that blocks on its peer would); a hop on group B must still complete. concurrent: a ring on each
+    group from two threads at once (the TP rings of backward beside the DP worker's rings)."""
+    import threading
+
+    from megatron_flashoverlap.runtime.commthread import comm_thread
+
+    ga, gb = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+    la, lb = link(ga, torch.device("cpu")), link(gb, torch.device("cpu"))
+    timeout, gate = timedelta(seconds=10), threading.Event()
+    held = comm_thread(ga).submit(gate.wait)
+    try:
+        stuck = _attempt(lambda: _ring(lb, rank, world, 1, 0, timeout))
+    finally:
+        gate.set()
+    held.result(10.0)
+    out = {}
+    threads = [threading.Thread(target=lambda k=k, lk=lk: out.__setitem__(k, _ring(lk, rank, world, 30, k, timeout)))
+               for k, lk in ((1000, la), (2000, lb))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60.0)
+    dist.barrier()
+    return {"stuck": stuck, "concurrent": out, "threads": [comm_thread(g) is not comm_thread(None) for g in (ga, gb)]}

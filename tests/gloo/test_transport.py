@@ -71,3 +71,12 @@ def test_buffers_over_many_lengths_stay_under_the_cap(pools):
 def test_gloo_posts_run_on_the_communication_thread(pools, world):
     for r in pools(world).run(BODY + "posted_off_thread"):
         assert r == {"deferred": True, "received": True}
+
+
+def test_two_groups_post_without_blocking_each_other(pools):
+    # one FIFO per group (runtime/commthread.py): a held thread of group A leaves group B's hops free, and a ring
+    # on each group from two threads at once brings every hop's value (exact: copies, no arithmetic)
+    for r in pools(2).run(BODY + "two_groups", timeout=120):
+        assert r["stuck"]["kind"] is None and r["stuck"]["seconds"] < 5, r["stuck"]  # not behind A's job (10 s)
+        assert r["concurrent"] == {1000: True, 2000: True}, r["concurrent"]
+        assert r["threads"] == [True, True]

@@ -94,3 +94,15 @@ def test_precomputed_full_param_layout_fuses(pools):
                        ddp_kw={"bucket_size": 40000000}, timeout=900)
     _check(res, 2, 8)
     assert not any("stay on Megatron" in line for line in res[0]["log"]), res[0]["log"]
+
+
+def test_dp_worker_ring_tp2_dp2_sp_trains_like_stock(pools):
+    # asynchronous=True at TP2 x DP2 + SP (ddp_async.py): all 8 linears fused, so the worker's DP rings of
+    # layer 1 run while backward's TP rings of layer 0 post on the TP group; small buckets keep stock
+    # buckets (their collectives on the DP group) beside them
+    linears = [f"layers.{k}.{m}" for k in (0, 1) for m in ("self_attention.linear_qkv", "self_attention.linear_proj",
+                                                          "mlp.linear_fc1", "mlp.linear_fc2")]
+    res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=3, asynchronous=True,
+                       ddp_kw={"bucket_size": 3000}, linears=linears, timeout=600)
+    assert res[0]["flash"]["asynchronous"] == [True]
+    _check(res, 3, 8)

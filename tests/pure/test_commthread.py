@@ -51,3 +51,36 @@ def test_posts_stay_in_the_caller_under_a_dispatch_mode():
     with Watch():
         assert not threaded()
     assert threaded()
+
+
+def test_each_group_has_its_own_fifo():
+    """A job holding one group's thread leaves another group's jobs free; each key keeps its own order."""
+    class Group:  # any weak-referenceable key stands for a process group
+        pass
+
+    a, b, gate = Group(), Group(), threading.Event()
+    assert comm_thread(a) is comm_thread(a) and comm_thread(a) is not comm_thread(b)
+    held = comm_thread(a).submit(gate.wait)
+    assert [comm_thread(b).submit(lambda k=k: k).result(10.0) for k in range(5)] == list(range(5))
+    assert held.result(0.0) is None  # a's job is still held: b did not wait behind it
+    gate.set()
+    assert held.result(10.0) is True
+
+
+def test_a_groups_thread_ends_with_the_group():
+    import gc
+
+    class Group:
+        pass
+
+    g = Group()
+    comm_thread(g).submit(lambda: None).result(10.0)
+    name = [t.name for t in threading.enumerate() if t.name == f"flashoverlap-comm-{id(g):x}"]
+    assert len(name) == 1
+    del g
+    gc.collect()
+    for _ in range(100):
+        if name[0] not in [t.name for t in threading.enumerate()]:
+            break
+        threading.Event().wait(0.05)
+    assert name[0] not in [t.name for t in threading.enumerate()]
