@@ -20,19 +20,29 @@ wait behind every queued post of the other (head-of-line coupling of two indepen
                                             in the caller; None if not done
 
 Each thread is a daemon, started on first use of its group in each process (a forked worker starts its
-own); it ends once its group is garbage (the table holds groups weakly) and its queue is drained.
+own); it ends once its group is garbage (the table holds groups weakly) and its queue is drained, or at
+interpreter exit: an atexit hook stops and joins every thread of the process BEFORE finalization. Without
+it a daemon thread still alive at finalization (woken by a late put, or freeing its last job's tensors)
+re-takes the GIL inside a tensor's C++ destructor, CPython ends the thread with pthread_exit, and the forced
+unwind through that noexcept destructor aborts the process ("terminate called without an active
+exception", core dump: THPVariable_dealloc -> decref_pyobject -> take_gil -> PyThread_exit_thread). An idle
+thread also holds no job: its last closure (and the tensors it captured) is dropped as soon as it has run.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import queue
+import sys
 import threading
 import weakref
 from typing import Callable
 
 import torch
 
-_STOP = object()  # the sentinel that ends a thread whose group is gone
+_STOP = object()  # the sentinel that ends a thread whose group is gone, or every thread at exit
+_EXIT_JOIN_S = 30.0  # each job is timed (runtime/transport.py), so a thread ends within its job's timeout
+_LIVE: list = []  # (pid, queue, thread) of every thread started; a forked child acts on its own pid's only
 
 
 class Pending:
@@ -64,7 +74,9 @@ class CommThread:
 
     def __init__(self, name: str = "flashoverlap-comm"):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=_loop, args=(self._jobs,), name=name, daemon=True).start()
+        thread = threading.Thread(target=_loop, args=(self._jobs,), name=name, daemon=True)
+        thread.start()
+        _LIVE[:] = [e for e in _LIVE if e[2].is_alive()] + [(os.getpid(), self._jobs, thread)]
         weakref.finalize(self, self._jobs.put, (None, _STOP))  # the thread holds the queue, not self
 
     def submit(self, fn: Callable[[], object]) -> Pending:
@@ -79,6 +91,22 @@ def _loop(jobs: queue.SimpleQueue) -> None:
         if fn is _STOP:
             return
         pending._run(fn)
+        del pending, fn  # an idle thread holds no job: its tensors are freed now, not at finalization
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop and join this process's threads while the interpreter still runs them (module docstring)."""
+    pid = os.getpid()
+    mine = [(q, t) for p, q, t in _LIVE if p == pid and t.is_alive()]
+    for q, _ in mine:
+        q.put((None, _STOP))
+    for _, t in mine:
+        t.join(_EXIT_JOIN_S)
+        if t.is_alive():
+            print(f"flashoverlap: communication thread {t.name} did not end within {_EXIT_JOIN_S:.0f} s at exit "
+                  "(a transfer still running); the process may abort while finalizing", file=sys.stderr)
+    _LIVE[:] = [e for e in _LIVE if e[2].is_alive()]
 
 
 def threaded() -> bool:

@@ -84,3 +84,44 @@ def test_a_groups_thread_ends_with_the_group():
             break
         threading.Event().wait(0.05)
     assert name[0] not in [t.name for t in threading.enumerate()]
+
+
+def test_an_idle_thread_holds_no_job():
+    """Once a job has run, its closure (the tensors a post captured) is freed at once, not when the next job
+    arrives: an idle thread freeing tensors at interpreter finalization aborts the process
+    (runtime/commthread.py)."""
+    import gc
+    import weakref
+
+    class Box:  # stands for the tensors a post's closure captures
+        pass
+
+    box = Box()
+    alive = weakref.ref(box)
+    comm_thread().submit(lambda b=box: b is not None).result(10.0)
+    del box
+    for _ in range(100):
+        gc.collect()
+        if alive() is None:
+            break
+        threading.Event().wait(0.02)
+    assert alive() is None, "the communication thread still holds its last job after running it"
+
+
+def test_threads_are_joined_before_the_interpreter_finalizes(tmp_path):
+    """A job still running when the main thread ends completes before finalization (the atexit hook joins the
+    threads); a daemon thread left to finalization would be killed mid-job (or abort the process)."""
+    import os
+    import subprocess
+    import sys
+
+    done = tmp_path / "done"
+    script = ("import threading, time\n"
+              "from megatron_flashoverlap.runtime.commthread import comm_thread\n"
+              "class Group: pass\n"
+              "g = Group()\n"
+              f"comm_thread(g).submit(lambda: (time.sleep(1.0), open({str(done)!r}, 'w').write('ok')))\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert done.exists() and done.read_text() == "ok", "the job was cut off at exit: the thread was not joined"
