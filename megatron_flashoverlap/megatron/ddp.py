@@ -163,19 +163,26 @@ def _dummy_grad(weight: torch.Tensor) -> torch.Tensor:
 
 
 class _LocalNorm:
-    """Sum of squares of the local parts the fused ring sends (fp32 or wider): the local bucket norm."""
+    """The local bucket norm from the parts the fused ring sends (each one fp32 norm pass, summed in fp64)."""
 
     def __init__(self):
         self.sq = None
 
-    def __call__(self, part: torch.Tensor) -> None:
-        sq = part.double().pow(2).sum()
+    @staticmethod
+    def wanted(bucket_group) -> bool:
+        """Whether Megatron would check this bucket (else the ring is given no on_local: no norm pass)."""
+        cfg = bucket_group.ddp_config
+        return bool(cfg.check_for_nan_in_grad or cfg.check_for_large_grads)
+
+    def __call__(self, part: torch.Tensor, scale: float = 1.0) -> None:
+        # part is (gradient * scale): its norm / |scale| is the local gradient's (NaN and Inf stay themselves)
+        sq = (torch.linalg.vector_norm(part, dtype=torch.float32).double() / (abs(scale) or 1.0)).pow(2)
         self.sq = sq if self.sq is None else self.sq + sq
 
     def check(self, bucket_group) -> None:
         """Megatron's own check_grads on this rank's local norm (its messages, its rerun state machine)."""
         cfg = bucket_group.ddp_config
-        if not (cfg.check_for_nan_in_grad or cfg.check_for_large_grads) or self.sq is None:
+        if not self.wanted(bucket_group) or self.sq is None:
             return
         norm = self.sq.sqrt().float().reshape(1)  # a 1-element "bucket" whose norm is the local norm
         stand_in = SimpleNamespace(buckets=[SimpleNamespace(grad_data=norm)])
@@ -198,7 +205,8 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
                     site.offset, dy.shape[-1], x.shape[-1])
         ctx = worker_context(ctx)
     run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, site.grad_flat, site.offset, site.group,
-                            scale=site.scale, algo=site.algo, context=ctx, on_local=local)
+                            scale=site.scale, algo=site.algo, context=ctx,
+                            on_local=local if local.wanted(group_) else None)
     if site.asynchronous:
         group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(run)), lambda: local.check(group_))
     else:
@@ -221,8 +229,12 @@ def dp_wgrad(weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, wgrad=None
             raise RuntimeError("dp_wgrad: this weight is not marked for the flash DP overlap")
         return wgrad()
     if not site.bucket_group.is_last_microbatch:
-        weight.main_grad.add_(torch.mm(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]))
-                              .view(weight.main_grad.shape).to(weight.main_grad.dtype))
+        a, b = dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1])
+        main = weight.main_grad.view(a.shape[0], b.shape[1])
+        if a.dtype == main.dtype:
+            main.addmm_(a, b)  # the add inside the GEMM's pass
+        else:  # stock's order: dW in the weight's dtype, then added into the wider main_grad
+            main.add_(torch.mm(a, b).to(main.dtype))
     else:
         _fused_reduce_scatter(site, dy, x)
     weight.grad_added_to_main_grad = True

@@ -127,7 +127,7 @@ def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, l
         ps.destroy_model_parallel()
 
 
-def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, dtype="float32"):
+def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, dtype="float32", hop_chunks=1):
     """The bare operator on a flat bucket [offset pad | W n*k | tail pad] vs stock (add, scale, RS)."""
     from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
     import torch.distributed as dist
@@ -139,7 +139,7 @@ def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, 
     base = torch.randn(length, generator=g).to(dt)  # gradient accumulated by earlier micro-batches
     ref, got = base.clone(), base.clone()
     matmul_wgrad_reduce_scatter(dy, x, ref, pad, dist.group.WORLD, scale=scale, algo="reference")
-    matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo)
+    matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
     shard = length // world
     own = slice(rank * shard, (rank + 1) * shard)
     return {"err": (got[own].double() - ref[own].double()).abs().max().item(),

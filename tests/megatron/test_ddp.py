@@ -25,6 +25,21 @@ def test_operator_four_ranks(pools):
         assert r["err"] <= FP32 * max(1.0, r["scale"]), r
 
 
+@pytest.mark.parametrize("world,chunks", [(2, 2), (2, 3), (4, 2)])
+@pytest.mark.parametrize("n,k,pad", [(5, 7, 3), (24, 10, 64)])  # rows cut by shards and by pieces; padding
+def test_operator_hop_chunks_match_megatron_order(pools, world, chunks, n, k, pad):
+    # each shard made and sent in `chunks` pieces: same partials, GEMM cut in more row slices (FP32, above)
+    for r in pools(world).run("tests.megatron.mp_ddp:operator", n, k, pad, hop_chunks=chunks):
+        assert r["err"] <= FP32 * max(1.0, r["scale"]), r
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_operator_refuses_bad_hop_chunks(bad):
+    from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+    with pytest.raises(ValueError, match="hop_chunks must be an int >= 1"):
+        matmul_wgrad_reduce_scatter(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(12), 0, None, hop_chunks=bad)
+
+
 def _check_same(res, steps, weights_per_rank):
     for r in res:
         st, fl = r["stock"], r["flash"]

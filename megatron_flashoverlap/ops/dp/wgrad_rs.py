@@ -20,9 +20,10 @@ Only the last add is exposed; the whole bucket's reduce-scatter hides under the 
 Partials are summed in fp32 when the buffer is bf16/fp16 and travel in the wire dtype (`wire_dtype`:
 "input", the buffer's dtype, stock's bytes; or "fp32"; runtime/numerics.py). "reference": add dW into the
 buffer, scale, one stock reduce-scatter (Megatron's own order of operations; in fp32 for wire_dtype="fp32").
-on_local(part) (optional): called with every LOCAL part of (grad_flat + dW), before scaling and before it
-leaves this rank (the ring: one span per shard; the reference: the whole bucket), e.g. to check the local
-gradient for NaN as Megatron does before its collective; the parts tile the bucket once.
+on_local(part, scale) (optional): called with every LOCAL part of (grad_flat + dW) * scale before it leaves
+this rank (the ring: one span per shard, scaled already; the reference: the whole bucket, scale 1), e.g. to
+check the local gradient for NaN as Megatron does before its collective (part / scale is the unscaled
+gradient); the parts tile the bucket once.
 Plain functions registered as "matmul_wgrad_reduce_scatter" in ops/registry.py; `force_reference()` reaches this operator too.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from ...runtime import OverlapContext, acc_dtype, default_context, group_info, produce_and_scatter
 from ...runtime import check_wire, reduce_scatter_into, wgrad, wire_dtype
+from ...runtime.numerics import flat
 from ..checks import peers_agree
 from ..registry import plain, register, resolve
 
@@ -61,7 +63,7 @@ def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, 
     w_view = grad_flat[offset:offset + dy.shape[-1] * x.shape[-1]]
     w_view.add_(wgrad(dy, x).reshape(-1).to(grad_flat.dtype))
     if on_local is not None:
-        on_local(grad_flat)
+        on_local(grad_flat, 1.0)
     if scale != 1.0:
         grad_flat.mul_(scale)
     shard = grad_flat.numel() // world
@@ -70,35 +72,59 @@ def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, 
         reduce_scatter_into(out, grad_flat, group)
 
 
+def produce_span_into(dy, x, grad_flat, offset: int, scale: float, a: int, b: int, out: torch.Tensor) -> None:
+    """out [b-a] (acc dtype) <- (grad_flat[a:b] + dW.flatten()[a-offset : b-offset] where W covers it) * scale.
+
+    The whole rows of W in [a, b) are ONE addmm into `out` (beta = alpha = scale: the bucket's earlier
+    gradient, the GEMM and the scaling in the GEMM's own pass) where the operands share out's dtype;
+    the cut rows at the two ends, and mixed dtypes, go through wgrad_flat_span."""
+    k = x.shape[-1]
+    lo, hi = max(a - offset, 0), min(b - offset, dy.shape[-1] * k)  # W's flat range inside [a, b)
+    r0, r1 = -(-lo // k), hi // k  # whole rows of W inside it
+    fused = hi > lo and r1 > r0 and dy.dtype == x.dtype == grad_flat.dtype == out.dtype
+    if not fused:
+        out.copy_(grad_flat[a:b])
+        wgrad_flat_span(dy, x, offset, a, b, out)
+        if scale != 1.0:
+            out.mul_(scale)
+        return
+    m0, m1 = offset + r0 * k, offset + r1 * k  # the whole rows, in bucket coordinates
+    torch.addmm(grad_flat[m0:m1].view(r1 - r0, k), flat(dy)[:, r0:r1].t(), flat(x), beta=scale, alpha=scale,
+                out=out[m0 - a:m1 - a].view(r1 - r0, k))
+    for e0, e1 in ((a, m0), (m1, b)):  # the cut rows and the span outside W
+        if e1 > e0:
+            produce_span_into(dy, x, grad_flat, offset, scale, e0, e1, out[e0 - a:e1 - a])
+
+
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
 def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext, wire: str = "input",
-                              on_local=None, bidirectional: bool = False) -> None:
-    """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard; own shard last."""
+                              on_local=None, bidirectional: bool = False, hop_chunks: int = 1) -> None:
+    """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard into the ring's own
+    slot (produce_span_into: no copy of the partial); own shard last.
+    hop_chunks c: each shard made and sent in c pieces (the first piece leaves after 1/c of its GEMM)."""
     rank, world = group_info(group)
     shard = grad_flat.numel() // world
     acc = acc_dtype(grad_flat.dtype)
 
-    def produce(span):
-        a, b = span
-        part = grad_flat[a:b].to(acc, copy=True)
-        wgrad_flat_span(dy, x, offset, a, b, part)
+    def produce(span, out):
+        produce_span_into(dy, x, grad_flat, offset, scale, span[0], span[1], out)
         if on_local is not None:
-            on_local(part)
-        return part.mul_(scale) if scale != 1.0 else part
+            on_local(out, scale)
 
     own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
                               device=grad_flat.device, wire_dtype=wire_dtype(grad_flat.dtype, wire),
-                              bidirectional=bidirectional, name="dp.rs")
+                              bidirectional=bidirectional, name="dp.rs", hop_chunks=hop_chunks, into=True)
     grad_flat[rank * shard:(rank + 1) * shard].copy_(own)
 
 
 def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
                                 group, *, scale: float = 1.0, algo: str = "flash", wire_dtype: str = "input",
-                                context: OverlapContext | None = None, on_local=None) -> None:
+                                context: OverlapContext | None = None, on_local=None, hop_chunks: int = 1) -> None:
     """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
     `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset.
-    on_local(part): sees every local part before it is scaled and sent (module docstring)."""
+    on_local(part, scale): sees every local part (times scale) before it is sent (module docstring).
+    hop_chunks: pieces per shard of the ring (an int >= 1; the reference ignores it: one collective)."""
     algo = resolve(OP, algo)[0]
     check_wire(OP, wire_dtype)
     rank, world = group_info(group)
@@ -109,8 +135,12 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
     if offset < 0 or offset + n * k > grad_flat.numel():
         raise ValueError(f"matmul_wgrad_reduce_scatter: W [{n}, {k}] at offset {offset} does not fit in a "
                          f"bucket of {grad_flat.numel()} elements; pass the offset of W's main_grad in it")
+    if not isinstance(hop_chunks, int) or isinstance(hop_chunks, bool) or hop_chunks < 1:
+        raise ValueError(f"matmul_wgrad_reduce_scatter: hop_chunks must be an int >= 1; got {hop_chunks!r}")
     ctx = context or default_context()
     if algo != "reference":
         peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), offset, n, k)
-    fn = plain(OP, "reference" if world == 1 else algo)
-    return fn(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local)
+    if world == 1 or algo == "reference":
+        return plain(OP, "reference")(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local)
+    return plain(OP, algo)(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local,
+                           hop_chunks=hop_chunks)
