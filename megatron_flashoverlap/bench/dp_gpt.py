@@ -12,8 +12,8 @@ DDP and optimizer, identical seeds):
     ours, auto                 our spec, wrap_with_dp_overlap's automatic choice (its calibrated cost model,
                                tokens = s x b: megatron/ddp_choice.py), default buckets
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
-    ours, auto, DP worker      "ours, auto" with the fused rings on the DP worker thread
-                               (asynchronous=True, megatron/ddp_async.py) instead of inside each layer's backward
+    ours, auto, ring in bwd    "ours, auto" with each fused ring inside its layer's backward (asynchronous=False)
+                               instead of on the DP worker thread (the default on gloo, megatron/ddp_async.py)
 Per arm and round, three samples (seconds, max over ranks):
     step   zero_grad_buffer, forward + loss.backward(), finalize_model_grads (finish_grad_sync + the SP
            norm all-reduce), optimizer.step() (DistributedOptimizer: its param all-gather included)
@@ -39,8 +39,9 @@ import torch.distributed as dist
 
 from .rounds import interleaved, rank_max
 
-WORKER_ARM = "ours, auto, DP worker"  # the fused rings on the DP worker thread (megatron/ddp_async.py)
-ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets", WORKER_ARM)
+IN_BACKWARD_ARM = "ours, auto, ring in bwd"  # asynchronous=False: each fused ring waited in its layer's backward
+ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets",
+        IN_BACKWARD_ARM)
 WARMUP = 2  # round 0: Megatron's first batch (no overlap, learns the grad-ready counts), round 1: caches
 
 
@@ -84,7 +85,7 @@ def _build(name: str, cfg: dict) -> Arm:
     kw = {"bucket_size": cfg["bucket"]} if name.endswith("small buckets") else {}
     dcfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **kw)
     if name.startswith("ours, auto"):
-        sync = {"asynchronous": True} if name == WORKER_ARM else {}
+        sync = {"asynchronous": False} if name == IN_BACKWARD_ARM else {}
         ddp, fused = wrap_with_dp_overlap(config, dcfg, model, tokens=cfg["seq"] * cfg["batch"], **sync)
     else:
         ddp, fused = DistributedDataParallel(config, dcfg, model), []

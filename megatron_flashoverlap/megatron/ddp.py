@@ -11,7 +11,7 @@ must (a) give that weight a bucket of its own, and (b) not reduce-scatter that b
                  rewritten the same way (`ddp_layout.relayout`). Both are undone afterwards.
     (b) sync     `_ParamAndGradBucketGroup.start_grad_sync` is wrapped (class-level, once): for a bucket
                  group marked `_flashoverlap_reduced` this iteration it installs the ring's handle instead
-                 of issuing the collective (a completed one, or the DP worker's: ddp_async.py, opt-in);
+                 of issuing the collective (a completed one, or the DP worker's: ddp_async.py, gloo);
                  `finish_grad_sync` then waits on it as usual. Every other bucket group runs the original.
     (c) checks   the NaN / Inf / large-gradient check runs on the LOCAL gradient, as stock runs it before
                  its collective: the fused ring hands every local part (before it is sent) to a norm
@@ -139,7 +139,8 @@ def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapCont
                       asynchronous: bool | None = None) -> list:
     """Mark `weights` of a Megatron DDP model for the fused wgrad reduce-scatter; returns the ones accepted
     (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py).
-    asynchronous: the ring on the DP worker thread (ddp_async.py: opt-in, gloo); None/False: in backward."""
+    asynchronous: True = the ring on the DP worker thread (ddp_async.py, gloo); False = in backward; None = as
+    ddp_async.runs_async decides (the worker on gloo, the current stream on NCCL)."""
     _patch_start_grad_sync()
     accepted, refused = [], []
     for w in weights:

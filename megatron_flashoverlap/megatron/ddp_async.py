@@ -15,7 +15,10 @@ the layers before it:
 stays on the current stream: its waits are stream-ordered and never block the host (a side stream would
 let it overlap the next layers' GEMMs on the device too; not done here).
 
-Opt-in (asynchronous=True), any TP size. At TP > 1 the worker's DP rings and backward's TP rings post
+The default on host-driven transports (asynchronous=None), any TP size; asynchronous=False keeps each
+ring inside its layer's backward. Measured (benchmarks/dp.py, GPT 4 layers, compute-bound shape, 2gbit,
+results/dp_compute_bound/dp.md, 2026-12-01 15:22): TP2xDP2 + SP exposed DP 145 ms on the worker against
+339 ms in backward (step 3056 vs 3225 ms); TP1xDP2 76 vs 124 ms (step 2506 vs 2511 ms, a tie). At TP > 1 the worker's DP rings and backward's TP rings post
 from two threads at once: each group has its own FIFO communication thread (runtime/commthread.py), so
 neither ring's posts queue behind the other's. The first TP2xDP2 run hung because the worker lacked
 torch.no_grad() (grad mode is per thread): measured, the TP2xDP2 + SP test without it still hangs (the
@@ -42,8 +45,10 @@ _CONTEXTS: dict[int, OverlapContext] = {}
 
 
 def runs_async(group, device_type: str) -> bool:
-    """The default: False (the ring in the layer's backward). Opt in with asynchronous=True."""
-    return False
+    """The default (asynchronous=None): the worker on host-driven ("timed") transports, where the host moves
+    the bytes and a wait holds the backward; False on stream-ordered ones (NCCL: the ring's waits are
+    stream-ordered already, module docstring)."""
+    return transport_kind(dist.get_backend(group), device_type) == "timed"
 
 
 def check_async(group, device_type: str) -> None:

@@ -137,8 +137,9 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     cost model fuses the linears reduced last in backward where stock would leave communication exposed;
     without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
     (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
-    asynchronous: True = the fused rings on the DP worker thread (ddp_async.py: gloo, any TP size); None/False:
-    each ring inside its own layer's backward.
+    asynchronous: None = the DP worker thread on host-driven transports (gloo) and the current stream on NCCL
+    (ddp_async.runs_async); True = the worker (gloo only, any TP size); False = each ring inside its own
+    layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel

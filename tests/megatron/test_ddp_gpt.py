@@ -33,8 +33,15 @@ def _check(res, steps, expect_linears):
 def test_tp2_dp2_sp_our_linears_fuse_and_train_like_stock(pools):
     res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=3, timeout=900)
     _check(res, 3, 8)  # 2 layers x (qkv, proj, fc1, fc2), all in stock's single bucket
-    assert res[0]["flash"]["asynchronous"] == [False]  # the default: each ring inside its layer's backward
+    assert res[0]["flash"]["asynchronous"] == [True]  # the default on gloo: the DP worker (ddp_async.py)
     assert any("automatic" in line for line in res[0]["log"]), res[0]["log"]
+
+
+def test_ring_in_backward_tp2_dp2_sp_trains_like_stock(pools):
+    # asynchronous=False: each fused ring waited inside its layer's backward (the path NCCL's default shares)
+    res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=3, asynchronous=False, timeout=900)
+    _check(res, 3, 8)
+    assert res[0]["flash"]["asynchronous"] == [False]
 
 
 def test_dp_worker_ring_dp2_trains_like_stock(pools):

@@ -16,7 +16,7 @@ def _run():
         "ours, fusion off": _arm([19.0, 20.0, 21.0], [9.0, 9.0, 9.0]),
         "ours, auto": _arm([11.0, 12.0, 12.0], [10.0, 10.0, 10.0], fused=8),  # exposed 2: 2/11 of stock's
         "ours, auto, small buckets": _arm([17.0, 18.0, 19.0], [10.0, 10.0, 10.0], buckets=6, fused=1),
-        "ours, auto, DP worker": _arm([21.0, 21.0, 21.0], [10.0, 10.0, 10.0], fused=8)}}
+        "ours, auto, ring in bwd": _arm([21.0, 21.0, 21.0], [10.0, 10.0, 10.0], fused=8)}}
 
 
 def test_rows_hold_exposed_hidden_and_ratios_against_the_same_bucket_stock():
