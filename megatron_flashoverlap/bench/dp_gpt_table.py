@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 
 from .estimator import bootstrap, estimate, speedup
@@ -29,12 +31,13 @@ def _exposed(step, free) -> float:
 
 
 def exposed_ratio(arm: dict, ref: dict) -> dict:
-    """exposed(arm) / exposed(ref) and its interval; nan where the reference exposes nothing."""
-    def ratio(s, f, rs, rf):
+    """exposed(arm) / exposed(ref) and its interval; nan where the reference exposes nothing; a resample in
+    which the reference exposes nothing counts as +inf (no finite ratio; NaN would break the sort)."""
+    def ratio(s, f, rs, rf, empty=math.nan):
         base = _exposed(rs, rf)
-        return _exposed(s, f) / base if base > 0 else float("nan")
+        return _exposed(s, f) / base if base > 0 else empty
     lists = (arm["step"], arm["free"], ref["step"], ref["free"])
-    return {"ratio": ratio(*lists), "ci": bootstrap(ratio, *lists)}
+    return {"ratio": ratio(*lists), "ci": bootstrap(functools.partial(ratio, empty=math.inf), *lists)}
 
 
 def rows(run: dict) -> list[dict]:
@@ -78,8 +81,12 @@ def verdict(run: dict, label: str) -> list[str]:
             continue
         er = r["exposed_ratio"]
         slow = r["vs_ref"]["loss"] or r["vs_best"]["loss"]
-        met = "met" if er["ci"][1] <= TARGET_EXPOSED else ("point met, interval not" if er["ratio"] <=
-                                                             TARGET_EXPOSED else "MISSED")
+        if math.isnan(er["ratio"]) or math.isnan(er["ci"][1]):
+            met = "undefined: stock's exposed time is not above 0 in every resample"
+        elif er["ratio"] > TARGET_EXPOSED:
+            met = "MISSED"
+        else:
+            met = "met" if er["ci"][1] <= TARGET_EXPOSED else "point met, interval not"
         out.append(f"- {label}, {r['arm']}: step vs {_ref(r['arm'])} {speedup_text(r['vs_ref'])}, vs the faster stock "
                    f"({r['best']}) {speedup_text(r['vs_best'])}: {'SLOWER' if slow else 'no slower'}; exposed DP "
                    f"{er['ratio']:.2f} of stock's [{er['ci'][0]:.2f}-{er['ci'][1]:.2f}] "

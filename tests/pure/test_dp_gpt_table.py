@@ -37,3 +37,13 @@ def test_verdict_calls_the_targets():
 
 def test_table_has_a_row_per_arm():
     assert len(t.table(_run()).splitlines()) == 2 + 6
+
+
+def test_a_reference_exposing_nothing_in_some_resamples_leaves_the_ratio_undefined():
+    # stock, small buckets: exposed 0, 1, -1 over its rounds (median 0 in some resamples): no ratio, no "met"
+    run = _run()
+    run["arms"]["stock, small buckets"] = _arm([10.0, 11.0, 9.0], [10.0, 10.0, 10.0], buckets=5)
+    small = [ln for ln in t.verdict(run, "x") if "ours, auto, small buckets" in ln][0]
+    assert "undefined" in small and ": met" not in small, small
+    row = {r["arm"]: r for r in t.rows(run)}["ours, auto, small buckets"]["exposed_ratio"]
+    assert row["ci"][1] == float("inf")  # resamples where stock exposes nothing: no finite upper end
