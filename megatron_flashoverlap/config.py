@@ -20,6 +20,9 @@ YAML (files in configs/ only choose values; every key is optional):
     attention: {query_split: false, ulysses_algo: flash}
     all_reduce: {num_chunks: 4, table: calibration.json}
     moe: {algo: flash}                            # the EP token exchange: flash or reference (stock a2a)
+    dp: {fuse: auto}                              # pretrain()'s DDP under --flash-overlap: which TP linears
+                                                  # reduce-scatter in their wgrad GEMM: auto (the cost model),
+                                                  # all (every one), none (stock DDP)
     timeout_s: 300
     description: "..."                            # free text
     stock_megatron: {...}                         # documents an equivalent stock run (kept, not interpreted)
@@ -47,12 +50,13 @@ ULYSSES_ALGOS = ("flash", "reference")
 # source block through the experts as it arrives); exchange = the pairwise steps, experts after (the ablation);
 # reference = stock's all_to_all_single. Where flash cannot fuse, it runs exchange (logged once per reason).
 MOE_ALGOS = ("flash", "exchange", "reference")
+DP_FUSE = ("auto", "all", "none")  # megatron/ddp_entry.py
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
 DEFAULT_TIMEOUT_S = 300.0
-_SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"), "moe": ("algo",)}
+_SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"), "moe": ("algo",), "dp": ("fuse",)}
 _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 
@@ -133,6 +137,16 @@ class MoESettings:
             raise ValueError(f"moe.algo {self.algo!r}: choose one of {MOE_ALGOS}")
 
 
+@dataclass(frozen=True)
+class DPSettings:
+    """fuse: which TP linears of pretrain()'s DDP reduce-scatter inside their wgrad GEMM, one of DP_FUSE."""
+    fuse: str = "auto"
+
+    def __post_init__(self):
+        if self.fuse not in DP_FUSE:
+            raise ValueError(f"dp.fuse {self.fuse!r}: choose one of {DP_FUSE}")
+
+
 def _plan():
     return field(default_factory=LayerPlan)
 
@@ -147,6 +161,7 @@ class FlashOverlapConfig:
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     all_reduce: AllReduceSettings = field(default_factory=AllReduceSettings)
     moe: MoESettings = field(default_factory=MoESettings)
+    dp: DPSettings = field(default_factory=DPSettings)
     timeout_s: float = DEFAULT_TIMEOUT_S
     description: str = ""
     stock_megatron: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
@@ -185,11 +200,12 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
     attention = _section(data, "attention", {"query_split": env.query_split, "ulysses_algo": env.ulysses})
     all_reduce = _section(data, "all_reduce", {"table": env.allreduce_table})
     moe = MoESettings(**_section(data, "moe", {}))
+    dp = DPSettings(**_section(data, "dp", {}))
     doc = {"description": str(data.get("description") or ""),
            "stock_megatron": types.MappingProxyType(dict(data.get("stock_megatron") or {}))}
     timeout = data.get("timeout_s", env.timeout_s)
     return FlashOverlapConfig(**plans, attention=AttentionSettings(**attention),
-                              all_reduce=AllReduceSettings(**all_reduce), moe=moe, timeout_s=timeout, **doc)
+                              all_reduce=AllReduceSettings(**all_reduce), moe=moe, dp=dp, timeout_s=timeout, **doc)
 
 
 def _check_keys(data: Mapping) -> None:

@@ -6,7 +6,10 @@
                                                     validate_args (and --use-checkpoint-args) sees them
     apply_flash_overlap_args(args) -> args          if `--flash-overlap`: check the flags, select our spec
                                                     (`--spec megatron_flashoverlap.spec flashoverlap_layer`),
-                                                    load the per-site YAML and activate it (config.activate)
+                                                    load the per-site YAML and activate it (config.activate),
+                                                    and make pretrain()'s DDP ours (ddp_entry.install: the
+                                                    fused DP reduce-scatter under --use-distributed-optimizer
+                                                    --overlap-grad-reduce)
 
 `args` keeps plain values only (a bool, an absolute path, the spec pair): Megatron saves `args` in every
 checkpoint, so no object of ours ends up there, and the saved `args.spec` names a ModuleSpec that every
@@ -86,6 +89,8 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
+    from .ddp_entry import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp_entry.py)
+    install()
     _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
     return args
 

@@ -54,8 +54,9 @@ def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates
     grad = torch.zeros(length, dtype=dtype, device=device)
     out = torch.empty(length // world, dtype=dtype, device=device)
     side = 1 << 10  # a [1024, 1024] weight = PROBE elements
-    dy = torch.randn(tokens, side, dtype=dtype, device=device)
-    x = torch.randn(tokens, side, dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)  # its own: the training's RNG stream (dropout) untouched
+    dy = torch.randn(tokens, side, dtype=dtype, device=device, generator=gen)
+    x = torch.randn(tokens, side, dtype=dtype, device=device, generator=gen)
     ctx = OverlapContext(check_peers=False)
     comm = _best_of_two(lambda: reduce_scatter_into(out, grad, dp_group))
     ring = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1], x[:1], grad, 0, dp_group, context=ctx))

@@ -126,6 +126,25 @@ def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=N
     return [m for m in linears if _why_unfusable(m) is None]
 
 
+def build_with_dp_overlap(build, config, ddp_config, module, *, linears=None, algo="flash", context=None,
+                          tokens=None, asynchronous=None, **ddp_kwargs):
+    """`build(**ddp_kwargs)` -> a Megatron DDP of `module`, called with the chosen weights in buckets of their
+    own (and 0.19's `full_param_layout` rewritten to match), then marked for the fused reduce-scatter.
+    -> (ddp, accepted). wrap_with_dp_overlap and the pretrain() subclass (ddp_entry.py) both build here."""
+    linears = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
+    weights = [m.weight for m in linears]
+    if ddp_kwargs.get("full_param_layout") is not None:
+        ddp_kwargs["full_param_layout"] = relayout(ddp_kwargs["full_param_layout"], module, weights, ddp_config)
+    with isolated_buckets(module, weights):
+        ddp = build(**ddp_kwargs)
+    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context, asynchronous=asynchronous)
+    ids = {id(w) for w in accepted}
+    for m in linears:
+        if id(m.weight) in ids:  # the stock forward of both kinds reaches the fused wgrad through this;
+            m._forward_impl = linear_dp_forward_impl  # a Flash layer's own TP walk through its wgrad_fn
+    return ddp, accepted
+
+
 def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flash", context=None, tokens=None,
                          asynchronous=None, **ddp_kwargs):
     """Megatron `DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)` whose selected linears
@@ -144,15 +163,6 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel
 
-    linears = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
-    weights = [m.weight for m in linears]
-    if ddp_kwargs.get("full_param_layout") is not None:
-        ddp_kwargs["full_param_layout"] = relayout(ddp_kwargs["full_param_layout"], module, weights, ddp_config)
-    with isolated_buckets(module, weights):
-        ddp = DistributedDataParallel(config, ddp_config, module, **ddp_kwargs)
-    accepted = enable_dp_overlap(ddp, weights, algo=algo, context=context, asynchronous=asynchronous)
-    ids = {id(w) for w in accepted}
-    for m in linears:
-        if id(m.weight) in ids:  # the stock forward of both kinds reaches the fused wgrad through this;
-            m._forward_impl = linear_dp_forward_impl  # a Flash layer's own TP walk through its wgrad_fn
-    return ddp, accepted
+    return build_with_dp_overlap(lambda **kw: DistributedDataParallel(config, ddp_config, module, **kw), config,
+                                 ddp_config, module, linears=linears, algo=algo, context=context, tokens=tokens,
+                                 asynchronous=asynchronous, **ddp_kwargs)

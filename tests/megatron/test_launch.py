@@ -366,3 +366,26 @@ def test_cpu_shims_refuse_an_unsupported_megatron_by_name():
     for bad in ("0.15.3", "0.20.0", "1.0.0", "dev"):
         with pytest.raises(ValueError, match=r"0\.16\.x, 0\.17\.x, 0\.18\.x, 0\.19\.x; found"):
             cpu.check_version(bad)
+
+
+@pytest.mark.newest_only
+def test_flag_makes_pretrains_ddp_ours_and_says_when_it_stays_stock(monkeypatch):
+    """--flash-overlap puts our DDP subclass under training.py's name (get_model's `DP = DDP`, and
+    `DP is DDP` for 0.19's layouts); without the distributed optimizer and overlap_grad_reduce it builds
+    stock and names both flags."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.training import training
+
+    from megatron_flashoverlap.megatron.ddp_entry import FlashDistributedDataParallel, why_stock
+
+    from megatron.training.models import dist_utils
+
+    monkeypatch.setattr(training, "DDP", training.DDP)  # both restored after the test
+    monkeypatch.setattr(dist_utils, "DistributedDataParallel", dist_utils.DistributedDataParallel)
+    apply_flash_overlap_args(ns(flash_overlap=True))
+    assert training.DDP is dist_utils.DistributedDataParallel is FlashDistributedDataParallel
+    assert issubclass(FlashDistributedDataParallel, DistributedDataParallel)
+    why = why_stock(DistributedDataParallelConfig(), {})
+    assert "--use-distributed-optimizer" in why and "--overlap-grad-reduce" in why
+    why = why_stock(DistributedDataParallelConfig(use_distributed_optimizer=True), {})
+    assert "--overlap-grad-reduce" in why

@@ -31,12 +31,15 @@ STYLES = {"llama": ["--normalization", "RMSNorm", "--swiglu", "--position-embedd
                     "--untie-embeddings-and-output-weights", "--disable-bias-linear"]}
 
 
-def run(head: list, style: str, flash: bool) -> tuple:
-    """-> ({iteration: lm loss}, the GEMM sites line or None), from Megatron's own log on rank 0."""
-    cmd = [sys.executable, "-m", *head, *TINY, *STYLES[style], *(["--flash-overlap"] if flash else [])]
+def run(head: list, style: str, flash: bool, model=TINY, stdout: list | None = None) -> tuple:
+    """-> ({iteration: lm loss}, the GEMM sites line or None), from Megatron's own log on rank 0 (appended
+    whole to `stdout` when given)."""
+    cmd = [sys.executable, "-m", *head, *model, *STYLES[style], *(["--flash-overlap"] if flash else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    if stdout is not None:
+        stdout.append(proc.stdout)
     losses = {int(i): float(v) for i, v in re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.E+-]+)",
                                                        proc.stdout)}
     sites = [ln for ln in proc.stdout.splitlines() if ln.startswith("GEMM sites: ")]
@@ -48,6 +51,30 @@ def assert_same_curve(stock: dict, flash: dict) -> None:
     for i in stock:
         assert abs(stock[i] - flash[i]) <= RTOL * abs(stock[i]), (i, stock[i], flash[i])
     assert stock[ITERS] < stock[1], "the loss must fall: Megatron really trained"
+
+
+# TP=1 x DP=2 under the distributed optimizer: the project entry with --flash-overlap builds its DDP through
+# megatron/ddp_entry.py (the fused DP reduce-scatter; each gradient element sums two partials, a+b == b+a)
+DP2 = [a for a in TINY if a not in ("--sequence-parallel",)]
+DP2[DP2.index("--tensor-model-parallel-size") + 1] = "1"
+DP2[DP2.index("--global-batch-size") + 1] = "4"
+DP2 += ["--use-distributed-optimizer", "--overlap-grad-reduce"]
+
+
+@pytest.mark.newest_only
+def test_entry_fuses_the_dp_reduce_scatter_under_the_distributed_optimizer(tmp_path):
+    # dp: {fuse: all}: this tiny model is below the cost model's break-even (the automatic choice fuses 0 of
+    # its 8 linears: a ring call's latency exceeds what it hides), so the test names the weights explicitly
+    cfg = tmp_path / "dp_all.yaml"
+    cfg.write_text("default: {algo: flash}\ndp: {fuse: all}\n")
+    head, logs = ["megatron_flashoverlap.pretrain_gpt", "--cpu", "--nproc-per-node", "2"], []
+    stock, _ = run(head, "llama", flash=False, model=DP2, stdout=logs)
+    flash, _ = run(head, "llama", flash=True, model=DP2 + ["--flash-overlap-config", str(cfg)], stdout=logs)
+    assert_same_curve(stock, flash)
+    out = {False: logs[0], True: logs[1]}
+    fused = re.findall(r"> --flash-overlap: DP reduce-scatter inside the wgrad GEMM of (\d+) weight", out[True])
+    assert fused and int(fused[0]) >= 8, out[True][-3000:]  # 2 layers x (qkv, proj, fc1, fc2) at least
+    assert "--flash-overlap: " not in out[False]
 
 
 @pytest.mark.newest_only
