@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import dp_gpt_table  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_ranks, write_results  # noqa: E402
+from megatron_flashoverlap.bench.launch import run_ranks, write_results, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
@@ -53,6 +53,8 @@ def parse(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat (smoke test)")
     p.add_argument("--out", default="results")
     p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--render", metavar="RAW", help="GPT rows: rewrite the tables and verdicts of RAW's dp.md from "
+                   "its samples (dp_raw.json; nothing is run, the title and command lines are kept)")
     a = p.parse_args(argv)
     if a.quick:
         a.seqs, a.hidden, a.width, a.dp_n, a.dp_k, a.dp_tokens, a.repeats = "64", 64, 64, 64, 64, 64, 1
@@ -129,8 +131,26 @@ def _ops_md(a, results: list[dict]) -> list[str]:
     return md
 
 
+def render(raw_path: str) -> int:
+    """--render: dp.md beside `raw_path` rebuilt from its samples by today's table code."""
+    import json
+
+    md_path = os.path.join(os.path.dirname(raw_path), "dp.md")
+    with open(raw_path) as f:
+        results = json.load(f)
+    with open(md_path) as f:
+        head = f.read().split("\n## ")[0].rstrip("\n").splitlines()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head += ["", f"(Tables and verdicts re-rendered from the same samples by `python benchmarks/dp.py --render "
+                 f"{raw_path}`, {now}.)", ""]
+    write_text(md_path, "\n".join(head + _gpt_md(None, results)) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.render:
+        return render(a.render)
     if not a.unshaped and why_not_shaped():
         print(f"cannot shape the link: {why_not_shaped()}. Rerun with --unshaped (labelled).", file=sys.stderr)
         return 2

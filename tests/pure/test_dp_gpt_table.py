@@ -47,3 +47,25 @@ def test_a_reference_exposing_nothing_in_some_resamples_leaves_the_ratio_undefin
     assert "undefined" in small and ": met" not in small, small
     row = {r["arm"]: r for r in t.rows(run)}["ours, auto, small buckets"]["exposed_ratio"]
     assert row["ci"][1] == float("inf")  # resamples where stock exposes nothing: no finite upper end
+
+
+def test_render_rebuilds_the_tables_from_the_raw_samples(tmp_path):
+    """benchmarks/dp.py --render RAW: dp.md beside RAW rewritten from its samples, title and command kept."""
+    import importlib.util
+    import json
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("dp_bench", os.path.join(root, "benchmarks", "dp.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = {**_run(), "config": {"tp": 2, "layers": 4, "hidden": 512, "heads": 8, "seq": 512, "batch": 1,
+                                "vocab": 1024, "bucket": 3, "repeats": 3},
+           "world": 4, "dp": 2, "log": ["flash DP overlap (automatic, cost model): x"], "rate": "1gbit",
+           "loadavg": [1.0, 2.0]}
+    (tmp_path / "dp_raw.json").write_text(json.dumps([run]))
+    (tmp_path / "dp.md").write_text("# title\n\nCommand: `python benchmarks/dp.py --x`\n\n## Verdict\n\nold\n")
+    assert mod.main(["--render", str(tmp_path / "dp_raw.json")]) == 0
+    md = (tmp_path / "dp.md").read_text()
+    assert md.startswith("# title\n\nCommand: `python benchmarks/dp.py --x`\n") and "old" not in md
+    assert "1gbit, TP2xDP2, ours, auto:" in md and "target <= 0.20: met" in md and md.count("| ours, auto |") == 1
