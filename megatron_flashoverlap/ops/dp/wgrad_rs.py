@@ -140,7 +140,9 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
     ctx = context or default_context()
     if algo != "reference":
         peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), offset, n, k)
-    if world == 1 or algo == "reference":
-        return plain(OP, "reference")(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local)
-    return plain(OP, algo)(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local,
-                           hop_chunks=hop_chunks)
+    with torch.no_grad():  # a plain op into a gradient buffer: nothing to record (inputs may require grad)
+        if world == 1 or algo == "reference":
+            return plain(OP, "reference")(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype,
+                                          on_local=on_local)
+        return plain(OP, algo)(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local,
+                               hop_chunks=hop_chunks)
