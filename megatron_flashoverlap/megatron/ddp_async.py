@@ -17,8 +17,9 @@ let it overlap the next layers' GEMMs on the device too; not done here).
 
 The default on host-driven transports (asynchronous=None), any TP size; asynchronous=False keeps each
 ring inside its layer's backward. Measured (benchmarks/dp.py, GPT 4 layers, compute-bound shape, 2gbit,
-results/dp_compute_bound/dp.md, 2026-12-01 15:22): TP2xDP2 + SP exposed DP 145 ms on the worker against
-339 ms in backward (step 3056 vs 3225 ms); TP1xDP2 76 vs 124 ms (step 2506 vs 2511 ms, a tie). At TP > 1 the worker's DP rings and backward's TP rings post
+results/dp_compute_bound/dp.md, 2026-12-01 15:34): TP2xDP2 + SP exposed DP 113 ms on the worker against
+289 ms in backward (step 3168 vs 3355 ms); TP1xDP2 73 vs 90 ms (step 2603 vs 2602 ms, a tie). At TP > 1
+the worker's DP rings and backward's TP rings post
 from two threads at once: each group has its own FIFO communication thread (runtime/commthread.py), so
 neither ring's posts queue behind the other's. The first TP2xDP2 run hung because the worker lacked
 torch.no_grad() (grad mode is per thread): measured, the TP2xDP2 + SP test without it still hangs (the

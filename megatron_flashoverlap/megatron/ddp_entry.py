@@ -56,7 +56,7 @@ class FlashDistributedDataParallel(DistributedDataParallel):
             return self
 
         linears = _linears(module) if fuse == "all" else None  # None: the automatic choice (ddp_choice.py)
-        _, self.flash_dp_accepted = build_with_dp_overlap(build, config, ddp_config, module, linears=linears,
+        _, self.flash_dp_accepted = build_with_dp_overlap(build, ddp_config, module, linears=linears,
                                                           **kwargs)
         _say(f"> --flash-overlap: DP reduce-scatter inside the wgrad GEMM of {len(self.flash_dp_accepted)} "
              f"weight(s) (the choice: logger {build_with_dp_overlap.__module__})")

@@ -126,7 +126,7 @@ def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=N
     return [m for m in linears if _why_unfusable(m) is None]
 
 
-def build_with_dp_overlap(build, config, ddp_config, module, *, linears=None, algo="flash", context=None,
+def build_with_dp_overlap(build, ddp_config, module, *, linears=None, algo="flash", context=None,
                           tokens=None, asynchronous=None, **ddp_kwargs):
     """`build(**ddp_kwargs)` -> a Megatron DDP of `module`, called with the chosen weights in buckets of their
     own (and 0.19's `full_param_layout` rewritten to match), then marked for the fused reduce-scatter.
@@ -163,6 +163,6 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel
 
-    return build_with_dp_overlap(lambda **kw: DistributedDataParallel(config, ddp_config, module, **kw), config,
+    return build_with_dp_overlap(lambda **kw: DistributedDataParallel(config, ddp_config, module, **kw),
                                  ddp_config, module, linears=linears, algo=algo, context=context, tokens=tokens,
                                  asynchronous=asynchronous, **ddp_kwargs)
