@@ -26,6 +26,7 @@ from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
 GPT_RANKS = "megatron_flashoverlap.bench.dp_gpt:main"
+RENDERED = "(Tables and verdicts re-rendered from the same samples"  # the note --render writes
 
 
 def parse(argv=None):
@@ -107,7 +108,7 @@ def _null():
     return contextlib.nullcontext(None)
 
 
-def _gpt_md(a, results: list[dict]) -> list[str]:
+def _gpt_md(results: list[dict]) -> list[str]:
     md, verdicts = [], []
     for run in results:
         c = run["config"]
@@ -139,11 +140,13 @@ def render(raw_path: str) -> int:
     with open(raw_path) as f:
         results = json.load(f)
     with open(md_path) as f:
-        head = f.read().split("\n## ")[0].rstrip("\n").splitlines()
+        head = [ln for ln in f.read().split("\n## ")[0].rstrip("\n").splitlines()
+                if not ln.startswith(RENDERED)]  # an earlier render's note is replaced, not stacked
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head += ["", f"(Tables and verdicts re-rendered from the same samples by `python benchmarks/dp.py --render "
-                 f"{raw_path}`, {now}.)", ""]
-    write_text(md_path, "\n".join(head + _gpt_md(None, results)) + "\n")
+    while head and not head[-1]:  # the blank lines the removed note stood between
+        head.pop()
+    head += ["", f"{RENDERED} by `python benchmarks/dp.py --render {raw_path}`, {now}.)", ""]
+    write_text(md_path, "\n".join(head + _gpt_md(results)) + "\n")
     return 0
 
 
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
     cmd = "python benchmarks/dp.py " + " ".join(sys.argv[1:] if argv is None else argv)
     title = "DP reduce-scatter in the wgrad GEMM vs --overlap-grad-reduce" + (", operator rows" if a.ops else "")
     md = [f"# {title} ({now})", "", f"Command: `{cmd}`", ""]
-    md += _ops_md(a, results) if a.ops else _gpt_md(a, results)
+    md += _ops_md(a, results) if a.ops else _gpt_md(results)
     write_results(a.out, "dp", "\n".join(md) + "\n", results)
     return 0
 

@@ -69,3 +69,6 @@ def test_render_rebuilds_the_tables_from_the_raw_samples(tmp_path):
     md = (tmp_path / "dp.md").read_text()
     assert md.startswith("# title\n\nCommand: `python benchmarks/dp.py --x`\n") and "old" not in md
     assert "1gbit, TP2xDP2, ours, auto:" in md and "target <= 0.20: met" in md and md.count("| ours, auto |") == 1
+    assert mod.main(["--render", str(tmp_path / "dp_raw.json")]) == 0  # again: one note, not two
+    again = (tmp_path / "dp.md").read_text()
+    assert again.count(mod.RENDERED) == 1 and "\n\n\n" not in again
