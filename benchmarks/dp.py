@@ -50,6 +50,9 @@ def parse(argv=None):
     p.add_argument("--dp-tokens", type=int, default=2048, help="--ops: tokens of the wgrad GEMM")
     p.add_argument("--ddp-layers", type=int, default=2, help="--ops: column+row blocks of the Megatron DDP rows")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--stock-rs", choices=("ring", "gloo"), default="ring",
+                   help="GPT rows: stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves "
+                   "an all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the old baseline)")
     p.add_argument("--unshaped", action="store_true", help="host loopback, no root; labelled 'unshaped'")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat (smoke test)")
     p.add_argument("--out", default="results")
@@ -76,7 +79,7 @@ def _layouts(s: str) -> list[tuple[int, int]]:
 def gpt_cfg(a, tp: int) -> dict:
     bucket = a.bucket or 12 * a.hidden * a.hidden // tp
     return {"tp": tp, "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "vocab": a.vocab, "seq": a.seq,
-            "batch": a.batch, "bucket": bucket, "repeats": a.repeats}
+            "batch": a.batch, "bucket": bucket, "repeats": a.repeats, "stock_rs": a.stock_rs}
 
 
 def _jobs(a) -> list[tuple[str, int, dict]]:
@@ -108,6 +111,15 @@ def _null():
     return contextlib.nullcontext(None)
 
 
+def _stock_rs(run: dict) -> str:
+    """How the run's reduce-scatters outside our rings moved (runs before --stock-rs used gloo's own)."""
+    calls = run.get("line_rate_calls")
+    if run["config"].get("stock_rs", "gloo") == "gloo" or calls is None:
+        return "reduce-scatters outside our rings: gloo's own (an all-reduce's bytes: 2x NCCL's ring)"
+    return (f"reduce-scatters outside our rings (every stock one) as P2P rings at line rate "
+            f"(megatron/line_rate_rs.py; rank 0: {calls['dp_bucket']} DP-bucket and {calls['other']} other calls)")
+
+
 def _gpt_md(results: list[dict]) -> list[str]:
     md, verdicts = [], []
     for run in results:
@@ -116,7 +128,7 @@ def _gpt_md(results: list[dict]) -> list[str]:
         md += [f"## link {label} ({run['world']} ranks on {os.cpu_count()} cores, load {run['loadavg'][0]:.1f}-"
                f"{run['loadavg'][1]:.1f}): GPT {c['layers']} layers, h={c['hidden']}, ffn={4 * c['hidden']}, "
                f"heads={c['heads']}, s={c['seq']}, b={c['batch']}, vocab={c['vocab']} untied, fp32, "
-               f"small buckets {c['bucket']} elements, {c['repeats']} rounds", "",
+               f"small buckets {c['bucket']} elements, {c['repeats']} rounds; {_stock_rs(run)}", "",
                dp_gpt_table.table(run), "", f"DP communication alone (every bucket's reduce-scatter, stock): "
                f"{sorted(run['comm'])[len(run['comm']) // 2] * 1e3:.0f} ms. Automatic choice: "
                + "; ".join(line for line in run["log"] if "automatic" in line), ""]

@@ -14,6 +14,8 @@ DDP and optimizer, identical seeds):
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
     ours, auto, ring in bwd    "ours, auto" with each fused ring inside its layer's backward (asynchronous=False)
                                instead of on the DP worker thread (the default on gloo, megatron/ddp_async.py)
+Every stock reduce-scatter (Megatron's buckets, its SP mappings, the cost model's stock rate) runs as a P2P ring
+at line rate unless cfg["stock_rs"] == "gloo" (megatron/line_rate_rs.py: gloo's own moves an all-reduce's bytes).
 Per arm and round, three samples (seconds, max over ranks):
     step   zero_grad_buffer, forward + loss.backward(), finalize_model_grads (finish_grad_sync + the SP
            norm all-reduce), optimizer.step() (DistributedOptimizer: its param all-gather included)
@@ -187,8 +189,13 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     ddp_linear.log.addHandler(handler)
     ddp_linear.log.setLevel("INFO")
     init_tp(cfg["tp"])
+    ring = cfg.get("stock_rs", "ring") == "ring"
+    from ..megatron.line_rate_rs import CALLS, line_rate_reduce_scatter
     try:
-        res = measure(cfg)
+        with line_rate_reduce_scatter() if ring else contextlib.nullcontext():
+            res = measure(cfg)
+        if ring:
+            res["line_rate_calls"] = dict(CALLS)
     finally:
         destroy()
         ddp_linear.log.removeHandler(handler)
