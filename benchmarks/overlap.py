@@ -50,6 +50,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="skip the rows of the real Megatron MLP (stock spec vs ours)")
     p.add_argument("--methods", default="", help="comma list of table rows to run (default: every method; "
                    "the verdict needs stock, flash and a slicing k)")
+    p.add_argument("--stock-rs", choices=("ring", "gloo"), default="ring",
+                   help="stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves an "
+                   "all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the old baseline)")
     p.add_argument("--out", default="results")
     a = p.parse_args(argv)
     if a.quick:
@@ -57,18 +60,24 @@ def parse(argv=None) -> argparse.Namespace:
     return a
 
 
+STOCK_RS = {"ring": "Every reduce-scatter outside our rings (stock's, slicing's) runs as a P2P ring at line rate "
+                    "(megatron/line_rate_rs.py; gloo's own moves an all-reduce's bytes, 2x NCCL's ring).",
+            "gloo": "Reduce-scatters outside our rings (stock's, slicing's) are gloo's own: an all-reduce's bytes, "
+                    "2x what NCCL's ring moves (an unfair stock baseline, kept to reproduce old runs)."}
+
+
 def config(a, seqs: list[int]) -> dict:
     return {"kinds": a.kinds.split(","), "seqs": seqs, "batch": a.batch, "hidden": a.hidden, "width": a.width,
             "head_dim": a.head_dim, "repeats": a.repeats, "attn_max_seq": a.attn_max_seq,
             "methods": [m.name for m in METHODS if not a.methods or m.name in a.methods.split(",")],
             "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]},
-            "megatron": {"seq": seqs[len(seqs) // 2]} if a.megatron else None}
+            "megatron": {"seq": seqs[len(seqs) // 2]} if a.megatron else None, "stock_rs": a.stock_rs}
 
 
 def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
     os.makedirs(a.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    md = [f"# Overlap benchmark ({now})", "", f"Command: `{cmd}`", ""]
+    md = [f"# Overlap benchmark ({now})", "", f"Command: `{cmd}`", "", STOCK_RS[a.stock_rs], ""]
     for run in seq_runs:
         md += [f"## Sequence sweep, {report.header(run)}", "", report.table(run), "",
                "Cost model's choice per GEMM site (at s = %d):" % run["config"]["trace"]["seq"], ""]

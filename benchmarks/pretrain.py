@@ -59,6 +59,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="after the rounds, one more run per shaped arm with Megatron's torch profiler on rank 0 "
                         "(iterations warmup+1 .. warmup+3, not timed): the breakdown table")
     p.add_argument("--logs", default=None, help="folder for every rank's whole output (default: none kept)")
+    p.add_argument("--stock-rs", choices=("ring", "gloo"), default="ring",
+                   help="stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves an "
+                   "all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the old baseline)")
     p.add_argument("--out", default="results/pretrain.md")
     a = p.parse_args(argv)
     if a.quick:
@@ -83,7 +86,7 @@ def _variant(arm: str, a, ns, cfg: dict, runs: dict):
         _set_link(ns, arm, a)
         log = os.path.join(os.path.abspath(a.logs), f"{arm}.round{len(runs[arm])}") if a.logs else "-"
         t0 = time.perf_counter()
-        ranks = run_ranks([RANK, log, *entry_argv(arm, cfg)], 2, ns=ns, timeout=a.timeout)
+        ranks = run_ranks([RANK, log, a.stock_rs, *entry_argv(arm, cfg)], 2, ns=ns, timeout=a.timeout)
         runs[arm].append({**merge(ranks), "wall_s": time.perf_counter() - t0})
         stat = run_stat(runs[arm][-1], a.warmup)
         print(f"  {arm:15s} round {len(runs[arm]) - 1}: median iteration {stat * 1e3:.0f} ms "
@@ -112,7 +115,7 @@ def profile(a, cfg: dict, arms: list[str]) -> dict:
             _set_link(ns, arm, a)
             where = os.path.join(folder, f"{arm}.profile")
             flags = profile_argv(where, a.warmup + 1, min(a.iters, a.warmup + 3))
-            run_ranks([RANK, where, *entry_argv(arm, cfg), *flags], 2, ns=ns, timeout=a.timeout)
+            run_ranks([RANK, where, a.stock_rs, *entry_argv(arm, cfg), *flags], 2, ns=ns, timeout=a.timeout)
             out[arm] = categorize(trace_path(where))
             print(f"  {arm:15s} profiled: {out[arm]['step_ms']:.0f} ms per iteration", flush=True)
     return out
@@ -125,7 +128,9 @@ def report(a, runs: dict, cmd: str, load: tuple, profiles: dict) -> tuple[str, d
     head = (f"Megatron pretrain() (project entry), GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, "
             f"seq {a.seq}, micro-batch {a.mbs}, vocab {a.vocab}, fp32, TP=2 + SP, 2 CPU ranks (gloo), {link}; "
             f"{a.rounds} rounds x {a.iters} iterations per arm, first {a.warmup} dropped; load average "
-            f"{load[0]:.1f} -> {load[1]:.1f}")
+            f"{load[0]:.1f} -> {load[1]:.1f}; reduce-scatters outside our rings: "
+            + ("P2P rings at line rate (megatron/line_rate_rs.py)" if a.stock_rs == "ring" else
+               "gloo's own (an all-reduce's bytes, 2x NCCL's ring)"))
     md = [f"# End-to-end training loop on the shaped link ({now})", "", f"Command: `{cmd}`", "", head, ""]
     s = summarize(runs, a.warmup) if runs else None
     if s:

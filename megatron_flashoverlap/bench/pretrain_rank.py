@@ -1,7 +1,8 @@
 """Rank side of benchmarks/pretrain.py: the project entry on one rank, its output kept and parsed.
 
-    run_ranks(["megatron_flashoverlap.bench.pretrain_rank", LOG, *entry_argv], 2, ns=ns) -> [parse per rank]
+    run_ranks(["megatron_flashoverlap.bench.pretrain_rank", LOG, RS, *entry_argv], 2, ns=ns) -> [parse per rank]
         LOG: a path prefix for this rank's whole output (LOG.rank<r>.log), or "-" for none
+        RS: "ring" (stock's reduce-scatters as P2P rings at line rate, megatron/line_rate_rs.py) or "gloo"
         entry_argv: `python -m megatron_flashoverlap.pretrain_gpt`'s per-rank argv (no --nproc-per-node)
 
 stdout and stderr are replaced before Megatron is imported (so its logging handlers write through them
@@ -10,6 +11,7 @@ its whole argument table), except the tail of the output when the run fails.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -41,14 +43,16 @@ def _keep(log: str, text: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    log, entry = argv[0], argv[1:]
+    log, stock_rs, entry = argv[0], argv[1], argv[2:]
     parts: list = []
     real_out, real_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Tee(real_out, parts), _Tee(real_err, parts)
     try:
+        from ..megatron.line_rate_rs import line_rate_reduce_scatter
         from ..megatron.pretrain_gpt import main as pretrain_main
 
-        pretrain_main(entry)
+        with line_rate_reduce_scatter() if stock_rs == "ring" else contextlib.nullcontext():
+            pretrain_main(entry)
     except BaseException:
         real_err.write("".join(parts)[-6000:])
         raise

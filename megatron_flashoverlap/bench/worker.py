@@ -5,7 +5,9 @@
 CONFIG: {"kinds": ["mlp", "attn"], "seqs": [...], "batch", "hidden", "width", "head_dim", "repeats",
          "attn_max_seq" (optional: the attention block only up to this length; its core is O(s^2)),
          "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str,
-         "megatron": {"seq"} or null (adds rows for the real Megatron MLP: stock spec vs ours)}
+         "megatron": {"seq"} or null (adds rows for the real Megatron MLP: stock spec vs ours),
+         "stock_rs": "ring" (default: reduce-scatters outside our rings as P2P rings, megatron/line_rate_rs.py)
+                     or "gloo" (gloo's own, an all-reduce's bytes)}
 OUT (returned by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
 rows (one per kind x seq x method x mode with medians and spread), trace events per rank.
 """
@@ -135,4 +137,9 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     """The rank entry for `run_ranks` (gloo already up): one thread, denormals flushed, then `run`."""
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # the fake group leaves receive buffers uninitialised: no denormal slow-down
-    return run(cfg)
+    if cfg.get("stock_rs", "ring") == "gloo":
+        return run(cfg)
+    from ..megatron.line_rate_rs import line_rate_reduce_scatter
+
+    with line_rate_reduce_scatter():  # stock's and slicing's reduce-scatters at line rate (its docstring)
+        return run(cfg)
