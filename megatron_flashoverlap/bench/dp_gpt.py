@@ -10,10 +10,12 @@ DDP and optimizer, identical seeds):
     stock, small buckets       the same, bucket_size = cfg["bucket"] (several buckets: only the last exposed)
     ours, fusion off           our spec (Flash TP linears), stock DDP, default buckets: the TP effect alone
     ours, auto                 our spec, wrap_with_dp_overlap's automatic choice (its calibrated cost model,
-                               tokens = s x b: megatron/ddp_choice.py), default buckets
+                               tokens = s x b: megatron/ddp_choice.py), default buckets; it places the rings
+                               too (the DP worker thread only where rings in backward would stall it:
+                               ops/dp/choice.worker_pays)
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
     ours, auto, ring in bwd    "ours, auto" with each fused ring inside its layer's backward (asynchronous=False)
-                               instead of on the DP worker thread (the default on gloo, megatron/ddp_async.py)
+    ours, auto, worker         "ours, auto" with every fused ring on the DP worker (asynchronous=True)
 Every stock reduce-scatter (Megatron's buckets, its SP mappings, the cost model's stock rate) runs as a P2P ring
 at line rate unless cfg["stock_rs"] == "gloo" (megatron/line_rate_rs.py: gloo's own moves an all-reduce's bytes).
 Per arm and round, three samples (seconds, max over ranks):
@@ -42,8 +44,10 @@ import torch.distributed as dist
 from .rounds import interleaved, rank_max
 
 IN_BACKWARD_ARM = "ours, auto, ring in bwd"  # asynchronous=False: each fused ring waited in its layer's backward
+WORKER_ARM = "ours, auto, worker"  # asynchronous=True: every fused ring on the DP worker thread
 ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets",
-        IN_BACKWARD_ARM)
+        IN_BACKWARD_ARM, WORKER_ARM)
+PLACED = {IN_BACKWARD_ARM: False, WORKER_ARM: True}
 WARMUP = 2  # round 0: Megatron's first batch (no overlap, learns the grad-ready counts), round 1: caches
 
 
@@ -87,7 +91,7 @@ def _build(name: str, cfg: dict) -> Arm:
     kw = {"bucket_size": cfg["bucket"]} if name.endswith("small buckets") else {}
     dcfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **kw)
     if name.startswith("ours, auto"):
-        sync = {"asynchronous": False} if name == IN_BACKWARD_ARM else {}
+        sync = {"asynchronous": PLACED[name]} if name in PLACED else {}
         ddp, fused = wrap_with_dp_overlap(config, dcfg, model, tokens=cfg["seq"] * cfg["batch"], **sync)
     else:
         ddp, fused = DistributedDataParallel(config, dcfg, model), []

@@ -19,7 +19,7 @@ from .estimator import bootstrap, estimate, speedup
 from .verdict import speedup_text
 
 TARGET_EXPOSED = 0.20  # issue 14: exposed DP communication at most 20 % of stock's
-OURS = ("ours, auto", "ours, auto, small buckets", "ours, auto, ring in bwd")
+OURS = ("ours, auto", "ours, auto, small buckets", "ours, auto, ring in bwd", "ours, auto, worker")
 
 
 def _ref(arm: str) -> str:

@@ -1,6 +1,6 @@
 """The automatic choice of `wrap_with_dp_overlap`: which TP linears reduce-scatter inside their wgrad GEMM.
 
-    auto_linears(module, candidates, bucket_size, dp_group, tokens) -> (linears, log line)
+    auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous) -> (linears, log line, asynchronous)
         tokens known (the wgrad GEMM's rows: seq x micro-batch; or Megatron's args when initialized):
             a quick calibration on this machine (PROBE gradient elements reduce-scattered over DP by stock's
             collective and by our ring, a ring over 8 x DP elements (its latency), the GEMM of a PROBE-element
@@ -9,6 +9,12 @@
             cost model of ops/dp/choice.py; the k linears reduced last in backward that minimize its
             modelled step are fused (k = 0 where stock already hides its buckets)
         tokens unknown: stock's last bucket (ddp_layout.last_bucket_weights), as before
+    asynchronous None on a host-driven transport (gloo), with the cost model: the DP worker thread only where
+        the model's rings in backward would stall it (a hop longer than the GEMM it hides under: the
+        link-bound case), each ring in its layer's backward otherwise. The worker costs host time the model
+        does not count: against a line-rate stock (benchmarks/dp.py, 2026-12-01 17:28, compute-bound
+        TP1xDP2) it exposed 156 ms where the rings in backward exposed 57 ms; link-bound it exposed 217 ms
+        against 337 ms. Without the cost model, and on NCCL: ddp_async.runs_async.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..ops.dp.choice import Param, Rates, choose
+from ..ops.dp.choice import Param, Rates, choose, worker_pays
 from ..ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
 from ..runtime import OverlapContext, reduce_scatter_into
 from .ddp_async import runs_async
@@ -106,14 +112,15 @@ def by_last_bucket(module, candidates, bucket_size) -> tuple[list, str]:
     return picked, line
 
 
-def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous=None) -> tuple[list, str]:
-    """The automatic choice (module docstring) and its one log line; asynchronous None: as the DP overlap
-    decides it (ddp_async.runs_async)."""
+def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous=None) -> tuple[list, str, bool | None]:
+    """The automatic choice (module docstring), its one log line and where the rings run (None: left to
+    ddp_async.runs_async, the case without the cost model)."""
     tokens = tokens or megatron_tokens()
     if not tokens or dp_group is None or dp_group.size() < 2:
-        return by_last_bucket(module, candidates, bucket_size)
+        return (*by_last_bucket(module, candidates, bucket_size), asynchronous)
     first = next(module.parameters())
-    if asynchronous is None:
-        asynchronous = runs_async(dp_group, first.device.type)
     rates = calibrate(dp_group, tokens, dtype=first.dtype, device=first.device)
-    return by_cost_model(module, candidates, bucket_size, rates, asynchronous)
+    if asynchronous is None:
+        asynchronous = runs_async(dp_group, first.device.type) and worker_pays(_params(module, candidates)[1],
+                                                                              bucket_size, rates)
+    return (*by_cost_model(module, candidates, bucket_size, rates, asynchronous), asynchronous)

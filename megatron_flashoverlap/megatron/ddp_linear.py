@@ -104,26 +104,27 @@ def _dp_groups(ddp_kwargs):
     return ps.get_data_parallel_group(), ps.get_data_parallel_group(with_context_parallel=True)
 
 
-def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> list:
+def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> tuple[list, bool | None]:
     """The linears to fuse by default (ddp_choice.auto_linears: the cost model where the token count is
-    known, else stock's last bucket), explained in one log line."""
+    known, else stock's last bucket), explained in one log line, and where their rings run."""
     dp, dp_cp = _dp_groups(ddp_kwargs)
     size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, dp.size())
-    picked, line = auto_linears(module, _linears(module), size, dp_cp, tokens, asynchronous)
+    picked, line, asynchronous = auto_linears(module, _linears(module), size, dp_cp, tokens, asynchronous)
     log.info("%s", line)
-    return picked
+    return picked, asynchronous
 
 
-def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=None) -> list:
-    """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line)."""
+def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=None) -> tuple[list, bool | None]:
+    """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line), and
+    where their rings run (the automatic choice may settle asynchronous=None: ddp_choice.auto_linears)."""
     if linears is None:
-        linears = _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous)
+        linears, asynchronous = _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous)
     linears = list(linears)
     refused = {tuple(m.weight.shape): _why_unfusable(m) for m in linears if _why_unfusable(m)}
     if refused:
         log.warning("flash DP overlap: %d weight(s) stay on Megatron's bucketed reduce-scatter: %s", len(refused),
                     "; ".join(f"{k}: {v}" for k, v in sorted(refused.items())))
-    return [m for m in linears if _why_unfusable(m) is None]
+    return [m for m in linears if _why_unfusable(m) is None], asynchronous
 
 
 def build_with_dp_overlap(build, ddp_config, module, *, linears=None, algo="flash", context=None,
@@ -131,7 +132,7 @@ def build_with_dp_overlap(build, ddp_config, module, *, linears=None, algo="flas
     """`build(**ddp_kwargs)` -> a Megatron DDP of `module`, called with the chosen weights in buckets of their
     own (and 0.19's `full_param_layout` rewritten to match), then marked for the fused reduce-scatter.
     -> (ddp, accepted). wrap_with_dp_overlap and the pretrain() subclass (ddp_entry.py) both build here."""
-    linears = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
+    linears, asynchronous = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
     weights = [m.weight for m in linears]
     if ddp_kwargs.get("full_param_layout") is not None:
         ddp_kwargs["full_param_layout"] = relayout(ddp_kwargs["full_param_layout"], module, weights, ddp_config)
@@ -156,9 +157,10 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     cost model fuses the linears reduced last in backward where stock would leave communication exposed;
     without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
     (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
-    asynchronous: None = the DP worker thread on host-driven transports (gloo) and the current stream on NCCL
-    (ddp_async.runs_async); True = the worker (gloo only, any TP size); False = each ring inside its own
-    layer's backward.
+    asynchronous: None = the current stream on NCCL; on host-driven transports (gloo) the DP worker thread,
+    except where the automatic choice's cost model puts the rings in backward (ddp_choice.auto_linears: the
+    worker only where rings in backward would stall it); True = the worker (gloo only, any TP size);
+    False = each ring inside its own layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""
     from megatron.core.distributed import DistributedDataParallel

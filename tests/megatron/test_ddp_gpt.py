@@ -72,6 +72,9 @@ def test_cost_model_choice_is_logged_and_trains_like_stock(pools):
                        tokens=32, timeout=900)
     lines = [line for line in res[0]["log"] if "cost model" in line]
     assert len(lines) == 1 and "stock --overlap-grad-reduce" in lines[0], res[0]["log"]
+    # the model also placed the rings (ops/dp/choice.worker_pays): the sites run where its line says
+    placed = [True] if "on the DP worker thread" in lines[0] else [False]
+    assert res[0]["flash"]["asynchronous"] in ([], placed), (res[0]["flash"]["asynchronous"], lines[0])
     for r in res:  # the fused linears are those reduced last in backward: layer 1 only after layer 0
         fused = r["flash"]["fused"]
         assert not any(".layers.1." in n for n in fused) or any(".layers.0." in n for n in fused), fused

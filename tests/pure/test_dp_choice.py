@@ -2,7 +2,7 @@
 worked out by hand (no processes, no torch)."""
 import pytest
 
-from megatron_flashoverlap.ops.dp.choice import Param, Rates, choose, simulate, tail_candidates
+from megatron_flashoverlap.ops.dp.choice import Param, Rates, choose, simulate, tail_candidates, worker_pays
 
 # exact float comparisons are fine below: every time is a small integer count of 1.0-second units
 
@@ -84,3 +84,17 @@ def test_an_asynchronous_ring_does_not_stall_the_backward():
     out = simulate(_layers(4), {0, 2, 4, 6}, 11, rates, asynchronous=True)
     assert (out.compute, out.exposed) == (80.0, 18.0)
     assert choose(_layers(4), 11, rates, asynchronous=True)[0] == 4
+
+
+def test_the_worker_only_where_rings_in_backward_would_stall():
+    # comm 100x cheaper than compute (test_choose_fuses_only_the_last_bucket_...): layer 0's ring (0.1 s) hides
+    # under its 10-s wgrad in backward as on the worker, both model 80.01: a tie goes to the backward (the
+    # worker's own host time is not in the model). Ring at 2 s per element: in backward each fused ring
+    # stalls its layer 10 s and the best is stock's 108 (test_a_ring_slower_...); on the worker 4 fused
+    # layers end at 98 (test_an_asynchronous_ring_...): the worker pays
+    fast = Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0)
+    assert choose(_layers(4), 11, fast, True)[1].step == choose(_layers(4), 11, fast, False)[1].step
+    assert not worker_pays(_layers(4), 11, fast)
+    slow = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
+    assert (choose(_layers(4), 11, slow, True)[1].step, choose(_layers(4), 11, slow, False)[1].step) == (98.0, 108.0)
+    assert worker_pays(_layers(4), 11, slow)

@@ -9,6 +9,10 @@
     choose(params, bucket_size, rates, asynchronous=False) -> (k, Outcome of k, Outcome of stock): fuse the k
                                     candidate linears reduced LAST in backward (the first layers), k
                                     minimizing the modelled step
+    worker_pays(params, bucket_size, rates) -> bool: the best choice on the DP worker models a step shorter
+                                    than the best with rings in backward (they would stall it: a ring longer
+                                    than the wgrad GEMM it hides under) by more than one call latency per
+                                    fused ring; ties go to the backward (the worker's host time is unmodelled)
 
 The model (one serial link, one compute thread; the backward is the linears' dgrad + wgrad GEMMs):
 
@@ -94,6 +98,14 @@ def simulate(params: list[Param], fused: set, bucket_size: int | None, rates: Ra
 def tail_candidates(params: list[Param]) -> list[int]:
     """Indices of the linear params, the one reduced last in backward first."""
     return [i for i in range(len(params) - 1, -1, -1) if params[i].linear]
+
+
+def worker_pays(params: list[Param], bucket_size: int | None, rates: Rates) -> bool:
+    """Whether the rings should run on the DP worker (module docstring): its best modelled step must beat the
+    best in backward by more than one more call latency per fused ring (the hand-off to the worker thread;
+    its other host time is not modelled)."""
+    k, worker, _ = choose(params, bucket_size, rates, True)
+    return worker.step + k * rates.ring_lat_s < choose(params, bucket_size, rates, False)[1].step * (1 - 1e-9)
 
 
 def choose(params: list[Param], bucket_size: int | None, rates: Rates,
