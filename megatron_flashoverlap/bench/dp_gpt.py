@@ -11,8 +11,8 @@ DDP and optimizer, identical seeds):
     ours, fusion off           our spec (Flash TP linears), stock DDP, default buckets: the TP effect alone
     ours, auto                 our spec, wrap_with_dp_overlap's automatic choice (its calibrated cost model,
                                tokens = s x b: megatron/ddp_choice.py), default buckets; it places the rings
-                               too (the DP worker thread only where rings in backward would stall it:
-                               ops/dp/choice.worker_pays)
+                               too (megatron/ddp_choice.auto_linears: at TP = 1 the DP worker thread only
+                               where rings in backward would stall it; at TP > 1 the worker)
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
     ours, auto, ring in bwd    "ours, auto" with each fused ring inside its layer's backward (asynchronous=False)
     ours, auto, worker         "ours, auto" with every fused ring on the DP worker (asynchronous=True)

@@ -15,12 +15,10 @@ the layers before it:
 stays on the current stream: its waits are stream-ordered and never block the host (a side stream would
 let it overlap the next layers' GEMMs on the device too; not done here).
 
-On host-driven transports, asynchronous=None: the worker, except where the automatic choice's cost model
-puts the rings in backward (ddp_choice.auto_linears, ops/dp/choice.worker_pays: the worker only where rings
-in backward would stall it); asynchronous=False keeps each ring inside its layer's backward, True forces the
-worker. Measured against a line-rate stock (benchmarks/dp.py, GPT 4 layers, 2026-12-01 17:18-17:33,
-results/dp.md and results/dp_compute_bound/dp.md), exposed DP on the worker vs in backward: link-bound
-TP1xDP2 217 vs 337 ms; compute-bound TP1xDP2 156 vs 57 ms, TP2xDP2 + SP 175 vs 209 ms. At TP > 1
+On host-driven transports, asynchronous=None: the worker, except at TP = 1 where the automatic choice's cost
+model finds that rings in backward do not stall it (ddp_choice.auto_linears, with its measurements;
+ops/dp/choice.worker_pays); asynchronous=False keeps each ring inside its layer's backward, True forces the
+worker. At TP > 1
 the worker's DP rings and backward's TP rings post
 from two threads at once: each group has its own FIFO communication thread (runtime/commthread.py), so
 neither ring's posts queue behind the other's. The first TP2xDP2 run hung because the worker lacked

@@ -9,12 +9,14 @@
             cost model of ops/dp/choice.py; the k linears reduced last in backward that minimize its
             modelled step are fused (k = 0 where stock already hides its buckets)
         tokens unknown: stock's last bucket (ddp_layout.last_bucket_weights), as before
-    asynchronous None on a host-driven transport (gloo), with the cost model: the DP worker thread only where
-        the model's rings in backward would stall it (a hop longer than the GEMM it hides under: the
-        link-bound case), each ring in its layer's backward otherwise. The worker costs host time the model
-        does not count: against a line-rate stock (benchmarks/dp.py, 2026-12-01 17:28, compute-bound
-        TP1xDP2) it exposed 156 ms where the rings in backward exposed 57 ms; link-bound it exposed 217 ms
-        against 337 ms. Without the cost model, and on NCCL: ddp_async.runs_async.
+    asynchronous None on a host-driven transport (gloo), with the cost model: at TP = 1 the DP worker thread
+        only where the model's rings in backward would stall it (a hop longer than the GEMM it hides under:
+        the link-bound case), each ring in its layer's backward otherwise; at TP > 1 the worker (the model
+        counts neither the TP rings the compute thread also waits on nor the host's threads). Measured
+        against a line-rate stock (benchmarks/dp.py, 2026-12-01, two runs each), exposed DP on the worker vs
+        in backward: compute-bound TP1xDP2 156 / 86 ms vs 57 / 24-55 ms; compute-bound TP2xDP2 + SP 175 / 124
+        ms vs 209 / 220-244 ms; link-bound TP1xDP2 217 / 211 ms vs 337 / 323 ms. Without the cost model, and
+        on NCCL: ddp_async.runs_async.
 """
 from __future__ import annotations
 
@@ -74,6 +76,11 @@ def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates
     return Rates(*rates.tolist())
 
 
+def _tp_size(candidates) -> int:
+    """The tensor-parallel size of the candidate linears (Megatron's layers keep their group as tp_group)."""
+    return max((m.tp_group.size() for m in candidates if getattr(m, "tp_group", None) is not None), default=1)
+
+
 def _params(module, candidates) -> tuple[list, list[Param]]:
     """Trainable params in backward (layout) order, and their cost-model view."""
     ids = {id(m.weight) for m in candidates}
@@ -121,6 +128,6 @@ def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous
     first = next(module.parameters())
     rates = calibrate(dp_group, tokens, dtype=first.dtype, device=first.device)
     if asynchronous is None:
-        asynchronous = runs_async(dp_group, first.device.type) and worker_pays(_params(module, candidates)[1],
-                                                                              bucket_size, rates)
+        asynchronous = runs_async(dp_group, first.device.type) and (
+            _tp_size(candidates) > 1 or worker_pays(_params(module, candidates)[1], bucket_size, rates))
     return (*by_cost_model(module, candidates, bucket_size, rates, asynchronous), asynchronous)

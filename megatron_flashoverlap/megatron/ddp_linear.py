@@ -158,8 +158,8 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
     (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
     asynchronous: None = the current stream on NCCL; on host-driven transports (gloo) the DP worker thread,
-    except where the automatic choice's cost model puts the rings in backward (ddp_choice.auto_linears: the
-    worker only where rings in backward would stall it); True = the worker (gloo only, any TP size);
+    except at TP = 1 where the automatic choice's cost model finds rings in backward do not stall it
+    (ddp_choice.auto_linears); True = the worker (gloo only, any TP size);
     False = each ring inside its own layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""

@@ -65,16 +65,19 @@ def test_automatic_choice_keeps_stock_buckets(pools):
     _check(res, 3, len(_ours(res[0]["flash"]["fused"])))
 
 
-def test_cost_model_choice_is_logged_and_trains_like_stock(pools):
+@pytest.mark.parametrize("tp", [2, 1])
+def test_cost_model_choice_is_logged_and_trains_like_stock(pools, tp):
     # tokens given: the calibrated cost model (megatron/ddp_choice.py) picks the linears, whatever it picks on
     # this loaded box (0 to all 8 + output); the run must say so in one line and still equal stock
-    res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=2, ddp_kw={"bucket_size": 3000},
-                       tokens=32, timeout=900)
+    res = pools(2 * tp).run("tests.megatron.mp_ddp_gpt:train", tp=tp, sp=tp > 1, steps=2,
+                            ddp_kw={"bucket_size": 3000}, tokens=32, timeout=900)
     lines = [line for line in res[0]["log"] if "cost model" in line]
     assert len(lines) == 1 and "stock --overlap-grad-reduce" in lines[0], res[0]["log"]
     # the model also placed the rings (ops/dp/choice.worker_pays): the sites run where its line says
     placed = [True] if "on the DP worker thread" in lines[0] else [False]
     assert res[0]["flash"]["asynchronous"] in ([], placed), (res[0]["flash"]["asynchronous"], lines[0])
+    if tp > 1:  # at TP > 1 the worker whatever the model finds (ddp_choice.auto_linears)
+        assert "on the DP worker thread" in lines[0], lines[0]
     for r in res:  # the fused linears are those reduced last in backward: layer 1 only after layer 0
         fused = r["flash"]["fused"]
         assert not any(".layers.1." in n for n in fused) or any(".layers.0." in n for n in fused), fused
