@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench.attention_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.launch import add_link_args, run_on_link, write_text  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_link_args, run_on_link, write_text  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -37,10 +37,11 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     a = parse(argv)
-    cfg = {k: getattr(a, k) for k in ("seq", "batch", "hidden", "width", "head_dim", "repeats")}
+    cfg = {k: getattr(a, k) for k in ("seq", "batch", "hidden", "width", "head_dim", "repeats", "stock_rs")}
     res, link = run_on_link("megatron_flashoverlap.bench.attention_rows:main", a.world, cfg, a)
     text = (f"P={res['world']}, {link}, seq={a.seq}, batch={a.batch}, hidden={a.hidden}, width={a.width}, "
-            f"head_dim={a.head_dim}, causal, fp32, medians of {a.repeats}\n\n{table(res)}\n")
+            f"head_dim={a.head_dim}, causal, fp32, medians of {a.repeats}; {STOCK_RS_LABEL[a.stock_rs]}\n\n"
+            f"{table(res)}\n")
     write_text(a.out, text)
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import dp_gpt_table  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_ranks, write_results, write_text  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_ranks, write_results, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
@@ -50,9 +50,7 @@ def parse(argv=None):
     p.add_argument("--dp-tokens", type=int, default=2048, help="--ops: tokens of the wgrad GEMM")
     p.add_argument("--ddp-layers", type=int, default=2, help="--ops: column+row blocks of the Megatron DDP rows")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--stock-rs", choices=("ring", "gloo"), default="ring",
-                   help="GPT rows: stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves "
-                   "an all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the old baseline)")
+    add_stock_rs_arg(p)
     p.add_argument("--unshaped", action="store_true", help="host loopback, no root; labelled 'unshaped'")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat (smoke test)")
     p.add_argument("--out", default="results")
@@ -87,7 +85,7 @@ def _jobs(a) -> list[tuple[str, int, dict]]:
     if a.ops:
         cfg = {"seqs": [int(s) for s in a.seqs.split(",")], "hidden": a.hidden, "width": a.width,
                "batch": a.batch, "dp_n": a.dp_n, "dp_k": a.dp_k, "dp_tokens": a.dp_tokens,
-               "ddp_layers": a.ddp_layers, "repeats": a.repeats, "burst": a.burst}
+               "ddp_layers": a.ddp_layers, "repeats": a.repeats, "burst": a.burst, "stock_rs": a.stock_rs}
         return [(RANKS, 2, cfg)]
     return [(GPT_RANKS, tp * dp, gpt_cfg(a, tp)) for tp, dp in _layouts(a.layouts)]
 
@@ -115,9 +113,8 @@ def _stock_rs(run: dict) -> str:
     """How the run's reduce-scatters outside our rings moved (runs before --stock-rs used gloo's own)."""
     calls = run.get("line_rate_calls")
     if run["config"].get("stock_rs", "gloo") == "gloo" or calls is None:
-        return "reduce-scatters outside our rings: gloo's own (an all-reduce's bytes: 2x NCCL's ring)"
-    return (f"reduce-scatters outside our rings (every stock one) as P2P rings at line rate "
-            f"(megatron/line_rate_rs.py; rank 0: {calls['dp_bucket']} DP-bucket and {calls['other']} other calls)")
+        return STOCK_RS_LABEL["gloo"]
+    return f"{STOCK_RS_LABEL['ring']}; rank 0: {calls['dp_bucket']} DP-bucket and {calls['other']} other calls"
 
 
 def _gpt_md(results: list[dict]) -> list[str]:
@@ -140,7 +137,7 @@ def _ops_md(a, results: list[dict]) -> list[str]:
     md = []
     for run in results:
         md += [f"## link {run['rate']}, 2 ranks, W [{a.dp_n}, {a.dp_k}] fp32, TP MLP h={a.hidden} "
-               f"w={a.width} b={a.batch}", "", table(run), ""]
+               f"w={a.width} b={a.batch}; {STOCK_RS_LABEL[a.stock_rs]}", "", table(run), ""]
     return md
 
 

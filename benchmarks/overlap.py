@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import report  # noqa: E402
 from megatron_flashoverlap.bench.blocks import METHODS  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_rates  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_rates  # noqa: E402
 from megatron_flashoverlap.bench.netns import why_not_shaped  # noqa: E402
 
 
@@ -50,20 +50,12 @@ def parse(argv=None) -> argparse.Namespace:
                    help="skip the rows of the real Megatron MLP (stock spec vs ours)")
     p.add_argument("--methods", default="", help="comma list of table rows to run (default: every method; "
                    "the verdict needs stock, flash and a slicing k)")
-    p.add_argument("--stock-rs", choices=("ring", "gloo"), default="ring",
-                   help="stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves an "
-                   "all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the old baseline)")
+    add_stock_rs_arg(p)
     p.add_argument("--out", default="results")
     a = p.parse_args(argv)
     if a.quick:
         a.seqs, a.hidden, a.width, a.head_dim, a.repeats, a.rate_sweep = "64,128", 64, 128, 32, 1, ""
     return a
-
-
-STOCK_RS = {"ring": "Every reduce-scatter outside our rings (stock's, slicing's) runs as a P2P ring at line rate "
-                    "(megatron/line_rate_rs.py; gloo's own moves an all-reduce's bytes, 2x NCCL's ring).",
-            "gloo": "Reduce-scatters outside our rings (stock's, slicing's) are gloo's own: an all-reduce's bytes, "
-                    "2x what NCCL's ring moves (an unfair stock baseline, kept to reproduce old runs)."}
 
 
 def config(a, seqs: list[int]) -> dict:
@@ -77,7 +69,7 @@ def config(a, seqs: list[int]) -> dict:
 def write(a, seq_runs: list[dict], rate_runs: list[dict], cmd: str) -> str:
     os.makedirs(a.out, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    md = [f"# Overlap benchmark ({now})", "", f"Command: `{cmd}`", "", STOCK_RS[a.stock_rs], ""]
+    md = [f"# Overlap benchmark ({now})", "", f"Command: `{cmd}`", "", STOCK_RS_LABEL[a.stock_rs][0].upper() + STOCK_RS_LABEL[a.stock_rs][1:] + ".", ""]
     for run in seq_runs:
         md += [f"## Sequence sweep, {report.header(run)}", "", report.table(run), "",
                "Cost model's choice per GEMM site (at s = %d):" % run["config"]["trace"]["seq"], ""]

@@ -28,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_flashoverlap.bench.launch import run_ranks, write_text  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_ranks, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 from megatron_flashoverlap.bench.pretrain_profile import categorize, profile_argv, profile_table, trace_path  # noqa: E402
 from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table  # noqa: E402
@@ -59,9 +59,7 @@ def parse(argv=None) -> argparse.Namespace:
                    help="after the rounds, one more run per shaped arm with Megatron's torch profiler on rank 0 "
                         "(iterations warmup+1 .. warmup+3, not timed): the breakdown table")
     p.add_argument("--logs", default=None, help="folder for every rank's whole output (default: none kept)")
-    p.add_argument("--stock-rs", choices=("ring", "gloo"), default="ring",
-                   help="stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves an "
-                   "all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the old baseline)")
+    add_stock_rs_arg(p)
     p.add_argument("--out", default="results/pretrain.md")
     a = p.parse_args(argv)
     if a.quick:
@@ -128,9 +126,7 @@ def report(a, runs: dict, cmd: str, load: tuple, profiles: dict) -> tuple[str, d
     head = (f"Megatron pretrain() (project entry), GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, "
             f"seq {a.seq}, micro-batch {a.mbs}, vocab {a.vocab}, fp32, TP=2 + SP, 2 CPU ranks (gloo), {link}; "
             f"{a.rounds} rounds x {a.iters} iterations per arm, first {a.warmup} dropped; load average "
-            f"{load[0]:.1f} -> {load[1]:.1f}; reduce-scatters outside our rings: "
-            + ("P2P rings at line rate (megatron/line_rate_rs.py)" if a.stock_rs == "ring" else
-               "gloo's own (an all-reduce's bytes, 2x NCCL's ring)"))
+            f"{load[0]:.1f} -> {load[1]:.1f}; {STOCK_RS_LABEL[a.stock_rs]}")
     md = [f"# End-to-end training loop on the shaped link ({now})", "", f"Command: `{cmd}`", "", head, ""]
     s = summarize(runs, a.warmup) if runs else None
     if s:

@@ -52,7 +52,14 @@ def _variants(kind: str, shape: Shape, world: int, fake, ctx) -> dict:
 
 def main(rank: int, world: int, cfg: dict) -> dict | None:
     """The rank entry for `run_ranks`: every kind's rows; rank 0 returns {"config", "world", "rows"}."""
+    from ..megatron.line_rate_rs import stock_reduce_scatter
+
     torch.set_num_threads(1)
+    with stock_reduce_scatter(cfg.get("stock_rs", "ring")):  # the query-split reference's reduce-scatter
+        return _rows(rank, world, cfg)
+
+
+def _rows(rank: int, world: int, cfg: dict) -> dict | None:
     fake = fake_group(world)
     shape = Shape(cfg["seq"], cfg["batch"], cfg["hidden"], cfg["width"], cfg["head_dim"])
     ctx = OverlapContext(check_peers=False)

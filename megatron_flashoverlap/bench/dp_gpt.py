@@ -194,9 +194,9 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     ddp_linear.log.setLevel("INFO")
     init_tp(cfg["tp"])
     ring = cfg.get("stock_rs", "ring") == "ring"
-    from ..megatron.line_rate_rs import CALLS, line_rate_reduce_scatter
+    from ..megatron.line_rate_rs import CALLS, stock_reduce_scatter
     try:
-        with line_rate_reduce_scatter() if ring else contextlib.nullcontext():
+        with stock_reduce_scatter(cfg.get("stock_rs", "ring")):
             res = measure(cfg)
         if ring:
             res["line_rate_calls"] = dict(CALLS)

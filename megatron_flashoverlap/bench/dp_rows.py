@@ -90,12 +90,15 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     """The rank entry for `run_ranks`: every row kind; rank 0 returns {"config", "world", "rows"}."""
     from .megatron_rows import measure_ddp
 
+    from ..megatron.line_rate_rs import stock_reduce_scatter
+
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     fake = timing.fake_group(world)
-    rows = dp_rows(cfg, fake)
-    rows += measure_ddp(cfg["hidden"], cfg["width"], cfg["ddp_layers"], cfg["dp_tokens"], cfg["repeats"])
-    rows += tp_rows(cfg, fake)
+    with stock_reduce_scatter(cfg.get("stock_rs", "ring")):  # the references' and Megatron's reduce-scatters
+        rows = dp_rows(cfg, fake)
+        rows += measure_ddp(cfg["hidden"], cfg["width"], cfg["ddp_layers"], cfg["dp_tokens"], cfg["repeats"])
+        rows += tp_rows(cfg, fake)
     return {"config": cfg, "world": world, "rows": rows} if rank == 0 else None
 
 

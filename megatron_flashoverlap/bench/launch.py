@@ -177,8 +177,24 @@ if __name__ == "__main__":
     _rank_main(sys.argv[1])
 
 
+STOCK_RS_LABEL = {  # what a results file says of --stock-rs (megatron/line_rate_rs.py)
+    "ring": "reduce-scatters outside our rings (stock's, the references', slicing's) as P2P rings at line rate "
+            "(megatron/line_rate_rs.py; gloo's own moves an all-reduce's bytes, 2x NCCL's ring)",
+    "gloo": "reduce-scatters outside our rings are gloo's own: an all-reduce's bytes, 2x NCCL's ring (the earlier, "
+            "unfair stock baseline)"}
+
+
+def add_stock_rs_arg(p) -> None:
+    """--stock-rs: how stock's reduce-scatters move on gloo (megatron/line_rate_rs.py)."""
+    p.add_argument("--stock-rs", choices=tuple(STOCK_RS_LABEL), default="ring",
+                   help="stock's reduce-scatters as a P2P ring at line rate (default; gloo's own moves an "
+                   "all-reduce's bytes: megatron/line_rate_rs.py) or gloo's own (the earlier baseline)")
+
+
 def add_link_args(p, out: str) -> None:
-    """The options every single-link benchmark script shares: --repeats --rate --unshaped --timeout --out."""
+    """The options every single-link benchmark script shares: --repeats --rate --unshaped --timeout --out
+    --stock-rs."""
+    add_stock_rs_arg(p)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rate", default="1gbit", help="tbf rate of the namespace's loopback")
     p.add_argument("--unshaped", action="store_true", help="host loopback, no namespace (no root needed)")

@@ -11,7 +11,6 @@ its whole argument table), except the tail of the output when the run fails.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
@@ -48,10 +47,10 @@ def main(argv: list[str]) -> None:
     real_out, real_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Tee(real_out, parts), _Tee(real_err, parts)
     try:
-        from ..megatron.line_rate_rs import line_rate_reduce_scatter
+        from ..megatron.line_rate_rs import stock_reduce_scatter
         from ..megatron.pretrain_gpt import main as pretrain_main
 
-        with line_rate_reduce_scatter() if stock_rs == "ring" else contextlib.nullcontext():
+        with stock_reduce_scatter(stock_rs):
             pretrain_main(entry)
     except BaseException:
         real_err.write("".join(parts)[-6000:])

@@ -137,9 +137,7 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     """The rank entry for `run_ranks` (gloo already up): one thread, denormals flushed, then `run`."""
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # the fake group leaves receive buffers uninitialised: no denormal slow-down
-    if cfg.get("stock_rs", "ring") == "gloo":
-        return run(cfg)
-    from ..megatron.line_rate_rs import line_rate_reduce_scatter
+    from ..megatron.line_rate_rs import stock_reduce_scatter
 
-    with line_rate_reduce_scatter():  # stock's and slicing's reduce-scatters at line rate (its docstring)
+    with stock_reduce_scatter(cfg.get("stock_rs", "ring")):  # stock's and slicing's reduce-scatters
         return run(cfg)

@@ -14,6 +14,7 @@ for its producer (no GEMM), summed in the tensor's own dtype as gloo's is:
 
     with line_rate_reduce_scatter():    # in every rank, before the first collective it should cover
         ...                             # reduce-scatters on gloo groups run as P2P rings
+    with stock_reduce_scatter(mode):    # a benchmark's --stock-rs: "ring" (the above) or "gloo" (torch's own)
 
     sync call      the ring runs on the group's shim thread; the caller waits for it
     async_op=True  the same thread; the returned handle's wait() joins it (a timed wait: a dead peer
@@ -159,6 +160,16 @@ def _megatron_modules():
     from megatron.core.distributed import param_and_grad_buffer as pgb
     from megatron.core.tensor_parallel import layers, mappings
     return pgb, mappings, layers
+
+
+MODES = ("ring", "gloo")  # the benchmarks' --stock-rs words
+
+
+def stock_reduce_scatter(mode: str):
+    """The benchmarks' --stock-rs: "ring" = line_rate_reduce_scatter(), "gloo" = torch's own collectives."""
+    if mode not in MODES:
+        raise ValueError(f"--stock-rs {mode!r}: choose among {MODES}")
+    return line_rate_reduce_scatter() if mode == "ring" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
