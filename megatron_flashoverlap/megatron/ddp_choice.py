@@ -13,10 +13,10 @@
         only where the model's rings in backward would stall it (a hop longer than the GEMM it hides under:
         the link-bound case), each ring in its layer's backward otherwise; at TP > 1 the worker (the model
         counts neither the TP rings the compute thread also waits on nor the host's threads). Measured
-        against a line-rate stock (benchmarks/dp.py, 2026-12-01, two runs each), exposed DP on the worker vs
-        in backward: compute-bound TP1xDP2 156 / 86 ms vs 57 / 24-55 ms; compute-bound TP2xDP2 + SP 175 / 124
-        ms vs 209 / 220-244 ms; link-bound TP1xDP2 217 / 211 ms vs 337 / 323 ms. Without the cost model, and
-        on NCCL: ddp_async.runs_async.
+        against a line-rate stock (benchmarks/dp.py, 2026-12-01, three compute-bound runs, two link-bound),
+        exposed DP on the worker vs in backward: compute-bound TP1xDP2 156 / 86 / 180 ms vs 57 / 24-55 /
+        78-89 ms; compute-bound TP2xDP2 + SP 175 / 124 / 77-131 ms vs 209 / 220-244 / 254 ms; link-bound
+        TP1xDP2 217 / 211 ms vs 337 / 323 ms (README). Without the cost model, and on NCCL: ddp_async.runs_async.
 """
 from __future__ import annotations
 
