@@ -193,12 +193,12 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     ddp_linear.log.addHandler(handler)
     ddp_linear.log.setLevel("INFO")
     init_tp(cfg["tp"])
-    ring = cfg.get("stock_rs", "ring") == "ring"
+    mode = cfg.get("stock_rs", "ring")
     from ..megatron.line_rate_rs import CALLS, stock_reduce_scatter
     try:
-        with stock_reduce_scatter(cfg.get("stock_rs", "ring")):
+        with stock_reduce_scatter(mode):
             res = measure(cfg)
-        if ring:
+        if mode == "ring":
             res["line_rate_calls"] = dict(CALLS)
     finally:
         destroy()

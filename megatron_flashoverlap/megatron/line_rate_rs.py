@@ -34,7 +34,6 @@ tests run torch's own collectives.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
 
@@ -42,13 +41,12 @@ import torch
 import torch.distributed as dist
 
 from . import ddp_async
-from ..runtime import OverlapContext, group_info, produce_and_scatter
+from ..runtime import OverlapContext, default_context, group_info, produce_and_scatter
 from ..runtime.commthread import CommThread
 
 _ORIG = {"reduce_scatter_tensor": dist.reduce_scatter_tensor, "reduce_scatter_single": dist.reduce_scatter_single}
 _OPEN = threading.local()  # .stack: the handle lists of the open coalescing managers of this thread
 _THREADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # group -> (CommThread, its context)
-_DP_CONTEXT: dict = {}  # pid -> the context of the shim's rings on the DP worker
 CALLS = {"dp_bucket": 0, "other": 0}  # reduce-scatters run as rings in this process (benchmarks report them)
 
 
@@ -90,12 +88,8 @@ class Handle:
 
 def _thread(group, dp_bucket: bool):
     """(thread, context) of a ring on `group` (module docstring: threads)."""
-    if dp_bucket:
-        pid = os.getpid()
-        if pid not in _DP_CONTEXT:
-            _DP_CONTEXT.clear()
-            _DP_CONTEXT[pid] = OverlapContext(check_peers="never")
-        return ddp_async.worker(), _DP_CONTEXT[pid]
+    if dp_bucket:  # the worker's own context, as its fused rings use (one thread: never two rings at once)
+        return ddp_async.worker(), ddp_async.worker_context(default_context())
     if group not in _THREADS:
         _THREADS[group] = (CommThread("flashoverlap-stock-rs"), OverlapContext(check_peers="never"))
     return _THREADS[group]
@@ -118,11 +112,8 @@ def _make(orig, dp_bucket: bool = False):
         average = op == dist.ReduceOp.AVG
         src = input.contiguous()
 
-        def ring():
-            with torch.no_grad():  # grad mode is per thread; a collective records nothing
-                ring_reduce_scatter(output, src, group, ctx, average)
-
-        handle = Handle(thread.submit(ring))
+        handle = Handle(thread.submit(ddp_async.no_grad(  # grad mode is per thread; a collective records nothing
+            lambda: ring_reduce_scatter(output, src, group, ctx, average))))
         if not async_op:
             handle.wait()
             return None
