@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import dp_gpt_table  # noqa: E402
+from megatron_flashoverlap.bench.dp_gpt import check_arms  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
 from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_ranks, write_results, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
@@ -50,6 +51,8 @@ def parse(argv=None):
     p.add_argument("--dp-tokens", type=int, default=2048, help="--ops: tokens of the wgrad GEMM")
     p.add_argument("--ddp-layers", type=int, default=2, help="--ops: column+row blocks of the Megatron DDP rows")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--arms", default="", help="GPT rows: a subset of the arms, ';'-separated names "
+                   "from bench/dp_gpt.ARMS (they contain commas), 'stock' among them; default all")
     add_stock_rs_arg(p)
     p.add_argument("--unshaped", action="store_true", help="host loopback, no root; labelled 'unshaped'")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat (smoke test)")
@@ -61,6 +64,7 @@ def parse(argv=None):
     if a.quick:
         a.seqs, a.hidden, a.width, a.dp_n, a.dp_k, a.dp_tokens, a.repeats = "64", 64, 64, 64, 64, 64, 1
         a.seq, a.heads, a.vocab = 64, 4, 128
+    a.arm_list = check_arms([n.strip() for n in a.arms.split(";")]) if a.arms else ()
     return a
 
 
@@ -77,7 +81,8 @@ def _layouts(s: str) -> list[tuple[int, int]]:
 def gpt_cfg(a, tp: int) -> dict:
     bucket = a.bucket or 12 * a.hidden * a.hidden // tp
     return {"tp": tp, "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "vocab": a.vocab, "seq": a.seq,
-            "batch": a.batch, "bucket": bucket, "repeats": a.repeats, "stock_rs": a.stock_rs}
+            "batch": a.batch, "bucket": bucket, "repeats": a.repeats, "stock_rs": a.stock_rs,
+            **({"arms": list(a.arm_list)} if a.arm_list else {})}
 
 
 def _jobs(a) -> list[tuple[str, int, dict]]:

@@ -48,6 +48,7 @@ WORKER_ARM = "ours, auto, worker"  # asynchronous=True: every fused ring on the 
 ARMS = ("stock", "stock, small buckets", "ours, fusion off", "ours, auto", "ours, auto, small buckets",
         IN_BACKWARD_ARM, WORKER_ARM)
 PLACED = {IN_BACKWARD_ARM: False, WORKER_ARM: True}
+STOCK_ARMS = ("stock", "stock, small buckets")
 WARMUP = 2  # round 0: Megatron's first batch (no overlap, learns the grad-ready counts), round 1: caches
 
 
@@ -154,6 +155,19 @@ def _variants(arms: dict, data: dict, tails: dict) -> dict:
     return out
 
 
+def check_arms(names) -> tuple:
+    """The arms of a run (cfg["arms"], benchmarks/dp.py --arms): known, "stock" among them, and the stock arm
+    with the same buckets as every "small buckets" arm of ours. -> them in ARMS order."""
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"dp arms {unknown} are not arms of bench/dp_gpt.py; choose from {list(ARMS)}")
+    need = {"stock"} | {"stock, small buckets" for n in names if n.endswith("small buckets")}
+    if need - set(names):
+        raise ValueError(f"dp arms {list(names)}: add {sorted(need - set(names))} (each arm is judged against the "
+                         f"stock arm with its bucket size)")
+    return tuple(n for n in ARMS if n in names)
+
+
 def _names(arm: Arm, model) -> list[str]:
     ids = {id(w): n for n, w in model.named_parameters()}
     return [ids[id(w)] for w in arm.fused]
@@ -165,7 +179,7 @@ def measure(cfg: dict) -> dict:
 
     from ..megatron.models import batch
 
-    names = ARMS
+    names = cfg.get("arms") or ARMS
     arms = {name: _build(name, cfg) for name in names}
     data = batch(100 + ps.get_data_parallel_rank(), cfg["batch"], cfg["seq"], cfg["vocab"])  # per DP rank
     tails = {name: [] for name in names}

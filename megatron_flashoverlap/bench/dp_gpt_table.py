@@ -42,7 +42,7 @@ def exposed_ratio(arm: dict, ref: dict) -> dict:
 
 def rows(run: dict) -> list[dict]:
     arms, comm = run["arms"], run["comm"]
-    best = min(("stock", "stock, small buckets"), key=lambda n: statistics.median(arms[n]["step"]))
+    best = min([n for n in ("stock", "stock, small buckets") if n in arms], key=lambda n: statistics.median(arms[n]["step"]))
     out = []
     for name, a in arms.items():
         est = estimate(a["step"], a["free"], comm)

@@ -1,5 +1,8 @@
 """Tier: pure. The GPT DDP table of benchmarks/dp.py (bench/dp_gpt_table.py) on hand-made samples."""
+import pytest
+
 from megatron_flashoverlap.bench import dp_gpt_table as t
+from megatron_flashoverlap.bench.dp_gpt import check_arms
 
 # exact comparisons: medians of integer-valued lists and their differences are exact in binary floating point
 
@@ -72,3 +75,18 @@ def test_render_rebuilds_the_tables_from_the_raw_samples(tmp_path):
     assert mod.main(["--render", str(tmp_path / "dp_raw.json")]) == 0  # again: one note, not two
     again = (tmp_path / "dp.md").read_text()
     assert again.count(mod.RENDERED) == 1 and "\n\n\n" not in again
+
+
+def test_a_subset_of_arms_is_judged_against_stock_alone():
+    run = _run()
+    run["arms"] = {k: run["arms"][k] for k in ("stock", "ours, auto")}
+    rows = {r["arm"]: r for r in t.rows(run)}
+    assert rows["ours, auto"]["best"] == "stock" and rows["ours, auto"]["vs_best"]["ratio"] == 21.0 / 12.0
+
+
+def test_check_arms_needs_the_stock_arm_of_the_same_buckets_and_keeps_arms_order():
+    assert check_arms(["ours, auto", "stock"]) == ("stock", "ours, auto")
+    for bad, word in ((["ours, auto"], "add ['stock']"), (["stock", "ours, auto, small buckets"],
+                      "add ['stock, small buckets']"), (["stock", "ours"], "not arms")):
+        with pytest.raises(ValueError, match=word.replace("[", r"\[").replace("]", r"\]")):
+            check_arms(bad)
