@@ -11,8 +11,9 @@ must (a) give that weight a bucket of its own, and (b) not reduce-scatter that b
                  rewritten the same way (`ddp_layout.relayout`). Both are undone afterwards.
     (b) sync     `_ParamAndGradBucketGroup.start_grad_sync` is wrapped (class-level, once): for a bucket
                  group marked `_flashoverlap_reduced` this iteration it installs the ring's handle instead
-                 of issuing the collective (a completed one, or the DP worker's: ddp_async.py, gloo);
-                 `finish_grad_sync` then waits on it as usual. Every other bucket group runs the original.
+                 of issuing the collective (an in-backward ring's last hop, waited at the next ring or
+                 here: _DeferredRing; or the DP worker's: ddp_async.py, gloo); `finish_grad_sync` then
+                 waits on it as usual. Every other bucket group runs the original.
     (c) checks   the NaN / Inf / large-gradient check runs on the LOCAL gradient, as stock runs it before
                  its collective: the fused ring hands every local part (before it is sent) to a norm
                  accumulator, and Megatron's own `check_grads` judges that norm on the rank that made it.
@@ -210,11 +211,41 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
                             on_local=local if local.wanted(group_) else None)
     if site.asynchronous:
         group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(run)), lambda: local.check(group_))
-    else:
-        run()
-        local.check(group_)
+    else:  # in backward, its last hop waited at the next ring on this context or at finish_grad_sync
+        finish_pending(ctx)
+        handle = _DeferredRing(ctx, run(defer_last=True), lambda: local.check(group_))
+        group_._flashoverlap_handle = _PENDING[id(ctx)] = handle
     group_._flashoverlap_reduced = True
     site.fused_calls += 1
+
+
+_PENDING: dict = {}  # id(context) -> the in-backward ring whose last hop is not yet waited (one per context)
+
+
+class _DeferredRing:
+    """Megatron's handle of a bucket whose ring ran in backward up to its last hop: wait() (finish_grad_sync,
+    or the next ring on the same context, whose buffers it shares) waits on that hop, writes the own shard
+    and runs the local-gradient check. So a ring holds the backward only when its peer is a whole layer
+    behind, not at every layer (a wait bounded by the context's timeout: a dead peer raises here)."""
+
+    def __init__(self, ctx, finish, on_done):
+        self._ctx, self._finish, self._on_done = ctx, finish, on_done
+
+    def wait(self, *args, **kwargs) -> None:
+        if self._finish is None:
+            return
+        finish, self._finish = self._finish, None
+        if _PENDING.get(id(self._ctx)) is self:
+            del _PENDING[id(self._ctx)]
+        finish()
+        self._on_done()
+
+
+def finish_pending(ctx) -> None:
+    """Wait on the last hop of the in-backward ring still pending on `ctx`, if any (_DeferredRing)."""
+    pending = _PENDING.get(id(ctx))
+    if pending is not None:
+        pending.wait()
 
 
 def dp_wgrad(weight: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, wgrad=None) -> torch.Tensor:

@@ -16,6 +16,12 @@ unit, one post per lag, and waited at the end of the step they are due in, in po
     comm    |== sub-chunk 0 ==|== sub-chunk 1 ==|          (both posted at step 0)
     compute |-- own shard, step 0 --| wait 0 |-- slice of sub-chunk 0 --| wait 1 |-- sub-chunk 1 --|
 
+A walk may hand back its last step's waits (`defer_last=True`): everything is posted and computed, and the
+returned `Deferred.finish()` waits on the last step's transfers and runs their arrivals later, e.g. a DP
+reduce-scatter ring whose last hop is waited at the next ring or at Megatron's finish_grad_sync, so the
+backward between them is not held by a peer running behind (megatron/ddp.py). The handlers' buffers must
+stay untouched until then (same context: finish before the next walk that uses the same buffer names).
+
 Host cost: a step list is prepared once (`prepare`: flat tuples of tags, slices and peers, cached by
 the identity of the step tuple, which the pipeline's schedule caches keep alive), and the trace's clock
 is read only when `ctx.trace` is set.
@@ -30,7 +36,7 @@ from ..schedules.step import units
 from .context import OverlapContext
 from .transport import PeerError, PeerLostError, PeerTimeoutError, link
 
-__all__ = ["PeerError", "PeerLostError", "PeerTimeoutError", "execute", "prepare"]
+__all__ = ["Deferred", "PeerError", "PeerLostError", "PeerTimeoutError", "execute", "prepare"]
 _PLANS: dict = {}
 _MAX_PLANS = 1024  # prepared step lists kept; past that the cache starts over
 
@@ -94,8 +100,38 @@ def prepare(steps: Sequence[Step]) -> tuple[tuple[Prepared, ...], tuple[Unit, ..
     return plan
 
 
-def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext) -> None:
-    """Run `steps` (one rank's schedule) over `group` with the given per-tag handlers."""
+class Deferred:
+    """The waits and arrivals of a walk's last step, run by `finish()` (once; later calls do nothing)."""
+
+    __slots__ = ("_args",)
+
+    def __init__(self, *args):
+        self._args = args or None  # Deferred(): nothing left to wait on
+
+    def finish(self) -> None:
+        if self._args is not None:
+            args, self._args = self._args, None
+            _complete(*args)
+
+
+def _complete(lk, st: Prepared, works: list, all_units, handlers: Mapping, ctx: OverlapContext) -> None:
+    """Step st's end: wait on the units due in it (posting order), then hand their arrivals to the handlers."""
+    traced = ctx.trace is not None
+    t = time.perf_counter() if traced else 0.0
+    for d in st.due:
+        lk.wait(works[d], all_units[d].where, all_units[d].ops, ctx.timeout)
+        works[d] = None
+    if traced:
+        ctx.record("wait", st.where, t)
+    for d in st.due:
+        for tag, tr in all_units[d].arrivals:
+            handlers[tag].arrived(tr)
+
+
+def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext, *,
+            defer_last: bool = False) -> Deferred | None:
+    """Run `steps` (one rank's schedule) over `group` with the given per-tag handlers. defer_last: return the
+    last step's waits and arrivals as a `Deferred` instead of running them (module docstring)."""
     traced = ctx.trace is not None
     plan, all_units = prepare(steps)
     works: list = [None] * len(all_units)  # in flight: per unit id, posted and not yet waited
@@ -114,12 +150,7 @@ def execute(steps: Sequence[Step], group, handlers: Mapping, ctx: OverlapContext
             handlers[tag].compute(x)
             if traced:
                 ctx.record("compute", st.labels[k], t)
-        t = time.perf_counter() if traced else 0.0
-        for d in st.due:
-            lk.wait(works[d], all_units[d].where, all_units[d].ops, ctx.timeout)
-            works[d] = None
-        if traced:
-            ctx.record("wait", st.where, t)
-        for d in st.due:
-            for tag, tr in all_units[d].arrivals:
-                handlers[tag].arrived(tr)
+        if defer_last and i == len(plan) - 1:
+            return Deferred(lk, st, works, all_units, handlers, ctx)
+        _complete(lk, st, works, all_units, handlers, ctx)
+    return Deferred() if defer_last else None

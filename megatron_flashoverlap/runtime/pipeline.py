@@ -29,7 +29,7 @@ import torch
 
 from ..schedules import Schedule, Slice, Step, all_gather_ring, all_reduce_schedule, merge, reduce_scatter_ring
 from .context import OverlapContext
-from .executor import execute
+from .executor import Deferred, execute
 from .group import group_info
 from .handlers import ExchangePass, GatherPass, ScatterPass, TailPass
 
@@ -67,16 +67,17 @@ def merged(*schedules: Schedule) -> tuple[Step, ...]:
     return hit[1]
 
 
-def walk(group, ctx: OverlapContext, *passes: Pass | None) -> None:
-    """Run the passes in ONE executor walk: schedules merged step by step (None entries skipped)."""
+def walk(group, ctx: OverlapContext, *passes: Pass | None, defer_last: bool = False) -> Deferred | None:
+    """Run the passes in ONE executor walk: schedules merged step by step (None entries skipped).
+    defer_last: the last step's waits come back as a Deferred (runtime/executor.py)."""
     passes = [p for p in passes if p is not None]
     if not passes:
-        return
+        return Deferred() if defer_last else None
     handlers = {p.handler.tag: p.handler for p in passes}
     if len(handlers) != len(passes):
         raise ValueError(f"walk: passes share a tag {[p.handler.tag for p in passes]}; give each pass of one "
                          f"walk its own tag=")
-    execute(merged(*(p.schedule for p in passes)), group, handlers, ctx)
+    return execute(merged(*(p.schedule for p in passes)), group, handlers, ctx, defer_last=defer_last)
 
 
 def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group, ctx: OverlapContext, *,
@@ -131,15 +132,22 @@ def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Ten
 def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
                         ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
                         wire_dtype: torch.dtype | None = None, bidirectional: bool = False,
-                        name: str = "rs", into: bool = False, hop_chunks: int = 1) -> torch.Tensor:
+                        name: str = "rs", into: bool = False, hop_chunks: int = 1, defer_last: bool = False):
     """Flash-RS: produce(rows) -> partial [rows, *tail_shape] (into: produce(rows, out) fills it), summed over
     the group in acc_dtype, sent in wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape]
-    in out_dtype."""
+    in out_dtype; defer_last: -> finish, a callable that waits on the last hop and returns that block (every
+    GEMM slice has run; the ring's buffers in ctx stay in use until finish: runtime/executor.py)."""
     p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
                 device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name, into=into,
                 hop_chunks=hop_chunks)
-    walk(group, ctx, p)
-    return p.handler.result()
+    pending = walk(group, ctx, p, defer_last=defer_last)
+    if not defer_last:
+        return p.handler.result()
+
+    def finish() -> torch.Tensor:
+        pending.finish()
+        return p.handler.result()
+    return finish
 
 
 _all_reduce_schedule = functools.lru_cache(maxsize=256)(all_reduce_schedule)  # pure data: once per layout

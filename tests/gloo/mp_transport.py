@@ -39,11 +39,22 @@ def _ag(group, algo="flash", timeout_s=2.0):
                                         num_chunks=2 if algo == "slicing" else None, context=ctx)
 
 
+def _deferred_rs(group, timeout_s=2.0):
+    """The DP ring with its last hop deferred: the call returns (its posts need no peer), finish() waits."""
+    ctx = fo.OverlapContext(timeout=timedelta(seconds=timeout_s), check_peers="never")
+
+    def run():
+        finish = fo.matmul_wgrad_reduce_scatter(torch.randn(3, 2, 4), torch.randn(3, 2, 4), torch.zeros(16), 0,
+                                                group, context=ctx, defer_last=True)
+        finish()
+    return run
+
+
 def dead_peers(rank, world):
     """Rank 1 leaves or skips; rank 0 reports what it saw. Each case runs on its own fresh subgroup, so a
     broken group never touches the next case; the default group only orders the cases."""
     out = {}
-    for case in ("post", "wait", "timeout", "slicing_timeout"):
+    for case in ("post", "wait", "timeout", "slicing_timeout", "deferred_timeout"):
         sub = dist.new_group([0, 1])
         dist.barrier()
         if rank == 1:
@@ -55,7 +66,8 @@ def dead_peers(rank, world):
             continue
         if case == "post":
             time.sleep(1.0)  # the closed connection reaches rank 0 before it posts
-        out[case] = _attempt(_ag(sub, "slicing" if case == "slicing_timeout" else "flash"))
+        out[case] = _attempt(_deferred_rs(sub) if case == "deferred_timeout" else
+                             _ag(sub, "slicing" if case == "slicing_timeout" else "flash"))
         dist.barrier()
     return out
 

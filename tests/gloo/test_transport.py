@@ -50,6 +50,12 @@ def test_slicing_baseline_waits_through_the_transport(dead):
     assert "all-gather chunk 0" in r["message"] and r["seconds"] < 30
 
 
+def test_deferred_last_hop_of_an_absent_peer_times_out_at_finish(dead):
+    r = dead["deferred_timeout"]
+    assert r["kind"] == "timeout", r
+    assert "did not complete" in r["message"] and "global rank 1" in r["message"] and 1.5 < r["seconds"] < 30
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_second_call_issues_only_the_operators_traffic(pools, world):
     for r in pools(world).run(BODY + "steady_state_traffic", timeout=300):

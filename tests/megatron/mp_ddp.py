@@ -45,7 +45,7 @@ class MLP(torch.nn.Module):
         return x
 
 
-def _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed):
+def _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed, asynchronous=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -57,13 +57,15 @@ def _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed):
     if mode == "stock":
         ddp, accepted = DistributedDataParallel(cfg, ddp_cfg, module), []
     else:
-        ddp, accepted = wrap_with_dp_overlap(cfg, ddp_cfg, module)
+        ddp, accepted = wrap_with_dp_overlap(cfg, ddp_cfg, module, asynchronous=asynchronous)
     opt = get_megatron_optimizer(OptimizerConfig(use_distributed_optimizer=True, **opt_kw), [ddp])
     return module, ddp, opt, accepted
 
 
-def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype):
-    module, ddp, opt, accepted = _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed=7)
+def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype, asynchronous=None):
+    from megatron_flashoverlap.megatron import ddp as megatron_ddp
+
+    module, ddp, opt, accepted = _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed=7, asynchronous=asynchronous)
     dp_rank = ps.get_data_parallel_rank()
     g = torch.Generator().manual_seed(100 + dp_rank)
     losses = []
@@ -79,6 +81,7 @@ def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype)
                 loss = (ddp(x).float() - target.float()).pow(2).mean() / micro
                 loss.backward()
             total += loss.item()
+        pending = len(megatron_ddp._PENDING)  # in-backward rings whose last hop is not yet waited
         ddp.finish_grad_sync()
         opt.step()
         losses.append(total)
@@ -86,7 +89,7 @@ def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype)
     fused = sum(w._flashoverlap_dp.fused_calls for w in accepted)
     buckets = [len(bk.params_list) for buf in ddp.buffers for bk in buf.buckets]
     return {"losses": losses, "params": params, "accepted": len(accepted), "fused_calls": fused,
-            "buckets": buckets}
+            "buckets": buckets, "pending_after_backward": pending, "pending_after_finish": len(megatron_ddp._PENDING)}
 
 
 class _null:
@@ -98,7 +101,7 @@ class _null:
 
 
 def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, lr=10.0, adam_eps=100.0,
-          dtype="float32", ddp_kw=None, modes=("stock", "flash")):
+          dtype="float32", ddp_kw=None, modes=("stock", "flash"), asynchronous=None):
     """-> {mode: {"losses", "params", "accepted", "fused_calls", "buckets"}, "log": [lines]}.
 
     Adam (the DistributedOptimizer supports no SGD); by default with eps >> |grad| so that one step moves
@@ -117,8 +120,8 @@ def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, l
         bf16 = dt == torch.bfloat16
         opt_kw = {"optimizer": "adam", "lr": lr, "adam_eps": adam_eps, "bf16": bf16, "params_dtype": dt,
                   "clip_grad": 1.0}
-        out = {mode: _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, dict(ddp_kw or {}), opt_kw, dt)
-               for mode in modes}
+        out = {mode: _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, dict(ddp_kw or {}), opt_kw, dt,
+                          asynchronous) for mode in modes}
         out["log"] = lines.lines
         out["dp"] = ps.get_data_parallel_world_size()
         return out
@@ -127,8 +130,11 @@ def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, l
         ps.destroy_model_parallel()
 
 
-def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, dtype="float32", hop_chunks=1):
-    """The bare operator on a flat bucket [offset pad | W n*k | tail pad] vs stock (add, scale, RS)."""
+def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, dtype="float32", hop_chunks=1,
+             defer=False):
+    """The bare operator on a flat bucket [offset pad | W n*k | tail pad] vs stock (add, scale, RS).
+    defer: the ring's last hop deferred (defer_last=True): "untouched" = the own shard still held the input
+    before finish(), "same" = the result equals the undeferred ring's bitwise (the same operations)."""
     from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
     import torch.distributed as dist
 
@@ -139,11 +145,22 @@ def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, 
     base = torch.randn(length, generator=g).to(dt)  # gradient accumulated by earlier micro-batches
     ref, got = base.clone(), base.clone()
     matmul_wgrad_reduce_scatter(dy, x, ref, pad, dist.group.WORLD, scale=scale, algo="reference")
-    matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
     shard = length // world
     own = slice(rank * shard, (rank + 1) * shard)
+    out = {}
+    if defer:
+        now = base.clone()
+        matmul_wgrad_reduce_scatter(dy, x, now, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
+        finish = matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo,
+                                             hop_chunks=hop_chunks, defer_last=True)
+        out["untouched"] = torch.equal(got[own], base[own])
+        finish()
+        finish()  # a second call does nothing
+        out["same"] = torch.equal(got[own], now[own])
+    else:
+        matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
     return {"err": (got[own].double() - ref[own].double()).abs().max().item(),
-            "scale": ref[own].abs().max().item()}
+            "scale": ref[own].abs().max().item(), **out}
 
 
 def shared_bucket(rank, world, h=16, f=24):

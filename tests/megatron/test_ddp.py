@@ -33,6 +33,16 @@ def test_operator_hop_chunks_match_megatron_order(pools, world, chunks, n, k, pa
         assert r["err"] <= FP32 * max(1.0, r["scale"]), r
 
 
+@pytest.mark.parametrize("world,algo,chunks", [(2, "flash", 1), (3, "flash", 1), (4, "flash", 2),
+                                               (4, "flash_bidir", 1)])
+def test_operator_last_hop_deferred_until_finish(pools, world, algo, chunks):
+    # defer_last: the GEMM has run, the own shard is written only by finish(); the same operations as the
+    # undeferred ring, so the same bits, and Megatron's order within FP32
+    for r in pools(world).run("tests.megatron.mp_ddp:operator", 5, 7, 3, algo=algo, hop_chunks=chunks, defer=True):
+        assert r["untouched"] and r["same"], r
+        assert r["err"] <= FP32 * max(1.0, r["scale"]), r
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_operator_refuses_bad_hop_chunks(bad):
     from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
@@ -56,14 +66,21 @@ def test_dp2_one_step_parameters_equal_stock(pools):
     assert all(r["dp"] == 2 for r in res)
 
 
-def test_dp2_twenty_steps_adam_micro_batches_same_loss_curve(pools):
-    res = pools(2).run("tests.megatron.mp_ddp:train", tp=1, steps=20, micro=3, lr=1e-2, adam_eps=1e-8, timeout=600)
+@pytest.mark.parametrize("asynchronous", [None, False])  # gloo's default (the DP worker) and rings in backward
+def test_dp2_twenty_steps_adam_micro_batches_same_loss_curve(pools, asynchronous):
+    res = pools(2).run("tests.megatron.mp_ddp:train", tp=1, steps=20, micro=3, lr=1e-2, adam_eps=1e-8,
+                       asynchronous=asynchronous, timeout=600)
     _check_same(res, 20, 2)
     assert res[0]["stock"]["losses"][-1] < res[0]["stock"]["losses"][0]  # it trains
+    for r in res:  # in backward, the last ring's last hop is left to finish_grad_sync, which waits on it
+        assert (r["flash"]["pending_after_backward"], r["flash"]["pending_after_finish"]) == \
+            ((1, 0) if asynchronous is False else (0, 0)), r["flash"]
 
 
-def test_tp2_dp2_four_processes_parameters_equal_stock(pools):
-    res = pools(4).run("tests.megatron.mp_ddp:train", tp=2, steps=2, micro=2, h=16, f=20, timeout=600)
+@pytest.mark.parametrize("asynchronous", [None, False])
+def test_tp2_dp2_four_processes_parameters_equal_stock(pools, asynchronous):
+    res = pools(4).run("tests.megatron.mp_ddp:train", tp=2, steps=2, micro=2, h=16, f=20, asynchronous=asynchronous,
+                       timeout=600)
     _check_same(res, 2, 2)
     assert all(r["dp"] == 2 for r in res)
 

@@ -99,10 +99,12 @@ def produce_span_into(dy, x, grad_flat, offset: int, scale: float, a: int, b: in
 @register(OP, "flash")
 @register(OP, "flash_bidir", bidirectional=True)
 def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext, wire: str = "input",
-                              on_local=None, bidirectional: bool = False, hop_chunks: int = 1) -> None:
+                              on_local=None, bidirectional: bool = False, hop_chunks: int = 1,
+                              defer_last: bool = False):
     """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard into the ring's own
     slot (produce_span_into: no copy of the partial); own shard last.
-    hop_chunks c: each shard made and sent in c pieces (the first piece leaves after 1/c of its GEMM)."""
+    hop_chunks c: each shard made and sent in c pieces (the first piece leaves after 1/c of its GEMM).
+    defer_last: every GEMM slice runs now; -> finish(), which waits on the last hop and writes the own shard."""
     rank, world = group_info(group)
     shard = grad_flat.numel() // world
     acc = acc_dtype(grad_flat.dtype)
@@ -114,17 +116,27 @@ def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: Overl
 
     own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
                               device=grad_flat.device, wire_dtype=wire_dtype(grad_flat.dtype, wire),
-                              bidirectional=bidirectional, name="dp.rs", hop_chunks=hop_chunks, into=True)
-    grad_flat[rank * shard:(rank + 1) * shard].copy_(own)
+                              bidirectional=bidirectional, name="dp.rs", hop_chunks=hop_chunks, into=True,
+                              defer_last=defer_last)
+
+    def finish() -> None:
+        grad_flat[rank * shard:(rank + 1) * shard].copy_(own() if defer_last else own)
+    if defer_last:
+        return finish
+    finish()
 
 
 def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
                                 group, *, scale: float = 1.0, algo: str = "flash", wire_dtype: str = "input",
-                                context: OverlapContext | None = None, on_local=None, hop_chunks: int = 1) -> None:
+                                context: OverlapContext | None = None, on_local=None, hop_chunks: int = 1,
+                                defer_last: bool = False):
     """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
     `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset.
     on_local(part, scale): sees every local part (times scale) before it is sent (module docstring).
-    hop_chunks: pieces per shard of the ring (an int >= 1; the reference ignores it: one collective)."""
+    hop_chunks: pieces per shard of the ring (an int >= 1; the reference ignores it: one collective).
+    defer_last: -> finish(): the ring's last hop is waited (and the own shard written) when it is called; the
+    GEMM has run and every local part was seen; finish before the next call on the same `context` (its ring
+    buffers). The reference and a group of 1 finish at once (finish() does nothing)."""
     algo = resolve(OP, algo)[0]
     check_wire(OP, wire_dtype)
     rank, world = group_info(group)
@@ -142,7 +154,11 @@ def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: to
         peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), offset, n, k)
     with torch.no_grad():  # a plain op into a gradient buffer: nothing to record (inputs may require grad)
         if world == 1 or algo == "reference":
-            return plain(OP, "reference")(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype,
-                                          on_local=on_local)
+            plain(OP, "reference")(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local)
+            return _done if defer_last else None
         return plain(OP, algo)(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local,
-                               hop_chunks=hop_chunks)
+                               hop_chunks=hop_chunks, defer_last=defer_last)
+
+
+def _done() -> None:
+    """finish() of a reduce-scatter that completed in its call."""
