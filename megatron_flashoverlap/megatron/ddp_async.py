@@ -1,7 +1,9 @@
 """The fused DP ring off the compute thread, on host-driven transports (gloo): its wait no longer blocks backward.
 
-A fused weight's ring (ops/dp/wgrad_rs.py) waits on every hop. Run in the compute thread, it hides only
-under that weight's own wgrad GEMM (a hop longer than the GEMM slice stalls the whole backward). Here, on a
+A fused weight's ring (ops/dp/wgrad_rs.py) waits on every hop. Run in the compute thread, it hides under
+that weight's own wgrad GEMM and, its last hop being waited at the next fused ring (megatron/ddp.py), under
+the backward up to that ring; a ring longer than that (or hops before the last longer than their GEMM
+slices, P > 2) stalls the backward. Here, on a
 "timed" transport (gloo: the host moves the bytes, runtime/transport.py), the ring, its GEMM slices
 included, runs on ONE DP worker thread per process, FIFO (so every rank runs the rings in backward
 order, and each ring's hops keep program order), while the compute thread goes on with the backward of

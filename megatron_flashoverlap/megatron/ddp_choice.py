@@ -10,13 +10,15 @@
             modelled step are fused (k = 0 where stock already hides its buckets)
         tokens unknown: stock's last bucket (ddp_layout.last_bucket_weights), as before
     asynchronous None on a host-driven transport (gloo), with the cost model: at TP = 1 the DP worker thread
-        only where the model's rings in backward would stall it (a hop longer than the GEMM it hides under:
-        the link-bound case), each ring in its layer's backward otherwise; at TP > 1 the worker (the model
-        counts neither the TP rings the compute thread also waits on nor the host's threads). Measured
-        against a line-rate stock (benchmarks/dp.py, 2026-12-01, three compute-bound runs, two link-bound),
-        exposed DP on the worker vs in backward: compute-bound TP1xDP2 156 / 86 / 180 ms vs 57 / 24-55 /
-        78-89 ms; compute-bound TP2xDP2 + SP 175 / 124 / 77-131 ms vs 209 / 220-244 / 254 ms; link-bound
-        TP1xDP2 217 / 211 ms vs 337 / 323 ms (README). Without the cost model, and on NCCL: ddp_async.runs_async.
+        only where the model's best step with rings in backward (each last hop waited at the next ring)
+        is longer than on the worker by more than a call latency per ring (ops/dp/choice.worker_pays),
+        each ring in its layer's backward otherwise; at TP > 1 the worker (the model counts neither the TP
+        rings the compute thread also waits on nor the host's threads). Measured against a line-rate
+        stock (benchmarks/dp.py, 2026-12-01), exposed DP on the worker vs in backward: compute-bound TP1xDP2
+        156 / 86 / 180 / 85 ms vs 57 / 24-55 / 78-89 / 75 ms; compute-bound TP2xDP2 + SP 175 / 124 / 77-131 ms
+        vs 209 / 220-244 / 254 ms; link-bound TP1xDP2 217 / 211 ms vs 337 / 323 ms with every hop waited in
+        backward, 184 ms vs 215 ms once the last hop is deferred (README). Without the cost model, and on
+        NCCL: ddp_async.runs_async.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from ..runtime import OverlapContext, reduce_scatter_into
 from .ddp_async import runs_async
 from .ddp_layout import last_bucket_weights
 
+IN_BACKWARD = "in backward under their wgrad, each last hop waited at the next ring"
 PROBE = 1 << 20  # elements: ~4 MB fp32, long enough to be link-bound at 1-10 Gbit/s, short enough for start-up
 
 
@@ -73,7 +76,7 @@ def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates
     lat = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1, :8], x[:1, :world], tiny, 0, dp_group, context=ctx))
     rates = torch.tensor([comm / PROBE, ring / PROBE, gemm / PROBE, lat], dtype=torch.float64)
     dist.all_reduce(rates, op=dist.ReduceOp.MAX, group=dp_group)
-    return Rates(*rates.tolist())
+    return Rates(*rates.tolist(), hops=world - 1)
 
 
 def _tp_size(candidates) -> int:
@@ -101,7 +104,7 @@ def by_cost_model(module, candidates, bucket_size, rates: Rates, asynchronous: b
             f"~{stock.compute * 1e3:.0f} ms backward; fusing the {k} of {len(candidates)} tensor-parallel "
             f"linears reduced last in backward ({sum(m.weight.numel() for m in picked)} elements) leaves "
             f"~{best.exposed * 1e3:.0f} ms after a ~{best.compute * 1e3:.0f} ms backward (their rings run "
-            f"{'on the DP worker thread from their wgrad on' if asynchronous else 'synchronously under their wgrad'}"
+            f"{'on the DP worker thread from their wgrad on' if asynchronous else IN_BACKWARD}"
             f"); every other parameter keeps Megatron's buckets")
     return picked, line
 

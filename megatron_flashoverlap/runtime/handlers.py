@@ -91,8 +91,10 @@ class GatherPass:
 class ScatterPass:
     def __init__(self, block_rows: int, rank: int, parts: int, produce: Callable[[tuple[int, int]], torch.Tensor],
                  tail_shape: tuple, acc_dtype: torch.dtype, out_dtype: torch.dtype, device, ctx: OverlapContext,
-                 name: str = "rs", tag: int = 0, into: bool = False, wire_dtype: torch.dtype | None = None):
+                 name: str = "rs", tag: int = 0, into: bool = False, wire_dtype: torch.dtype | None = None,
+                 own_into: torch.Tensor | None = None):
         self.tag, self.into = tag, into
+        self.own_into = own_into  # [block_rows, *tail] in acc_dtype: the own block is made and summed in place
         self.wire_dtype = out_dtype if wire_dtype is None else wire_dtype
         self.rows, self.rank, self.parts, self.produce = block_rows, rank, parts, produce
         self.tail, self.acc_dtype, self.out_dtype, self.device = tuple(tail_shape), acc_dtype, out_dtype, device
@@ -109,10 +111,13 @@ class ScatterPass:
         return self.shapes[x.part]
 
     def compute(self, x: Slice) -> None:
-        slot = self.turn[x.part] % 2  # a partial is sent one step after it is made: two slots suffice
-        self.turn[x.part] += 1
-        buf = self.ctx.buffer(self.slots[x.part][slot], self.shapes[x.part], self.acc_dtype, self.device)
         a, b = self.bounds[x.part]
+        if x.block == self.rank and self.own_into is not None:  # never sent: it is summed where it ends up
+            buf = self.own_into[a:b]
+        else:
+            slot = self.turn[x.part] % 2  # a partial is sent one step after it is made: two slots suffice
+            self.turn[x.part] += 1
+            buf = self.ctx.buffer(self.slots[x.part][slot], self.shapes[x.part], self.acc_dtype, self.device)
         rows = (x.block * self.rows + a, x.block * self.rows + b)
         if self.into:
             self.produce(rows, buf)
@@ -135,6 +140,8 @@ class ScatterPass:
         self.acc[t.slice].add_(self.recv(t.slice))  # upcast-add: wire dtype into the acc_dtype sum
 
     def result(self) -> torch.Tensor:
+        if self.own_into is not None:
+            return self.own_into
         own = [self.acc[Slice(self.rank, k, self.tag)] for k in range(self.parts)]
         return torch.cat(own, dim=0).to(self.out_dtype) if len(own) > 1 else own[0].to(self.out_dtype, copy=True)
 

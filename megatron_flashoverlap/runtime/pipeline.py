@@ -93,15 +93,20 @@ def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None],
 def scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
             ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
             wire_dtype: torch.dtype | None = None, bidirectional: bool = False, name: str = "rs",
-            tag: int = 0, into: bool = False, hop_chunks: int = 1) -> Pass:
+            tag: int = 0, into: bool = False, hop_chunks: int = 1, own_into: torch.Tensor | None = None) -> Pass:
     """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`.
     hop_chunks: each block made and sent in that many row sub-chunks (each sent as soon as it is made).
     Sums are kept in acc_dtype and travel in wire_dtype (None: out_dtype, the bytes of stock's collective).
-    into: `produce(rows, out)` writes the partial into the ring slot `out` (acc_dtype) instead of returning it."""
+    into: `produce(rows, out)` writes the partial into the ring slot `out` (acc_dtype) instead of returning it.
+    own_into [block_rows, *tail_shape] (acc_dtype == out_dtype): the own block is made, summed and returned
+    there (no ring slot, no copy; with into=True, `produce` may be handed a view of it)."""
+    if own_into is not None and (own_into.dtype != acc_dtype or acc_dtype != out_dtype):
+        raise ValueError(f"scatter: own_into is {own_into.dtype}; it holds the sum, so acc_dtype ({acc_dtype}) and "
+                         f"out_dtype ({out_dtype}) must both be its dtype")
     rank, world = group_info(group)
     sched = schedule(reduce_scatter_ring, rank, world, bidirectional=bidirectional, chunks=hop_chunks, tag=tag)
     handler = ScatterPass(block_rows, rank, sched.parts, produce, tail_shape, acc_dtype, out_dtype, device, ctx,
-                          name, tag, into, wire_dtype)
+                          name, tag, into, wire_dtype, own_into)
     return Pass(sched, handler)
 
 
@@ -132,14 +137,16 @@ def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Ten
 def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
                         ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
                         wire_dtype: torch.dtype | None = None, bidirectional: bool = False,
-                        name: str = "rs", into: bool = False, hop_chunks: int = 1, defer_last: bool = False):
+                        name: str = "rs", into: bool = False, hop_chunks: int = 1, defer_last: bool = False,
+                        own_into: torch.Tensor | None = None):
     """Flash-RS: produce(rows) -> partial [rows, *tail_shape] (into: produce(rows, out) fills it), summed over
     the group in acc_dtype, sent in wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape]
-    in out_dtype; defer_last: -> finish, a callable that waits on the last hop and returns that block (every
-    GEMM slice has run; the ring's buffers in ctx stay in use until finish: runtime/executor.py)."""
+    in out_dtype (own_into: that tensor, the sum made in it: `scatter`); defer_last: -> finish, a callable
+    that waits on the last hop and returns that block (every GEMM slice has run; the ring's buffers in ctx
+    stay in use until finish: runtime/executor.py)."""
     p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
                 device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name, into=into,
-                hop_chunks=hop_chunks)
+                hop_chunks=hop_chunks, own_into=own_into)
     pending = walk(group, ctx, p, defer_last=defer_last)
     if not defer_last:
         return p.handler.result()

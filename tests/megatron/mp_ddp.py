@@ -133,7 +133,7 @@ def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, l
 def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, dtype="float32", hop_chunks=1,
              defer=False):
     """The bare operator on a flat bucket [offset pad | W n*k | tail pad] vs stock (add, scale, RS).
-    defer: the ring's last hop deferred (defer_last=True): "untouched" = the own shard still held the input
+    defer: the ring's last hop deferred (defer_last=True): "final_before" = the own shard held the result
     before finish(), "same" = the result equals the undeferred ring's bitwise (the same operations)."""
     from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
     import torch.distributed as dist
@@ -153,7 +153,7 @@ def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, 
         matmul_wgrad_reduce_scatter(dy, x, now, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
         finish = matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo,
                                              hop_chunks=hop_chunks, defer_last=True)
-        out["untouched"] = torch.equal(got[own], base[own])
+        out["final_before"] = torch.equal(got[own], now[own])  # the last hop's add not yet made
         finish()
         finish()  # a second call does nothing
         out["same"] = torch.equal(got[own], now[own])

@@ -29,9 +29,10 @@ def test_a_fused_ring_hides_under_its_own_wgrad_and_waits_for_a_busy_link():
     rates = Rates(comm_s=1.0, ring_s=1.0, gemm_s=1.0)
     # fuse the first layer's weight (index 4, reduced last): buckets [w2 n2] ready 20 (runs 20-31), [w1 n1]
     # ready 40 (40-51); layer 0's dgrad ends at 50, the link is busy to 51, so its ring runs 51-61; the wgrad
-    # ends at 60, the thread waits to 61; the last bucket [n0] (1 element) runs 61-62
+    # ends at 60 without waiting (its one hop is the deferred last hop); the last bucket [n0] (1 element)
+    # runs 61-62
     out = simulate(_layers(3), {4}, 11, rates)
-    assert (out.compute, out.exposed) == (61.0, 1.0)
+    assert (out.compute, out.exposed) == (60.0, 2.0)
 
 
 def test_choose_fuses_only_the_last_bucket_where_stock_hides_the_rest():
@@ -41,19 +42,39 @@ def test_choose_fuses_only_the_last_bucket_where_stock_hides_the_rest():
     assert k == 1 and best.step < stock.step
 
 
-def test_choose_fuses_every_layer_when_the_link_is_the_bottleneck():
+def test_choose_fuses_the_tail_when_the_link_is_the_bottleneck():
     # stock's collective 2 s per element (each layer's 22 > its 20 of backward): buckets run 20-42, 42-64,
-    # 64-86, 86-108: 28 exposed. Our ring at 1 s per element hides under each wgrad (10 <= 10), compute 80, the
-    # norms' bucket (4 elements) 80-88: step 88, the best k
+    # 64-86, 86-108: 28 exposed. Our ring at 1 s per element (10 s, one hop): fusing all 4, each ring runs
+    # under its wgrad, compute 80, the norms' bucket (4 elements) 80-88: step 88. Fusing layers 1 and 0 only:
+    # [w3 n3] 20-42, [w2 n2] 42-64; layer 1's ring waits for the link (64-74), layer 0's dgrad (60-70)
+    # then waits on that ring's last hop (to 74), its ring 74-84 under its wgrad (74-84); [n1 n0] 84-88:
+    # also 88, and a tie goes to the smaller k
     k, best, stock = choose(_layers(4), 11, Rates(comm_s=2.0, ring_s=1.0, gemm_s=1.0))
-    assert (k, best.step, stock.step, stock.exposed, best.exposed) == (4, 88.0, 108.0, 28.0, 8.0)
+    assert (k, best.step, best.compute, stock.step, stock.exposed, best.exposed) == (2, 88.0, 84.0, 108.0, 28.0, 4.0)
+    assert simulate(_layers(4), {0, 2, 4, 6}, 11, Rates(comm_s=2.0, ring_s=1.0, gemm_s=1.0)).step == 88.0
 
 
-def test_a_ring_slower_than_its_wgrad_costs_the_excess_each_layer():
-    # ring 2 s per element: each fused layer waits 20 - 10 = 10: fusing all 4 gives 80 + 40 + 8 = 128 > 108
+def test_a_ring_slower_than_its_wgrad_holds_the_next_layer_not_its_own():
+    # ring 2 s per element (20 s), one hop, deferred: layer 3's ring 10-30 (wgrad to 20); layer 2's dgrad
+    # ends at 30, its ring's wait is over, ring 30-50 (wgrad to 40); layer 1: dgrad 40-50, ring 50-70; layer
+    # 0: dgrad 60-70, ring 70-90, wgrad to 80; the norms' bucket 90-98: compute 80, exposed 18, step 98 < 108
     rates = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
-    assert simulate(_layers(4), {0, 2, 4, 6}, 11, rates).step == 128.0
-    assert choose(_layers(4), 11, rates)[0] < 4
+    out = simulate(_layers(4), {0, 2, 4, 6}, 11, rates)
+    assert (out.compute, out.exposed) == (80.0, 18.0)
+    assert choose(_layers(4), 11, rates)[0] == 4
+
+
+def test_the_hops_before_the_last_are_waited_in_the_wgrad():
+    # 3 ranks (2 hops), ring 3 s per element (30 s): the first hop (15 s) is waited in the wgrad: layer 3:
+    # dgrad 0-10, ring 10-40, wgrad waits to 25; layer 2: dgrad 25-35, waits on layer 3's last hop to 40,
+    # ring 40-70, first hop to 55; layer 1: dgrad 55-65, wait to 70, ring 70-100, to 85; layer 0: dgrad 85-95,
+    # wait to 100, ring 100-130, to 115; norms 130-138: worse than stock's 108, so nothing is fused
+    rates = Rates(comm_s=2.0, ring_s=3.0, gemm_s=1.0, hops=2)
+    out = simulate(_layers(4), {0, 2, 4, 6}, 11, rates)
+    assert (out.compute, out.exposed) == (115.0, 23.0)
+    assert choose(_layers(4), 11, rates)[0] == 0
+    with pytest.raises(ValueError, match="hops"):
+        Rates(comm_s=1.0, ring_s=1.0, gemm_s=1.0, hops=0)
 
 
 def test_choose_keeps_stock_where_fusing_cannot_help():
@@ -77,7 +98,7 @@ def test_the_ring_latency_keeps_small_weights_stock():
 
 
 def test_an_asynchronous_ring_does_not_stall_the_backward():
-    # the synchronous 128 of test_a_ring_slower_than_its_wgrad... : off the compute thread the backward ends at
+    # the rings of test_a_ring_slower_than_its_wgrad... : off the compute thread the backward ends at
     # 80; the rings of layers 3..0 start after their dgrads (10, 30, 50, 70) and queue on the link: 10-30,
     # 30-50, 50-70, 70-90, then the norms' bucket 90-98: exposed 18 (stock: 28)
     rates = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
@@ -89,12 +110,16 @@ def test_an_asynchronous_ring_does_not_stall_the_backward():
 def test_the_worker_only_where_rings_in_backward_would_stall():
     # comm 100x cheaper than compute (test_choose_fuses_only_the_last_bucket_...): layer 0's ring (0.1 s) hides
     # under its 10-s wgrad in backward as on the worker, both model 80.01: a tie goes to the backward (the
-    # worker's own host time is not in the model). Ring at 2 s per element: in backward each fused ring
-    # stalls its layer 10 s and the best is stock's 108 (test_a_ring_slower_...); on the worker 4 fused
-    # layers end at 98 (test_an_asynchronous_ring_...): the worker pays
+    # worker's own host time is not in the model). Ring at 2 s per element, one hop: in backward the deferred
+    # last hop holds only the next layer, 98 as on the worker (test_a_ring_slower_...): no worker. With 3
+    # hops the first two (13.3 s) are waited in each 10-s wgrad: the best in backward is stock's 108, the
+    # worker's 98: it pays
     fast = Rates(comm_s=0.01, ring_s=0.01, gemm_s=1.0)
     assert choose(_layers(4), 11, fast, True)[1].step == choose(_layers(4), 11, fast, False)[1].step
     assert not worker_pays(_layers(4), 11, fast)
     slow = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0)
-    assert (choose(_layers(4), 11, slow, True)[1].step, choose(_layers(4), 11, slow, False)[1].step) == (98.0, 108.0)
-    assert worker_pays(_layers(4), 11, slow)
+    assert (choose(_layers(4), 11, slow, True)[1].step, choose(_layers(4), 11, slow, False)[1].step) == (98.0, 98.0)
+    assert not worker_pays(_layers(4), 11, slow)
+    hops = Rates(comm_s=2.0, ring_s=2.0, gemm_s=1.0, hops=3)
+    assert (choose(_layers(4), 11, hops, True)[1].step, choose(_layers(4), 11, hops, False)[1].step) == (98.0, 108.0)
+    assert worker_pays(_layers(4), 11, hops)

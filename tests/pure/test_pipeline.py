@@ -4,7 +4,8 @@ its pieces over the hop steps of a ring, and the shared numerics keep bf16/fp16 
 import pytest
 import torch
 
-from megatron_flashoverlap.runtime import OverlapContext, acc_dtype, gather, gather_and_consume, tail, walk, wgrad
+from megatron_flashoverlap.runtime import (OverlapContext, acc_dtype, gather, gather_and_consume, produce_and_scatter,
+                                          scatter, tail, walk, wgrad)
 
 
 def test_walk_refuses_two_passes_with_one_tag():
@@ -39,3 +40,20 @@ def test_wgrad_is_dy_transposed_x_in_the_accumulation_dtype():
     assert torch.allclose(wgrad(dy, x, slice(1, 3)).double(), want[1:3], atol=1e-5)
     assert wgrad(dy.bfloat16(), x.bfloat16()).dtype == torch.float32
     assert acc_dtype(torch.float16) == torch.float32 and acc_dtype(torch.float64) == torch.float64
+
+
+def test_own_block_summed_in_place_and_deferred_finish():
+    # group of one: the own block is the whole scatter; own_into receives it with no ring slot (the same
+    # storage comes back), and with defer_last the walk hands back a finish that returns it
+    own = torch.full((3, 2), -1.0)
+    finish = produce_and_scatter(lambda rows, out: out.copy_(torch.arange(6.0).view(3, 2)[rows[0]:rows[1]]), 3,
+                                 (2,), None, OverlapContext(), acc_dtype=torch.float32, out_dtype=torch.float32,
+                                 device="cpu", into=True, own_into=own, defer_last=True)
+    got = finish()
+    assert got.data_ptr() == own.data_ptr() and torch.equal(own, torch.arange(6.0).view(3, 2))
+
+
+def test_own_into_must_hold_the_sum_dtype():
+    with pytest.raises(ValueError, match="own_into is torch.bfloat16"):
+        scatter(lambda rows: None, 3, (2,), None, OverlapContext(), acc_dtype=torch.float32,
+                out_dtype=torch.bfloat16, device="cpu", own_into=torch.zeros(3, 2, dtype=torch.bfloat16))

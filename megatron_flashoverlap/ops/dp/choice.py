@@ -1,10 +1,11 @@
 """Which weights to fuse: a cost model of Megatron's `--overlap-grad-reduce` backward (pure: no torch).
 
     Param(numel, linear)            one trainable parameter, in backward (= layout) order
-    Rates(comm_s, ring_s, gemm_s, ring_lat_s)   seconds per gradient element of stock's DP reduce-scatter
-                                    (comm_s) and of our ring (ring_s, ops/dp/wgrad_rs.py); seconds per weight
-                                    element of ONE GEMM of the layer's backward (dgrad and wgrad each cost it);
-                                    seconds of a ring call over (almost) nothing (its per-call latency)
+    Rates(comm_s, ring_s, gemm_s, ring_lat_s, hops)   seconds per gradient element of stock's DP reduce-
+                                    scatter (comm_s) and of our ring (ring_s, ops/dp/wgrad_rs.py); seconds per
+                                    weight element of ONE GEMM of the layer's backward (dgrad and wgrad each
+                                    cost it); seconds of a ring call over (almost) nothing (its per-call
+                                    latency); the ring's hops (DP size - 1)
     simulate(params, fused, bucket_size, rates, asynchronous=False) -> Outcome(compute, exposed, step)
     choose(params, bucket_size, rates, asynchronous=False) -> (k, Outcome of k, Outcome of stock): fuse the k
                                     candidate linears reduced LAST in backward (the first layers), k
@@ -16,14 +17,16 @@
 
 The model (one serial link, one compute thread; the backward is the linears' dgrad + wgrad GEMMs):
 
-    compute  | p1 dgrad wgrad | p2 ... | fused w: dgrad, wgrad half | own half | ... | pN |        end of bwd
-    link     |     bucket 1 RS (starts when its last param is ready) | bucket 2 RS | w's ring | ... | tail |
+    compute  | p1 dgrad wgrad | p2 ... | fused w: dgrad, wgrad half | own half | v: dgrad, (wait w) ... |
+    link     |     bucket 1 RS (starts when its last param is ready) | bucket 2 RS | w's ring ...| v's ring
                                                                                           exposed = tail
 
 A stock bucket's reduce-scatter starts when its last parameter's gradient is ready and the link is free
 (Megatron's buckets go one at a time: one communication handle outstanding, and one link). A fused weight's
-ring starts at its wgrad (when the link is free) and the compute thread waits for it after the wgrad GEMM:
-its ring runs synchronously, hidden only under its own wgrad. `asynchronous` (the ring on the DP worker
+ring starts at its wgrad (when the link is free); the compute thread waits for its first hops - 1 of `hops`
+hops in its wgrad (hops > 1: each one's partial is added and forwarded), and for its last hop when the next
+fused weight's wgrad begins (after that weight's dgrad) or, for the last ring, at the end (the deferred last
+hop, megatron/ddp.py). `asynchronous` (the ring on the DP worker
 thread, megatron/ddp_async.py): the compute thread does not wait; the ring occupies the link from its
 wgrad on, like a bucket of its own reduced by our ring (its GEMM slices still cost their time). The non-fused parameters are re-bucketed by
 Megatron's size rule, as `ddp_layout.isolated_buckets` lays them out. Non-linear parameters (norms, biases,
@@ -47,8 +50,11 @@ class Rates:
     ring_s: float  # the same by our ring (the fused weights' reduce-scatter)
     gemm_s: float  # seconds per weight element of one backward GEMM (dgrad or wgrad) at this token count
     ring_lat_s: float = 0.0  # seconds of one ring call whatever its size (hops, host work)
+    hops: int = 1  # hops of the ring: DP size - 1
 
     def __post_init__(self):
+        if self.hops < 1:
+            raise ValueError(f"Rates: hops={self.hops}; a ring over D ranks has D - 1 >= 1 hops")
         if not min(self.comm_s, self.ring_s, self.gemm_s, self.ring_lat_s) >= 0:
             raise ValueError(f"Rates: comm_s={self.comm_s}, ring_s={self.ring_s}, gemm_s={self.gemm_s}; each must "
                              f"be >= 0 seconds per element (measure them with ddp_choice.calibrate)")
@@ -79,14 +85,18 @@ def simulate(params: list[Param], fused: set, bucket_size: int | None, rates: Ra
              asynchronous: bool = False) -> Outcome:
     """The modelled backward (module docstring) with the params at indices `fused` fused."""
     last_of = {b[-1]: sum(params[i].numel for i in b) for b in _buckets(params, fused, bucket_size)}
-    t = link = 0.0
+    t = link = pending = 0.0
     for i, p in enumerate(params):
         gemm = rates.gemm_s * p.numel if p.linear else 0.0
         if i in fused:
             t += gemm  # dgrad
+            t = t if asynchronous else max(t, pending)  # the previous ring's last hop
             start = max(t, link)
-            link = start + rates.ring_lat_s + rates.ring_s * p.numel
-            t = t + gemm if asynchronous else max(t + gemm, link)  # wgrad; the synchronous ring is waited for
+            ring = rates.ring_s * p.numel
+            link = pending = start + rates.ring_lat_s + ring
+            t += gemm  # wgrad; in backward it waits on the hops before the last (none when hops = 1)
+            if not asynchronous and rates.hops > 1:
+                t = max(t, start + rates.ring_lat_s + ring * (rates.hops - 1) / rates.hops)
         else:
             t += 2 * gemm
         if i in last_of:

@@ -15,8 +15,10 @@ cut by a shard boundary is computed for both shards), plus the gradient already 
     comm     |            | shard r-1 -> next  | shard r-2 -> next  | ... | shard r+1 -> next
     compute  | GEMM r-1   | GEMM r-2 (+ add)   | GEMM r-3 (+ add)   | ... | GEMM r (own, + add)
 
-Only the last add is exposed; the whole bucket's reduce-scatter hides under the wgrad GEMM of this layer
-(stock Megatron starts it after the GEMM and the last bucket of the backward stays exposed).
+The own shard is made and summed in place in the bucket (an fp32 bucket; a bf16/fp16 one sums in an fp32
+slot and is written once at the end). Only the last add is exposed; the whole bucket's reduce-scatter
+hides under the wgrad GEMM of this layer (stock Megatron starts it after the GEMM and the last bucket of
+the backward stays exposed).
 Partials are summed in fp32 when the buffer is bf16/fp16 and travel in the wire dtype (`wire_dtype`:
 "input", the buffer's dtype, stock's bytes; or "fp32"; runtime/numerics.py). "reference": add dW into the
 buffer, scale, one stock reduce-scatter (Megatron's own order of operations; in fp32 for wire_dtype="fp32").
@@ -89,8 +91,11 @@ def produce_span_into(dy, x, grad_flat, offset: int, scale: float, a: int, b: in
             out.mul_(scale)
         return
     m0, m1 = offset + r0 * k, offset + r1 * k  # the whole rows, in bucket coordinates
-    torch.addmm(grad_flat[m0:m1].view(r1 - r0, k), flat(dy)[:, r0:r1].t(), flat(x), beta=scale, alpha=scale,
-                out=out[m0 - a:m1 - a].view(r1 - r0, k))
+    dst, earlier = out[m0 - a:m1 - a].view(r1 - r0, k), grad_flat[m0:m1].view(r1 - r0, k)
+    if dst.data_ptr() == earlier.data_ptr():  # out is the bucket's own shard (the ring's own_into)
+        dst.addmm_(flat(dy)[:, r0:r1].t(), flat(x), beta=scale, alpha=scale)
+    else:
+        torch.addmm(earlier, flat(dy)[:, r0:r1].t(), flat(x), beta=scale, alpha=scale, out=dst)
     for e0, e1 in ((a, m0), (m1, b)):  # the cut rows and the span outside W
         if e1 > e0:
             produce_span_into(dy, x, grad_flat, offset, scale, e0, e1, out[e0 - a:e1 - a])
@@ -114,13 +119,16 @@ def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: Overl
         if on_local is not None:
             on_local(out, scale)
 
+    mine = grad_flat[rank * shard:(rank + 1) * shard]
     own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
                               device=grad_flat.device, wire_dtype=wire_dtype(grad_flat.dtype, wire),
                               bidirectional=bidirectional, name="dp.rs", hop_chunks=hop_chunks, into=True,
-                              defer_last=defer_last)
+                              defer_last=defer_last, own_into=mine if acc == grad_flat.dtype else None)
 
     def finish() -> None:
-        grad_flat[rank * shard:(rank + 1) * shard].copy_(own() if defer_last else own)
+        result = own() if defer_last else own
+        if result.data_ptr() != mine.data_ptr():  # summed in the ring's slot (a bf16/fp16 bucket: fp32 sums)
+            mine.copy_(result)
     if defer_last:
         return finish
     finish()
