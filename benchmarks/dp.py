@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 from megatron_flashoverlap.bench import dp_gpt_table  # noqa: E402
 from megatron_flashoverlap.bench.dp_gpt import check_arms  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
-from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_ranks, write_results, write_text  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_ranks, write_results, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         return 2
     results = runs(a)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    cmd = "python benchmarks/dp.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = command_line("dp.py", argv)
     title = "DP reduce-scatter in the wgrad GEMM vs --overlap-grad-reduce" + (", operator rows" if a.ops else "")
     md = [f"# {title} ({now})", "", f"Command: `{cmd}`", ""]
     md += _ops_md(a, results) if a.ops else _gpt_md(results)

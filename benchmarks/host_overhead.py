@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench.host_overhead import markdown, rows  # noqa: E402
+from megatron_flashoverlap.bench.launch import command_line  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     print(table)
     if a.out:
         import torch
-        cmd = "python benchmarks/host_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = command_line("host_overhead.py", argv)
         with open(a.out, "w") as f:
             f.write(f"# Host overhead on the fake process group\n\n`{cmd.strip()}` ({datetime.date.today()}, "
                     f"torch {torch.__version__}, {os.cpu_count()} CPUs)\n\n{table}\n")

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import moe_table  # noqa: E402
-from megatron_flashoverlap.bench.launch import run_ranks, write_results  # noqa: E402
+from megatron_flashoverlap.bench.launch import command_line, run_ranks, write_results  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 
 RANKS = "megatron_flashoverlap.bench.moe_rows:main"
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         print(f"cannot shape the link: {why_not_shaped()}. Rerun with --unshaped (labelled).", file=sys.stderr)
         return 2
     results = runs(a, {k: getattr(a, k) for k in SHAPE})
-    text = report(results, "python benchmarks/moe.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    text = report(results, command_line("moe.py", argv))
     write_results(a.out, "moe", text, results)
     return 0
 

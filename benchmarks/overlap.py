@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from megatron_flashoverlap.bench import report  # noqa: E402
 from megatron_flashoverlap.bench.blocks import METHODS  # noqa: E402
-from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_rates  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_rates  # noqa: E402
 from megatron_flashoverlap.bench.netns import why_not_shaped  # noqa: E402
 
 
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
               "its table is labelled 'unshaped' (TCP copies then compete with the GEMMs for the cores).",
               file=sys.stderr)
         return 2
-    cmd = "python benchmarks/overlap.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = command_line("overlap.py", argv)
     seq_runs = run_rates(config(a, _ints(a.seqs)), a.rates.split(","), a.burst, a.unshaped)
     rate_runs = []
     if a.rate_sweep and not a.unshaped:

@@ -28,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, run_ranks, write_text  # noqa: E402
+from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_ranks, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
 from megatron_flashoverlap.bench.pretrain_profile import categorize, profile_argv, profile_table, trace_path  # noqa: E402
 from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table  # noqa: E402
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         raise ValueError("--rounds 0 measures nothing: give --profile with it (a profile-only run)")
     runs = measure(a, cfg, arms) if a.rounds else {}
     profiles = profile(a, cfg, arms) if a.profile else {}
-    cmd = "python benchmarks/pretrain.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = command_line("pretrain.py", argv)
     text, s = report(a, runs, cmd, (load0, os.getloadavg()[0]), profiles)
     write_text(a.out, text)
     with open(os.path.splitext(a.out)[0] + "_raw.json", "w") as f:

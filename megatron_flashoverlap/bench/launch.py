@@ -223,3 +223,10 @@ def write_results(out_dir: str, name: str, text: str, raw) -> None:
     write_text(os.path.join(out_dir, f"{name}.md"), text)
     with open(os.path.join(out_dir, f"{name}_raw.json"), "w") as f:
         json.dump(raw, f)
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command a results file records: `python benchmarks/SCRIPT ARGS`, quoted for a shell (an argument
+    with spaces or ';', e.g. dp.py --arms or overlap.py --methods, pastes back as one)."""
+    import shlex
+    return f"python benchmarks/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)

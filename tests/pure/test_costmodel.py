@@ -3,10 +3,12 @@
 Tier: pure (no processes). Every expected number below is worked out by hand in the comment beside it;
 all are small integers or halves in float64, so the comparisons are exact (no sum is rounded).
 """
+import shlex
+
 import pytest
 
 from megatron_flashoverlap.bench.costmodel import ag_pipeline, causal_block_costs, exposed_hops, rs_pipeline
-from megatron_flashoverlap.bench.launch import _split
+from megatron_flashoverlap.bench.launch import _split, command_line
 from megatron_flashoverlap.bench.rounds import interleaved, rank_max, timed
 
 
@@ -83,3 +85,9 @@ def test_launcher_targets_are_checked_before_any_process():
         _split("no/such/script.py", ())
     with pytest.raises(ValueError, match="empty target"):
         _split([], ())
+
+
+def test_results_record_a_command_that_pastes_back_into_a_shell():
+    argv = ["--arms", "stock;ours, auto", "--methods", "stock,slicing k=2", "--repeats", "3"]
+    line = command_line("dp.py", argv)
+    assert line.startswith("python benchmarks/dp.py ") and shlex.split(line)[2:] == argv
