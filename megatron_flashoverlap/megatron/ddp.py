@@ -209,25 +209,24 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
     run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, site.grad_flat, site.offset, site.group,
                             scale=site.scale, algo=site.algo, context=ctx,
                             on_local=local if local.wanted(group_) else None)
-    if site.asynchronous:  # on the worker too each ring's last hop is waited at the next ring (or the flush)
-        group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(lambda: _deferred(ctx, run))),
-                                                 lambda: (_flush_worker(ctx), local.check(group_)))
+    if site.asynchronous:
+        group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(run)), lambda: local.check(group_))
     else:  # in backward, its last hop waited at the next ring on this context or at finish_grad_sync
-        group_._flashoverlap_handle = _deferred(ctx, run, lambda: local.check(group_))
+        finish_pending(ctx)
+        handle = _DeferredRing(ctx, run(defer_last=True), lambda: local.check(group_))
+        group_._flashoverlap_handle = _PENDING[id(ctx)] = handle
     group_._flashoverlap_reduced = True
     site.fused_calls += 1
 
 
-_PENDING: dict = {}  # id(context) -> the ring whose last hop is not yet waited (one per context)
+_PENDING: dict = {}  # id(context) -> the in-backward ring whose last hop is not yet waited (one per context)
 
 
 class _DeferredRing:
-    """A ring run up to its last hop. In backward it is the bucket's handle: wait() (finish_grad_sync, or the
-    next ring on the same context, whose buffers it shares) waits on that hop, writes the own shard and runs
-    the local-gradient check; so a ring holds the backward only when its peer is a whole layer behind, not at
-    every layer. On the DP worker the next ring's job (or the flush that finish_grad_sync queues) waits on it,
-    so the worker makes the next ring's first partial while the hop flies. Waits are bounded by the
-    context's timeout: a dead peer raises there."""
+    """Megatron's handle of a bucket whose ring ran in backward up to its last hop: wait() (finish_grad_sync,
+    or the next ring on the same context, whose buffers it shares) waits on that hop, writes the own shard
+    and runs the local-gradient check. So a ring holds the backward only when its peer is a whole layer
+    behind, not at every layer (a wait bounded by the context's timeout: a dead peer raises here)."""
 
     def __init__(self, ctx, finish, on_done):
         self._ctx, self._finish, self._on_done = ctx, finish, on_done
@@ -240,18 +239,6 @@ class _DeferredRing:
             del _PENDING[id(self._ctx)]
         finish()
         self._on_done()
-
-
-def _deferred(ctx, run, on_done=lambda: None) -> "_DeferredRing":
-    """The previous ring on ctx finished, then `run` up to its last hop, left pending on ctx."""
-    finish_pending(ctx)
-    handle = _PENDING[id(ctx)] = _DeferredRing(ctx, run(defer_last=True), on_done)
-    return handle
-
-
-def _flush_worker(ctx) -> None:
-    """On the worker, after every ring queued so far: the last hop still pending on its context."""
-    worker().submit(no_grad(lambda: finish_pending(ctx))).result(None)  # its hops' waits are timed
 
 
 def finish_pending(ctx) -> None:

@@ -12,10 +12,8 @@ the layers before it:
     compute | layer 3 dgrad | layer 2 dgrad+wgrad ........ | layer 1 ...... | layer 0 | finish_grad_sync: wait
     worker  |               | ring of layer 3 (GEMM slices, hops) | ring of layer 2 ... | ring 1 | ring 0 |
 
-Each ring's last hop is waited by the next ring's job (megatron/ddp.py), so the worker makes the next
-ring's first partial while that hop flies. `finish_grad_sync` waits on the ring's handle (Megatron's own
-wait: the job, then a flush queued behind every ring so far), then judges the local gradient norm (the NaN
-/ large-gradient check, in the compute thread, as stock). On "stream" transports (NCCL) the ring
+`finish_grad_sync` waits on the ring's handle (Megatron's own wait), then judges the local gradient norm
+(the NaN / large-gradient check, in the compute thread, as stock). On "stream" transports (NCCL) the ring
 stays on the current stream: its waits are stream-ordered and never block the host (a side stream would
 let it overlap the next layers' GEMMs on the device too; not done here).
 
