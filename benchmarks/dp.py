@@ -8,13 +8,20 @@ tbf-shaped network namespace; the bench harness's netns, rounds and estimator).
 GPT rows (default): a Megatron GPT (--layers >= 4) under DDP + DistributedOptimizer, overlap_grad_reduce on,
 one training step per arm and round (bench/dp_gpt.py: arms, what `step`, `free` and `tail` measure),
 for every --layouts entry TPxDP (4 ranks for 2x2, 2 for 1x2). --ops: the operator rows (bench/dp_rows.py).
+
+--topology: `shared` (default) one tbf on lo at the rate, which every rank's traffic shares, TP's and DP's in both
+directions; `nodes` a node per TP group (bench/topology.py: an address per node, htb egress per node at the rate
+into every other node, traffic inside a node unshaped, an LD_PRELOAD shim binding each rank's sockets), so DP's
+rings cross the shaped links and TP's stay inside the node, as TP on NVLink and DP over the network do.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import statistics
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -24,6 +31,10 @@ from megatron_flashoverlap.bench.dp_gpt import check_arms  # noqa: E402
 from megatron_flashoverlap.bench.dp_rows import table  # noqa: E402
 from megatron_flashoverlap.bench.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_ranks, write_results, write_text  # noqa: E402
 from megatron_flashoverlap.bench.netns import shaped_namespace, why_not_shaped  # noqa: E402
+from megatron_flashoverlap.bench.topology import add_nodes, build_shim, class_bytes, node_env, shape_inter_node  # noqa: E402
+
+TOPOLOGY = {"shared": "one tbf link shared by all traffic",
+            "nodes": "a node per TP group, htb egress per node between nodes, unshaped inside a node"}
 
 RANKS = "megatron_flashoverlap.bench.dp_rows:main"
 GPT_RANKS = "megatron_flashoverlap.bench.dp_gpt:main"
@@ -34,6 +45,8 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="1gbit", help="tbf rates (comma list)")
     p.add_argument("--burst", default="512kb")
+    p.add_argument("--topology", choices=("shared", "nodes"), default="shared", help="GPT rows: one shaped link "
+                   "for all traffic, or a node per TP group with shaped links between nodes (module docstring)")
     p.add_argument("--ops", action="store_true", help="the operator rows instead of the GPT rows")
     p.add_argument("--layouts", default="2x2,1x2", help="GPT rows: TPxDP entries (comma list)")
     p.add_argument("--layers", type=int, default=4)
@@ -64,6 +77,9 @@ def parse(argv=None):
     if a.quick:
         a.seqs, a.hidden, a.width, a.dp_n, a.dp_k, a.dp_tokens, a.repeats = "64", 64, 64, 64, 64, 64, 1
         a.seq, a.heads, a.vocab = 64, 4, 128
+    if a.topology == "nodes" and (a.unshaped or a.ops):
+        p.error("--topology nodes shapes the links between nodes: it needs the GPT rows on a shaped link (drop "
+                "--unshaped / --ops)")
     a.arm_list = check_arms([n.strip() for n in a.arms.split(";")]) if a.arms else ()
     return a
 
@@ -98,14 +114,24 @@ def _jobs(a) -> list[tuple[str, int, dict]]:
 def runs(a) -> list[dict]:
     """Every job once per rate in one shaped namespace (or once on the host loopback)."""
     out = []
-    with (shaped_namespace(None) if not a.unshaped else _null()) as ns:
+    nodes = a.topology == "nodes"
+    with (shaped_namespace(None) if not a.unshaped else _null()) as ns, tempfile.TemporaryDirectory() as tmp:
+        shim = build_shim(tmp) if nodes else None
+        if nodes:
+            add_nodes(ns, max(dp for _, dp in _layouts(a.layouts)))
         for rate in (["unshaped (host loopback)"] if a.unshaped else a.rates.split(",")):
-            if ns is not None:
+            if ns is not None and not nodes:
                 ns.shape_lo(rate, a.burst)
             for target, world, cfg in _jobs(a):
                 load0 = os.getloadavg()[0]
-                res = run_ranks(target, world, args=(cfg,), ns=ns, timeout=a.timeout)[0]
-                out.append({**res, "rate": rate, "loadavg": (load0, os.getloadavg()[0])})
+                kw = {}
+                if nodes:
+                    shape_inter_node(ns, world // cfg["tp"], rate, a.burst)
+                    kw = {"env": {"LD_PRELOAD": shim}, "rank_env": node_env(cfg["tp"])}
+                res = run_ranks(target, world, args=(cfg,), ns=ns, timeout=a.timeout, **kw)[0]
+                out.append({**res, "rate": rate, "loadavg": (load0, os.getloadavg()[0]),
+                            "topology": TOPOLOGY[a.topology] if ns is not None else "host loopback",
+                            **({"class_bytes": class_bytes(ns)} if nodes else {})})
     return out
 
 
@@ -122,17 +148,37 @@ def _stock_rs(run: dict) -> str:
     return f"{STOCK_RS_LABEL['ring']}; rank 0: {calls['dp_bucket']} DP-bucket and {calls['other']} other calls"
 
 
+def _class_bytes(run: dict) -> str:
+    """' (MB through each node's shaped egress / unshaped packets)' where the run counted them."""
+    counts = run.get("class_bytes")
+    if not counts:
+        return ""
+    shaped = ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in sorted(counts.items()) if k.startswith("1:"))
+    return f" (shaped egress: {shaped}; unshaped: {counts['direct_packets']} packets)"
+
+
+def _host(run: dict) -> str:
+    """', its CPU time ...' where the run recorded it (bench/dp_gpt_table.host_floor)."""
+    floor = dp_gpt_table.host_floor(run)
+    if floor is None:
+        return ""
+    cpu = statistics.median(run["comm_cpu"])
+    return (f", its CPU time (every thread, summed over the ranks) {cpu * 1e3:.0f} ms: about {floor * 1e3:.0f} ms "
+            f"of a step on {run['cores']} busy cores however well it is overlapped (the host floor)")
+
+
 def _gpt_md(results: list[dict]) -> list[str]:
     md, verdicts = [], []
     for run in results:
         c = run["config"]
         label = f"{run['rate']}, TP{c['tp']}xDP{run['dp']}"
-        md += [f"## link {label} ({run['world']} ranks on {os.cpu_count()} cores, load {run['loadavg'][0]:.1f}-"
+        md += [f"## link {label} ({run['world']} ranks on {run.get('cores', os.cpu_count())} cores, load {run['loadavg'][0]:.1f}-"
                f"{run['loadavg'][1]:.1f}): GPT {c['layers']} layers, h={c['hidden']}, ffn={4 * c['hidden']}, "
                f"heads={c['heads']}, s={c['seq']}, b={c['batch']}, vocab={c['vocab']} untied, fp32, "
-               f"small buckets {c['bucket']} elements, {c['repeats']} rounds; {_stock_rs(run)}", "",
+               f"small buckets {c['bucket']} elements, {c['repeats']} rounds; {_stock_rs(run)}; "
+               f"{run.get('topology', TOPOLOGY['shared'])}{_class_bytes(run)}", "",
                dp_gpt_table.table(run), "", f"DP communication alone (every bucket's reduce-scatter, stock): "
-               f"{sorted(run['comm'])[len(run['comm']) // 2] * 1e3:.0f} ms. Automatic choice: "
+               f"{sorted(run['comm'])[len(run['comm']) // 2] * 1e3:.0f} ms{_host(run)}. Automatic choice: "
                + "; ".join(line for line in run["log"] if "automatic" in line), ""]
         verdicts += dp_gpt_table.verdict(run, label)
     return ["## Verdict (90 % bootstrap intervals over rounds)", ""] + verdicts + [""] + md

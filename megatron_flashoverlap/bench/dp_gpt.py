@@ -18,7 +18,7 @@ DDP and optimizer, identical seeds):
     ours, auto, worker         "ours, auto" with every fused ring on the DP worker (asynchronous=True)
 Every stock reduce-scatter (Megatron's buckets, its SP mappings, the cost model's stock rate) runs as a P2P ring
 at line rate unless cfg["stock_rs"] == "gloo" (megatron/line_rate_rs.py: gloo's own moves an all-reduce's bytes).
-Per arm and round, three samples (seconds, max over ranks):
+Per arm and round, four samples (seconds, max over ranks):
     step   zero_grad_buffer, forward + loss.backward(), finalize_model_grads (finish_grad_sync + the SP
            norm all-reduce), optimizer.step() (DistributedOptimizer: its param all-gather included)
     free   the same step with the DP gradient reduction made free: backward under ddp.no_sync() (dW still
@@ -29,12 +29,18 @@ Per arm and round, three samples (seconds, max over ranks):
     tail   from the end of loss.backward() to finalize_model_grads' return in `step`: the part of the DP
            reduction left after backward (stock's last bucket). It misses ours' synchronous ring, which
            runs inside backward: `step - free` counts both.
+    bwd    loss.backward() alone in `free`: the window any overlap of the gradient reduction has (no gradient
+           exists before backward, the optimizer needs them all), so no schedule exposes less than
+           comm - bwd (bench/dp_gpt_table.py: the link bound).
 One more sample per round, "comm": ddp.start_grad_sync() + finish_grad_sync() of the stock arm alone (every
-bucket's reduce-scatter, no compute), the DP communication the overlap must hide.
+bucket's reduce-scatter, no compute), the DP communication the overlap must hide; with it "comm_cpu", the
+process CPU seconds (every thread, gloo's included) it took, summed over the ranks: the host's share of moving
+the bytes, which an overlap on cores that all compute cannot hide (bench/dp_gpt_table.py: the host floor).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 
@@ -115,8 +121,9 @@ def _finalize(ddp, free: bool) -> None:
         del ddp.finish_grad_sync
 
 
-def _step(arm: Arm, data: dict, free: bool, tails: list) -> float:
-    """Seconds of one training step (module docstring); appends its tail to `tails` (real steps)."""
+def _step(arm: Arm, data: dict, free: bool, tails: list, bwds: list) -> float:
+    """Seconds of one training step (module docstring); appends its tail to `tails` (real steps), its
+    backward to `bwds` (free steps)."""
     from ..megatron.models import gpt_loss
 
     arm.ddp.zero_grad_buffer()
@@ -124,34 +131,41 @@ def _step(arm: Arm, data: dict, free: bool, tails: list) -> float:
     dist.barrier()
     t0 = time.perf_counter()
     with arm.ddp.no_sync() if free else contextlib.nullcontext():
-        gpt_loss(arm.ddp, data).backward()
+        loss = gpt_loss(arm.ddp, data)
+        tb = time.perf_counter()
+        loss.backward()
     t1 = time.perf_counter()
     _finalize(arm.ddp, free)
     t2 = time.perf_counter()
     arm.opt.step()
     t3 = time.perf_counter()
-    if not free:
+    if free:
+        bwds.append(t1 - tb)
+    else:
         tails.append(t2 - t1)
     return t3 - t0
 
 
-def _comm(arm: Arm) -> float:
-    """Seconds of every bucket's reduce-scatter alone (the gradient buffer as the last step left it)."""
+def _comm(arm: Arm, cpus: list) -> float:
+    """Seconds of every bucket's reduce-scatter alone (the gradient buffer as the last step left it); appends
+    this process's CPU seconds of it to `cpus`."""
     arm.ddp.zero_grad_buffer()
     dist.barrier()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     arm.ddp.start_grad_sync()
     arm.ddp.finish_grad_sync()
-    return time.perf_counter() - t0
+    t1 = time.perf_counter()
+    cpus.append(time.process_time() - c0)
+    return t1 - t0
 
 
-def _variants(arms: dict, data: dict, tails: dict) -> dict:
+def _variants(arms: dict, data: dict, tails: dict, bwds: dict, cpus: list) -> dict:
     """{(arm, "step" | "free") or ("comm", "alone"): () -> seconds}, in round order."""
     out = {}
     for name, arm in arms.items():
-        out[(name, "step")] = lambda a=arm, t=tails[name]: _step(a, data, False, t)
-        out[(name, "free")] = lambda a=arm, t=tails[name]: _step(a, data, True, t)
-    out[("comm", "alone")] = lambda a=arms["stock"]: _comm(a)
+        out[(name, "step")] = lambda a=arm, t=tails[name], b=bwds[name]: _step(a, data, False, t, b)
+        out[(name, "free")] = lambda a=arm, t=tails[name], b=bwds[name]: _step(a, data, True, t, b)
+    out[("comm", "alone")] = lambda a=arms["stock"]: _comm(a, cpus)
     return out
 
 
@@ -174,7 +188,8 @@ def _names(arm: Arm, model) -> list[str]:
 
 
 def measure(cfg: dict) -> dict:
-    """{"arms": {name: {"step", "free", "tail": [s per round], "buckets", "fused"}}, "comm": [s], "dp"}."""
+    """{"arms": {name: {"step", "free", "tail", "bwd": [s per round], "buckets", "fused"}}, "comm", "comm_cpu":
+    [s per round], "dp", "cores"}."""
     from megatron.core import parallel_state as ps
 
     from ..megatron.models import batch
@@ -182,14 +197,18 @@ def measure(cfg: dict) -> dict:
     names = cfg.get("arms") or ARMS
     arms = {name: _build(name, cfg) for name in names}
     data = batch(100 + ps.get_data_parallel_rank(), cfg["batch"], cfg["seq"], cfg["vocab"])  # per DP rank
-    tails = {name: [] for name in names}
-    samples = interleaved(_variants(arms, data, tails), cfg["repeats"], warmup=WARMUP)
+    tails, bwds, cpus = {name: [] for name in names}, {name: [] for name in names}, []
+    samples = interleaved(_variants(arms, data, tails, bwds, cpus), cfg["repeats"], warmup=WARMUP)
+    comm_cpu = torch.tensor(cpus[WARMUP:], dtype=torch.float64)
+    dist.all_reduce(comm_cpu)  # summed over the ranks: they share the cores
     samples.update({(name, "tail"): tails[name][WARMUP:] for name in names})
+    samples.update({(name, "bwd"): bwds[name][WARMUP:] for name in names})
     samples = rank_max(samples)
     out = {name: {"step": samples[(name, "step")], "free": samples[(name, "free")],
-                  "tail": samples[(name, "tail")], "buckets": arms[name].buckets,
+                  "tail": samples[(name, "tail")], "bwd": samples[(name, "bwd")], "buckets": arms[name].buckets,
                   "fused": _names(arms[name], arms[name].ddp.module)} for name in names}
-    return {"arms": out, "comm": samples[("comm", "alone")], "dp": ps.get_data_parallel_world_size()}
+    return {"arms": out, "comm": samples[("comm", "alone")], "comm_cpu": comm_cpu.tolist(),
+            "dp": ps.get_data_parallel_world_size(), "cores": len(os.sched_getaffinity(0))}
 
 
 def main(rank: int, world: int, cfg: dict) -> dict | None:

@@ -68,11 +68,17 @@ def class_bytes(ns) -> dict:
     return out
 
 
-def _rank_env(local: int):
+def node_env(local: int):
+    """rank -> the env that binds its gloo sockets to its node's address (node = rank // local)."""
     def env(rank: int) -> dict:
         node = rank // local
-        return {"LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local),
-                "GLOO_SOCKET_IFNAME": f"lo:{node + 1}", SOURCE_ENV: node_addr(node)}
+        return {"GLOO_SOCKET_IFNAME": f"lo:{node + 1}", SOURCE_ENV: node_addr(node)}
+    return env
+
+
+def _rank_env(local: int):
+    def env(rank: int) -> dict:
+        return {"LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local), **node_env(local)(rank)}
     return env
 
 

@@ -7,9 +7,10 @@ from megatron_flashoverlap.bench.dp_gpt import check_arms
 # exact comparisons: medians of integer-valued lists and their differences are exact in binary floating point
 
 
-def _arm(step, free, buckets=1, fused=0):
-    return {"step": step, "free": free, "tail": [s - f for s, f in zip(step, free)], "buckets": [1] * buckets,
-            "fused": ["w"] * fused}
+def _arm(step, free, buckets=1, fused=0, bwd=None):
+    arm = {"step": step, "free": free, "tail": [s - f for s, f in zip(step, free)], "buckets": [1] * buckets,
+           "fused": ["w"] * fused}
+    return arm if bwd is None else {**arm, "bwd": bwd}
 
 
 def _run():
@@ -36,6 +37,35 @@ def test_verdict_calls_the_targets():
     assert "no slower" in lines[0] and "target <= 0.20: met" in lines[0]
     assert "SLOWER" in lines[1] and "MISSED" in lines[1]
     assert "MISSED" in lines[2]  # exposed 11 = stock's
+
+
+def test_the_link_bound_is_comm_alone_minus_the_arms_backward_and_named_where_the_target_is_below_it():
+    run = _run()  # comm alone 10; stock exposes 11, so the target allows 2.2
+    run["arms"]["ours, auto, ring in bwd"]["bwd"] = [3.0, 4.0, 5.0]  # bound 10 - 4 = 6 > 2.2: unreachable
+    run["arms"]["ours, auto, small buckets"]["bwd"] = [9.0, 9.0, 9.0]  # bound 1 <= 2.2: a plain miss
+    run["arms"]["ours, auto"]["bwd"] = [12.0, 12.0, 12.0]  # backward longer than the comm: bound 0
+    rows = {r["arm"]: r for r in t.rows(run)}
+    assert (rows["ours, auto, ring in bwd"]["bound"], rows["ours, auto, small buckets"]["bound"],
+            rows["ours, auto"]["bound"], rows["stock"]["bound"]) == (6.0, 1.0, 0.0, None)
+    lines = {ln.split(":")[0]: ln for ln in t.verdict(run, "x")}
+    assert lines["- x, ours, auto, ring in bwd"].endswith(
+        "MISSED, below the link bound: the target allows 2200 ms, no schedule exposes less than 6000 ms "
+        "(comm alone - backward))")
+    assert lines["- x, ours, auto, small buckets"].endswith("MISSED)")
+    table = t.table(run).splitlines()
+    assert table[0].endswith("| link bound ms |")
+    assert [ln.rsplit("|", 2)[1].strip() for ln in table[2:]] == ["-", "-", "-", "0", "1000", "6000"]
+
+
+def test_the_host_floor_is_the_reductions_cpu_time_over_the_cores_where_the_ranks_fill_them():
+    run = {**_run(), "comm_cpu": [5.0, 6.0, 9.0], "cores": 2, "world": 4}
+    assert t.host_floor(run) == 3.0  # median 6 over 2 cores
+    assert t.host_floor({**run, "world": 1}) is None  # a core left idle: the reduction may run there
+    assert t.host_floor(_run()) is None  # recorded before the CPU time was sampled
+    lines = {ln.split(":")[0]: ln for ln in t.verdict(run, "x")}  # small-bucket stock exposes 6: allows 1.2
+    assert lines["- x, ours, auto, small buckets"].endswith(
+        "MISSED, below the host floor: the target allows 1200 ms, the reduction's own CPU time on these cores "
+        "is about 3000 ms)")
 
 
 def test_table_has_a_row_per_arm():
