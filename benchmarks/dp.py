@@ -115,7 +115,8 @@ def runs(a) -> list[dict]:
     """Every job once per rate in one shaped namespace (or once on the host loopback)."""
     out = []
     nodes = a.topology == "nodes"
-    with (shaped_namespace(None) if not a.unshaped else _null()) as ns, tempfile.TemporaryDirectory() as tmp:
+    with (shaped_namespace(None) if not a.unshaped else _null()) as ns, \
+            (tempfile.TemporaryDirectory() if nodes else _null()) as tmp:  # the shim's build directory
         shim = build_shim(tmp) if nodes else None
         if nodes:
             add_nodes(ns, max(dp for _, dp in _layouts(a.layouts)))

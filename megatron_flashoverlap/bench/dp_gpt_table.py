@@ -92,7 +92,7 @@ def table(run: dict) -> str:
 def verdict(run: dict, label: str) -> list[str]:
     """Per automatic-choice arm: step time vs both stock arms (a loss only where the interval is below 1)
     and the exposed ratio against TARGET_EXPOSED (met where the interval's upper end is at most the target)."""
-    out, table_rows = [], rows(run)
+    out, table_rows, floor = [], rows(run), host_floor(run)
     rows_by_arm = {r["arm"]: r for r in table_rows}
     for r in table_rows:
         if r["arm"] not in OURS:
@@ -102,7 +102,7 @@ def verdict(run: dict, label: str) -> list[str]:
         if math.isnan(er["ratio"]):  # (a resample's empty reference is +inf in the interval, never NaN)
             met = "undefined: stock's median exposed time is not above 0"
         elif er["ratio"] > TARGET_EXPOSED:
-            met = "MISSED" + _unreachable(r, rows_by_arm[_ref(r["arm"])], host_floor(run))
+            met = "MISSED" + _unreachable(r, rows_by_arm[_ref(r["arm"])], floor)
         else:
             met = "met" if er["ci"][1] <= TARGET_EXPOSED else "point met, interval not"
         out.append(f"- {label}, {r['arm']}: step vs {_ref(r['arm'])} {speedup_text(r['vs_ref'])}, vs the faster stock "
