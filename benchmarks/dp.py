@@ -179,7 +179,7 @@ def _gpt_md(results: list[dict]) -> list[str]:
                f"small buckets {c['bucket']} elements, {c['repeats']} rounds; {_stock_rs(run)}; "
                f"{run.get('topology', TOPOLOGY['shared'])}{_class_bytes(run)}", "",
                dp_gpt_table.table(run), "", f"DP communication alone (every bucket's reduce-scatter, stock): "
-               f"{sorted(run['comm'])[len(run['comm']) // 2] * 1e3:.0f} ms{_host(run)}. Automatic choice: "
+               f"{statistics.median(run['comm']) * 1e3:.0f} ms{_host(run)}. Automatic choice: "
                + "; ".join(line for line in run["log"] if "automatic" in line), ""]
         verdicts += dp_gpt_table.verdict(run, label)
     return ["## Verdict (90 % bootstrap intervals over rounds)", ""] + verdicts + [""] + md
