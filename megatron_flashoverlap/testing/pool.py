@@ -5,7 +5,9 @@ Start-up (spawn + import torch/megatron + init_process_group) costs seconds; a j
 every worker and returns the per-rank results. Every wait has a timeout: a job that raises on any rank
 raises `WorkerError` with that rank's traceback; a job that times out (a hang, a dead peer) raises
 `WorkerTimeout`. Either way the pool is torn down (workers killed) and rebuilt on the next run, so one
-failing test cannot poison or hang the next.
+failing test cannot poison or hang the next. The process groups jobs leave behind are destroyed in place
+(`_reset`) once their threads pass RESET_ABOVE: the threads poll, and a respawn costs the start-up again
+(12 Megatron GPT jobs on 4 workers: 61-79 s recycling, 28-31 s resetting).
 """
 from __future__ import annotations
 
@@ -43,8 +45,37 @@ def _threads() -> int:
 
 # Every process group a job creates (megatron's initialize_model_parallel makes dozens, gloo twins
 # included) keeps its gloo threads after destroy_model_parallel: about 1,900 threads per worker after a
-# suite, whose polling took 80 % of the CPU as system time. A worker above this many threads is recycled.
+# suite, whose polling took 80 % of the CPU as system time (an idle worker with ~190 threads burns ~9 % of
+# a core, measured). So a job that leaves a worker above RESET_ABOVE threads (a fresh one has ~7, one
+# initialize_model_parallel adds ~60) has the groups destroyed after it (_reset: ~10 ms a group; 12 GPT jobs
+# took the same time resetting above 50 or above 150 threads, and an idle worker near 50 burns ~2 % of a
+# core); a worker still above MAX_THREADS after that is recycled.
+RESET_ABOVE = 50
 MAX_THREADS = 300
+
+
+def _reset() -> int:
+    """Back to a fresh worker's process-group state once a job leaves it above RESET_ABOVE threads:
+    Megatron's model-parallel globals cleared (where a job imported it) and every process group but the
+    default one destroyed (local calls, no collective); -> native threads after it."""
+    if _threads() > RESET_ABOVE and _destroy_groups():
+        ps = sys.modules.get("megatron.core.parallel_state")
+        if ps is not None:
+            ps.destroy_model_parallel()
+    return _threads()
+
+
+def _destroy_groups() -> int:
+    """Destroys every process group but the default one; -> how many. A group's threads are joined when its
+    last reference goes, so this holds none past its return."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    default = c10d._get_default_group()
+    left = [pg for pg in c10d._world.pg_map if pg is not default]
+    for pg in left:
+        dist.destroy_process_group(pg)
+    return len(left)
 
 
 def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
@@ -63,9 +94,10 @@ def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
         try:
             mod, fn = target.split(":")
             out = getattr(importlib.import_module(mod), fn)(rank, world, *args, **kwargs)
-            results.put((rank, True, (out, _threads())))
+            reply = (rank, True, (out, _reset()))
         except BaseException:  # noqa: BLE001 - the traceback goes back to the test
-            results.put((rank, False, traceback.format_exc()))
+            reply = (rank, False, traceback.format_exc())
+        results.put(reply)
     dist.destroy_process_group()
 
 
@@ -95,8 +127,15 @@ class Pool:
             self.close()
             self._start()
             timeout += self.start_timeout
+        out = self._send((target, args, kwargs), target, timeout)
+        if max(threads for _, threads in out) > MAX_THREADS:
+            self.close()  # threads that are not a group's: the next run starts fresh workers
+        return [value for value, _ in out]
+
+    def _send(self, job, name: str, timeout: float) -> list:
+        """`job` to every worker; -> [(result, threads) per rank]; an error or a timeout closes the pool."""
         for q in self._jobs:
-            q.put((target, args, kwargs))
+            q.put(job)
         out: dict = {}
         errors: dict = {}
         deadline = time.monotonic() + timeout
@@ -113,14 +152,12 @@ class Pool:
                 waiting = sorted(set(range(self.world_size)) - set(out) - set(errors))
                 self.close()
                 why = f"ranks {dead} died" if dead else f"ranks {waiting} did not finish within {timeout:.0f} s"
-                raise WorkerTimeout(f"{target}: {why}; the pool was killed") from None
+                raise WorkerTimeout(f"{name}: {why}; the pool was killed") from None
         if errors:
             self.close()
             rank = min(errors)
-            raise WorkerError(f"{target} failed on rank {rank} of {self.world_size}:\n{errors[rank]}")
-        if max(out[r][1] for r in out) > MAX_THREADS:
-            self.close()  # the next run starts fresh workers
-        return [out[r][0] for r in range(self.world_size)]
+            raise WorkerError(f"{name} failed on rank {rank} of {self.world_size}:\n{errors[rank]}")
+        return [out[r] for r in range(self.world_size)]
 
     def close(self) -> None:
         for p in self._procs:

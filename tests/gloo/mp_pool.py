@@ -1,0 +1,24 @@
+"""Pool jobs for tests/gloo/test_pool.py: process groups that outlive their job, and what a worker holds."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from megatron_flashoverlap.testing.pool import _threads
+
+
+def groups_left_behind(rank, world, n):
+    """Creates `n` groups over every rank (as Megatron's initialize_model_parallel does, without destroying
+    them), all-reduces over the last; -> (pid, native threads, the sum)."""
+    groups = [dist.new_group(list(range(world))) for _ in range(n)]
+    t = torch.ones(1)
+    dist.all_reduce(t, group=groups[-1])
+    return os.getpid(), _threads(), t.item()
+
+
+def state(rank, world):
+    """-> (pid, native threads, process groups registered); a WORLD all-reduce checks the default group."""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return os.getpid(), _threads(), len(c10d._world.pg_map), t.item()

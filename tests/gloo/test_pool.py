@@ -1,0 +1,24 @@
+"""The test pool (megatron_flashoverlap/testing/pool.py): a job that leaves process groups behind gets its
+workers reset in place, not respawned, and the reset workers still run collectives."""
+from megatron_flashoverlap.testing.pool import MAX_THREADS, Pool
+
+BODY = "tests.gloo.mp_pool"
+
+
+def test_groups_left_behind_reset_the_workers_in_place():
+    pool = Pool(2)  # its own pool: the job floods its workers with groups
+    try:
+        before = pool.run(f"{BODY}:state")
+        assert [s[2] for s in before] == [1, 1] and [s[3] for s in before] == [2.0, 2.0]
+        flood = pool.run(f"{BODY}:groups_left_behind", MAX_THREADS // 2)
+        assert min(threads for _, threads, _ in flood) > MAX_THREADS, flood  # the job did cross the limit
+        assert [s[2] for s in flood] == [2.0, 2.0]
+        after = pool.run(f"{BODY}:state")
+        assert [s[0] for s in after] == [s[0] for s in before], "the workers were respawned, not reset"
+        assert [s[2] for s in after] == [1, 1], "only the default group is left"
+        assert max(s[1] for s in after) < MAX_THREADS // 2, after
+        assert [s[3] for s in after] == [2.0, 2.0]
+        again = pool.run(f"{BODY}:groups_left_behind", 1)  # a new group after the reset works
+        assert [s[2] for s in again] == [2.0, 2.0]
+    finally:
+        pool.close()
