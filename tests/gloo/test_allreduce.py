@@ -40,25 +40,28 @@ def test_megabyte_sizes(pools, world, local, fp32, bf16):
         _check(pools(world).run("tests.gloo.mp_allreduce:sweep", ALGOS, bf16, "bfloat16", local, timeout=300))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_large_pools(pools):
+    """5 and 6 workers serve this module only; they go at its end, not after each case (a start-up of 6 costs
+    ~12 s on 2 cores). The 8 stay for tests/gloo/test_allreduce_layout.py, which closes them."""
+    yield
+    for world in (5, 6):
+        pools(world).close()
+
+
 @pytest.mark.parametrize("world,local", [(5, 1), (6, 2), (6, 3)])
 def test_non_power_of_two_groups(pools, world, local):
-    try:
-        for dtype in ("float32", "bfloat16"):
-            _check(pools(world).run("tests.gloo.mp_allreduce:sweep", ALGOS, [1, 6, 1001, 65537], dtype, local,
-                                    timeout=300))
-    finally:
-        pools(world).close()  # 5-6 extra processes on a 2-core box: don't keep them for the session
+    for dtype in ("float32", "bfloat16"):
+        _check(pools(world).run("tests.gloo.mp_allreduce:sweep", ALGOS, [1, 6, 1001, 65537], dtype, local,
+                                timeout=300))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_eight_ranks_two_and_four_nodes(pools, dtype):
-    try:
-        for local in (2, 4):
-            _check(pools(8).run("tests.gloo.mp_allreduce:sweep", ALGOS, [1, 13, 40000], dtype, local, timeout=400))
-        if dtype == "float32":  # 8 MB once: hierarchical on 4 nodes x 2 ranks
-            _check(pools(8).run("tests.gloo.mp_allreduce:sweep", ["hierarchical"], [2 * MB], dtype, 2, timeout=400))
-    finally:
-        pools(8).close()
+    for local in (2, 4):
+        _check(pools(8).run("tests.gloo.mp_allreduce:sweep", ALGOS, [1, 13, 40000], dtype, local, timeout=400))
+    if dtype == "float32":  # 8 MB once: hierarchical on 4 nodes x 2 ranks
+        _check(pools(8).run("tests.gloo.mp_allreduce:sweep", ["hierarchical"], [2 * MB], dtype, 2, timeout=400))
 
 
 @pytest.mark.parametrize("algo", ALGOS)
