@@ -10,7 +10,7 @@ ranks = EP 2 x DP 2 (TP 1), 4 experts, top-2, the alltoall dispatcher, an aux lo
 and prints Megatron's `lm loss` of every run side by side, the max |diff| against stock per algorithm, the
 sites line (moe=A proves our dispatcher ran) and each run's wall time. Under a minute per run on 2 cores.
 
-    python examples/pretrain_tiny_moe.py [--iters 10] [--json PATH]
+    python examples/pretrain_tiny_moe.py [--iters 10] [--algos flash,exchange,reference] [--json PATH]
 """
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def moe_args(iters: int) -> list[str]:
     return [*TINY_MOE, "--train-iters", str(iters)]
 
 
-def train_all(iters: int, timeout: float) -> dict:
-    """{"stock": run, algo: run for every MOE_ALGOS word}; run = {"loss", "sites", "seconds"}."""
+def train_all(iters: int, timeout: float, algos=MOE_ALGOS) -> dict:
+    """{"stock": run, algo: run for every word of `algos`}; run = {"loss", "sites", "seconds"}."""
     runs = {"stock": run_entry(moe_args(iters), "stock", timeout)}
     with tempfile.TemporaryDirectory(prefix="tiny-moe-") as tmp:
-        for algo in MOE_ALGOS:
+        for algo in algos:
             yaml = os.path.join(tmp, f"moe_{algo}.yaml")
             with open(yaml, "w") as f:
                 f.write(f"moe: {{algo: {algo}}}\n")
@@ -72,9 +72,20 @@ def report(runs: dict) -> str:
     return "\n".join(rows)
 
 
+def _algos(text: str) -> tuple:
+    words = tuple(w for w in text.split(",") if w)
+    bad = [w for w in words if w not in MOE_ALGOS]
+    if bad or not words:
+        raise argparse.ArgumentTypeError(f"--algos {text!r}: give one or more of {','.join(MOE_ALGOS)}, "
+                                         f"comma-separated")
+    return words
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--algos", type=_algos, default=MOE_ALGOS,
+                   help=f"comma-separated moe.algo words to run against stock (default: all, {','.join(MOE_ALGOS)})")
     p.add_argument("--json", default=None, help="also write every curve as JSON here")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run before it is killed")
     return p.parse_args(argv)
@@ -84,8 +95,8 @@ def main(argv=None) -> dict:
     args = parse(argv)
     print(f"Megatron's pretrain() on mock data, tiny MoE GPT (2 layers, hidden 64, 4 experts, top-2, alltoall "
           f"dispatcher), EP=2 on 2 CPU ranks (gloo), {args.iters} iterations: stock, then ours with moe.algo in "
-          f"{MOE_ALGOS}", flush=True)
-    runs = train_all(args.iters, args.timeout)
+          f"{args.algos}", flush=True)
+    runs = train_all(args.iters, args.timeout, args.algos)
     print(report(runs))
     if args.json:
         with open(args.json, "w") as f:
