@@ -7,7 +7,7 @@ raises `WorkerError` with that rank's traceback; a job that times out (a hang, a
 `WorkerTimeout`. Either way the pool is torn down (workers killed) and rebuilt on the next run, so one
 failing test cannot poison or hang the next. The process groups jobs leave behind are destroyed in place
 (`_reset`) once their threads pass RESET_ABOVE: the threads poll, and a respawn costs the start-up again
-(12 Megatron GPT jobs on 4 workers: 61-79 s recycling, 28-31 s resetting).
+(12 Megatron GPT jobs on 4 workers: 61-79 s recycling, 26-30 s resetting).
 """
 from __future__ import annotations
 
@@ -94,10 +94,9 @@ def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
         try:
             mod, fn = target.split(":")
             out = getattr(importlib.import_module(mod), fn)(rank, world, *args, **kwargs)
-            reply = (rank, True, (out, _reset()))
+            results.put((rank, True, (out, _reset())))
         except BaseException:  # noqa: BLE001 - the traceback goes back to the test
-            reply = (rank, False, traceback.format_exc())
-        results.put(reply)
+            results.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()
 
 
@@ -127,15 +126,8 @@ class Pool:
             self.close()
             self._start()
             timeout += self.start_timeout
-        out = self._send((target, args, kwargs), target, timeout)
-        if max(threads for _, threads in out) > MAX_THREADS:
-            self.close()  # threads that are not a group's: the next run starts fresh workers
-        return [value for value, _ in out]
-
-    def _send(self, job, name: str, timeout: float) -> list:
-        """`job` to every worker; -> [(result, threads) per rank]; an error or a timeout closes the pool."""
         for q in self._jobs:
-            q.put(job)
+            q.put((target, args, kwargs))
         out: dict = {}
         errors: dict = {}
         deadline = time.monotonic() + timeout
@@ -152,12 +144,14 @@ class Pool:
                 waiting = sorted(set(range(self.world_size)) - set(out) - set(errors))
                 self.close()
                 why = f"ranks {dead} died" if dead else f"ranks {waiting} did not finish within {timeout:.0f} s"
-                raise WorkerTimeout(f"{name}: {why}; the pool was killed") from None
+                raise WorkerTimeout(f"{target}: {why}; the pool was killed") from None
         if errors:
             self.close()
             rank = min(errors)
-            raise WorkerError(f"{name} failed on rank {rank} of {self.world_size}:\n{errors[rank]}")
-        return [out[r] for r in range(self.world_size)]
+            raise WorkerError(f"{target} failed on rank {rank} of {self.world_size}:\n{errors[rank]}")
+        if max(out[r][1] for r in out) > MAX_THREADS:
+            self.close()  # threads that are not a group's: the next run starts fresh workers
+        return [out[r][0] for r in range(self.world_size)]
 
     def close(self) -> None:
         for p in self._procs:
