@@ -1,7 +1,8 @@
 """megatron-flashoverlap: tail-free communication overlap for Megatron-Core.
 
 Layers: schedules (data) <- runtime (one executor, the pipeline API) <- ops (operators by family, one
-registry) <- megatron (the wing) <- bench <- faces.
+registry) <- megatron (the wing) <- tools (the all-reduce calibration) <- faces. The benchmarks are a
+source checkout's (benchmarks/), not part of the package.
 Only the Megatron-facing modules import megatron; this package root imports torch only.
 """
 from .ops import (ALGOS, AR_ALGOS, all_gather_matmul, all_reduce, force_reference, matmul_all_reduce,
