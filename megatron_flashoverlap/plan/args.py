@@ -61,7 +61,8 @@ def main_parser(description: str = "") -> argparse.ArgumentParser:
                   ("--context-parallel-size", "--context-model-parallel-size"), ("--expert-model-parallel-size",)):
         lay.add_argument(*flags, type=int, default=1)
     lay.add_argument("--data-parallel-size", type=int, default=None, help="default: from --nodes x --gpus-per-node")
-    lay.add_argument("--sequence-parallel", action="store_true", help="TP with SP (Megatron's flag; without: all-reduce)")
+    lay.add_argument("--sequence-parallel", action="store_true",
+                     help="TP with SP (Megatron's flag; without it the row outputs are all-reduced)")
     _cluster_args(ap)
     out = ap.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the numbers as JSON")
@@ -99,7 +100,8 @@ def model_of(a: argparse.Namespace) -> Model:
 
 
 def op_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="flashoverlap-plan op", description="one operator, forward (see --help of flashoverlap-plan)")
+    ap = argparse.ArgumentParser(prog="flashoverlap-plan op",
+                                 description="one operator, forward (flashoverlap-plan --help: the op form)")
     ap.add_argument("--op", required=True, choices=OPS)
     for flag in ("--m", "--k", "--n", "--bytes"):
         ap.add_argument(flag, type=int, default=None)

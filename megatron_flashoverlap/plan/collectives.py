@@ -158,8 +158,8 @@ def moe(env: Env, g: Group, tokens: float, dims: tuple[int, int, int], experts: 
     variants = {"reference": chunked_walk(env, g, stock, lambda j: experts_on(rows * p), a2a)}
     if p > 1:
         sides = {0: Side(nbytes=lambda x: rows * h * b), 1: Side(nbytes=lambda x: rows * ACC_BYTES),
-                 2: Side(compute=lambda x: experts_on(rows / 2 if x.block == 0 else rows), nbytes=lambda x: rows * h * b,
-                         name="experts"),
+                 2: Side(compute=lambda x: experts_on(rows / 2 if x.block == 0 else rows),  # own block: half A
+                         nbytes=lambda x: rows * h * b, name="experts"),
                  3: Side(compute=lambda x: experts_on(rows / 2), name="experts")}
         variants["flash:1"] = ([S.expert_pipeline(0, p).steps], prices(env, g, sides, pairwise=True))
     whole = experts_on(rows * p)

@@ -13,7 +13,7 @@ A user's own hardware: a JSON file (`load_hardware`) with {"gpus": {name: {...Gp
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
@@ -116,8 +116,4 @@ def load_hardware(path: str | Path, gpus: dict, links: dict) -> tuple[dict, dict
     return gpus, links
 
 
-def with_slowdown(cluster: Cluster, slowdown: float) -> Cluster:
-    return replace(cluster, slowdown=slowdown)
-
-
-__all__ = ["Cluster", "DTYPE_BYTES", "Gpu", "Link", "load_hardware", "with_slowdown"]
+__all__ = ["Cluster", "DTYPE_BYTES", "Gpu", "Link", "load_hardware"]

@@ -125,7 +125,7 @@ def evaluate(name: str, env: Env, variants: Mapping[str, tuple], basics: tuple[f
     times, replay = {}, {}
     for v, (lists, pr) in variants.items():
         times[v] = walk_clock(env, lists, pr).t
-        replay[v] = (lambda lists=lists, pr=pr, v=v: walk_clock(env, lists, pr, lane=""))
+        replay[v] = (lambda lists=lists, pr=pr: walk_clock(env, lists, pr))
     return OpTimes(name, *basics[:3], times, basics[3], replay)
 
 

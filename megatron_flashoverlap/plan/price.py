@@ -5,7 +5,7 @@
                           transfers, collective(slice) seconds where its transfers are stock collectives (tags >=
                           steps.COLL), arrival seconds of handling one arrived transfer (e.g. the add of a partial)
     prices(env, group, sides, pairwise)   -> walk.Prices for a ring (pairwise: all-to-all / doubling) on `group`
-    times(env, step_lists, prices)        -> seconds of walks run one after another (one clock)
+    walk_clock(env, step_lists, prices)   -> the clock after walks run one after another
 """
 from __future__ import annotations
 
@@ -80,7 +80,3 @@ def walk_clock(env: Env, step_lists: Sequence[Sequence[Step]], walk_prices: Pric
     for steps in step_lists:
         run(steps, walk_prices, env.slowdown, clock, lane)
     return clock
-
-
-def times(env: Env, step_lists: Sequence[Sequence[Step]], walk_prices: Prices) -> float:
-    return walk_clock(env, step_lists, walk_prices).t

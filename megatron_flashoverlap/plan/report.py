@@ -85,9 +85,10 @@ def text(st: StepTimes, env: Env, inputs: dict) -> str:
     lines += [f"training step: stock {stock:.3f} s, --flash-overlap {ours:.3f} s "
               f"({(ours - stock) / stock * 100:+.1f} %); {st.microbatches} micro-batch(es), stage "
               f"{_ms(st.stage(True))} -> {_ms(st.stage(False))} ms",
-              f"DP reduce-scatter (last micro-batch): stock exposed {_ms(st.dp_stock.exposed)} ms; ours "
-              f"dp.fuse={'all' if st.dp_fuse else 'none'}: exposed {_ms(st.dp_ours.exposed)} ms, backward "
-              f"{st.dp_ours.extra * 1e3:+.3f} ms ({'the wgrad rings hide more than they cost' if st.dp_fuse else 'rings in the wgrad would cost more than the buckets leave exposed'})"]
+              f"DP reduce-scatter (last micro-batch): stock buckets exposed {_ms(st.dp_stock.exposed)} ms (backward "
+              f"{st.dp_stock.extra * 1e3:+.3f} ms under them); ours dp.fuse={'all' if st.dp_fuse else 'none'}: exposed "
+              f"{_ms(st.dp_ours.exposed)} ms (backward {st.dp_ours.extra * 1e3:+.3f} ms): "
+              f"{'the wgrad rings hide more than they cost' if st.dp_fuse else 'rings in the wgrad would cost more'}"]
     if st.decode is not None:
         d = st.decode
         best = d.best("flash")

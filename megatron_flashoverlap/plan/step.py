@@ -71,11 +71,9 @@ def _params(env: Env, model: Model, lt: LayerTimes, layout: Layout, stock: bool)
 
 def _param(env: Env, model: Model, lt: LayerTimes, layout: Layout, what: tuple) -> DP.Param:
     name, tokens, numel, stock = what
-    if name == "attention":
-        extra = sum(s.bwd("reference" if stock else s.variant) for s in lt.extras.values())
-        experts = lt.extras.get("moe")
-        n = (model.experts // layout.ep) * 3 * model.hidden * (model.moe_ffn or model.ffn) if experts else 0
-        return DP.Param("attention", n, lt.fixed_bwd + extra)
+    if name == "attention":  # attention core, Ulysses and MoE backward; expert weights reduce over the expert-DP
+        extra = sum(s.bwd("reference" if stock else s.variant) for s in lt.extras.values())  # group: not modelled
+        return DP.Param("attention", 0, lt.fixed_bwd + extra)
     if name not in lt.sites:
         return DP.Param(name, numel.get(name, 0), 0.0)
     site = lt.sites[name]

@@ -14,7 +14,7 @@ For each step of one rank's step list:
 
 Every rank is taken to run the same step list at the same times (the rings and the all-to-all are rank-
 symmetric), so a receive completes with its matching send; a schedule whose ranks differ (the all-reduce
-with a fold) is walked rank by rank and the slowest rank gives the time (`walk_ranks`).
+with a fold) is walked rank by rank and the slowest rank gives the time (collectives.all_reduce).
 """
 from __future__ import annotations
 
@@ -38,16 +38,14 @@ class Prices:
 
 @dataclass
 class Clock:
-    """Where a walk stands: the compute stream's time, the communication stream's, what ran (lane, start, end, label)."""
+    """Where a walk stands: the compute stream's time, the communication stream's, what ran (events: lane, start,
+    end, label)."""
 
     t: float = 0.0
     comm: float = 0.0
     work: float = 0.0  # compute seconds without contention
     busy: list = field(default_factory=list)  # (start, end) of transfers, disjoint and in order
     events: list = field(default_factory=list)
-
-    def fork(self) -> "Clock":
-        return Clock(self.t, self.comm, 0.0, list(self.busy), [])
 
 
 def stretch(t: float, work: float, busy: list, slowdown: float) -> float:
@@ -97,8 +95,3 @@ def run(steps: Sequence[Step], prices: Prices, slowdown: float, clock: Clock | N
 def _unit_label(sends, recvs) -> str:
     xs = sends or recvs
     return ",".join(t.slice.label() for t in xs[:3]) + ("…" if len(xs) > 3 else "")
-
-
-def walk_ranks(step_lists: Sequence[Sequence[Step]], prices_of: Callable[[int], Prices], slowdown: float) -> float:
-    """The slowest rank's end when each rank walks its own steps from 0 (module docstring)."""
-    return max(run(steps, prices_of(r), slowdown).t for r, steps in enumerate(step_lists))
