@@ -141,34 +141,33 @@ def _flash_variants(env: Env, g: Group, rings: Sequence[RingSide]) -> dict:
     return out
 
 
+def _one_ring(env: Env, g: Group, name: str, ring: RingSide, stock: tuple) -> OpTimes:
+    """A forward operator with one collective: `ring` (its slices and hops), stock = (NCCL collective, its whole
+    buffer in bytes, the baseline's step-list builder: steps.consume_chunks or steps.produce_chunks)."""
+    p, (kind, total, chunks) = g.size, stock
+    whole = ring.compute(ring.rows)
+    coll = env.net.collective(kind, total, g)
+    variants = {"reference": chunked_walk(env, g, chunks(1), lambda j: whole, coll)}
+    for c in SLICING_CHUNKS:
+        variants[f"slicing:{c}"] = chunked_walk(env, g, chunks(c), lambda j, c=c: ring.compute(ring.rows / c),
+                                                env.net.collective(kind, total / c, g))
+    variants.update(_flash_variants(env, g, [ring]))
+    hops = _ring_hops(env, g, ring.nbytes(ring.rows / p))
+    return evaluate(name, env, variants, (whole, coll, hops, max(whole, hops + whole / p)))
+
+
 def column_fwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     """y [M, N/P] = AG(x [M/P, K]) @ W_r [K, N/P] (module docstring)."""
     p, b = g.size, env.bytes
-    whole = env.mm(m, k, n / p)
-    coll = env.net.collective("all_gather", m * k * b, g)
     ring = RingSide("ag", m, lambda r: env.mm(r, k, n / p), lambda r: r * k * b, name="GEMM")
-    variants = {"reference": chunked_walk(env, g, B.consume_chunks(1), lambda j: whole, coll)}
-    for c in SLICING_CHUNKS:
-        variants[f"slicing:{c}"] = chunked_walk(env, g, B.consume_chunks(c), lambda j, c=c: env.mm(m / c, k, n / p),
-                                                env.net.collective("all_gather", m * k * b / c, g))
-    variants.update(_flash_variants(env, g, [ring]))
-    hops = _ring_hops(env, g, m / p * k * b)
-    return evaluate("all_gather_matmul", env, variants, (whole, coll, hops, max(whole, hops + whole / p)))
+    return _one_ring(env, g, "all_gather_matmul", ring, ("all_gather", m * k * b, B.consume_chunks))
 
 
 def row_fwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     """y_r [M/P, N] = RS(x_r [M, K/P] @ W_r [K/P, N]); partial sums in fp32, sent in the input dtype."""
     p, b = g.size, env.bytes
-    whole = env.mm(m, k / p, n)
-    coll = env.net.collective("reduce_scatter", m * n * b, g)
     ring = RingSide("rs", m, lambda r: env.mm(r, k / p, n), lambda r: r * n * b, lambda r: env.add(r * n), "GEMM")
-    variants = {"reference": chunked_walk(env, g, B.produce_chunks(1), lambda j: whole, coll)}
-    for c in SLICING_CHUNKS:
-        variants[f"slicing:{c}"] = chunked_walk(env, g, B.produce_chunks(c), lambda j, c=c: env.mm(m / c, k / p, n),
-                                                env.net.collective("reduce_scatter", m * n * b / c, g))
-    variants.update(_flash_variants(env, g, [ring]))
-    hops = _ring_hops(env, g, m / p * n * b)
-    return evaluate("matmul_reduce_scatter", env, variants, (whole, coll, hops, max(whole, hops + whole / p)))
+    return _one_ring(env, g, "matmul_reduce_scatter", ring, ("reduce_scatter", m * n * b, B.produce_chunks))
 
 
 def column_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
