@@ -29,6 +29,12 @@ Sources (short names used in the comments below):
              https://portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/public/systems/perlmutter/interconnect/
   [est]      an ESTIMATE, no published figure found; phase 2 replaces it with a probe of the actual machine.
 
+Not per device (hardware.py defaults, [est]): a GEMM or add kernel costs at least kernel_us = 3 us; HBM reaches 0.9
+of its datasheet rate ([here]: 4.3 of 4.8 TB/s); a GEMM slice beside one of our transfers runs 10 % slower
+(Cluster.slowdown, --overlap-slowdown). That last one is the least known input: NVIDIA/nccl#1428 reports a GEMM
+going from 1.18 to 2.08 ms beside an NCCL all-gather on A100 (an NCCL developer: memory-bandwidth contention) and
+NVIDIA/nccl#1433 both kernels slowing beside P2P send/recv, while a copy-engine transfer takes no SMs at all.
+
 Our executor's hop (`p2p_us`): one NCCL send/recv kernel per ring step, priced as NCCL's one-step ring in its
 Simple protocol ([nccl]: base 8.4 + one hop), 11.8 us on NVLink and 18.0 us across nodes [est: derived, not
 measured]. A single point-to-point flow is taken to reach the same fraction of the link as NCCL's ring (p2p_efficiency
