@@ -89,6 +89,8 @@ def _site_op(env: Env, model: Model, layout: Layout, spec: tuple) -> tuple[OpTim
 
 
 def _choose(op: OpTimes, allowed=None, force: str | None = None) -> str:
+    if op.comm <= 0:  # a group of one: nothing to overlap
+        return "reference"
     keys = [v for v in op.times if allowed is None or v.split(":")[0] != "flash" or v in allowed]
     if force is not None and any(v.split(":")[0] == force for v in keys):
         keys = [v for v in keys if v.split(":")[0] == force]

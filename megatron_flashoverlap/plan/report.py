@@ -14,6 +14,8 @@ def _ms(s: float) -> str:
 
 def why(site: Site, p: int) -> str:
     """One line: what decided the site (hop vs slice, what slicing costs, what stays exposed)."""
+    if site.op.comm <= 0:
+        return "no communication at this site (a group of one): Megatron's own path"
     f = site.fwd if site.fwd.ring > 0 else site.op  # TP without SP: a column site communicates in backward only
     hop = f.ring / max(p - 1, 1)
     piece = f.compute / max(p, 1)
@@ -22,9 +24,7 @@ def why(site: Site, p: int) -> str:
     head = (f"{where} hop {_ms(hop)} ms {'<=' if hop <= piece else '>'} GEMM slice {_ms(piece)} ms; exposed "
             f"{_ms(exp_s)} -> {_ms(exp_o)} ms")
     if site.algo == "reference":
-        best = min((a for a in site.op.algos() if a != "reference"), key=site.op.time, default=None)
-        if best is None:
-            return "nothing to overlap (group of one)"
+        best = min((a for a in site.op.algos() if a != "reference"), key=site.op.time)
         return (f"{head}; stock kept: the best overlap ({best}, {_ms(site.op.time(best))} ms) loses more to "
                 f"slicing the GEMM and contention than the {_ms(exp_s)} ms of communication it would hide")
     if site.algo in ("flash", "flash_bidir"):
