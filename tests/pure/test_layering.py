@@ -2,7 +2,7 @@
 
 Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, bottom up:
     0  config, schedules, testing (the process pool: stdlib only)
-    1  runtime, plan       (plan: the planner, pure: stdlib, schedules and config only; PURE_ROOMS)
+    1  runtime, plan       (plan: the planner; it imports no third party: test_plan_validate.py)
     2  ops
     3  megatron            (the wing: the only importer of `megatron`)
     4  bench               (its Megatron rows may import megatron too)
