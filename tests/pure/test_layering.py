@@ -2,7 +2,7 @@
 
 Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, bottom up:
     0  config, schedules, testing (the process pool: stdlib only)
-    1  runtime
+    1  runtime, plan       (plan: the planner; it imports no third party: test_plan_validate.py)
     2  ops
     3  megatron            (the wing: the only importer of `megatron`)
     4  bench               (its Megatron rows may import megatron too)
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "megatron_flashoverlap"
-FLOORS = {"config": 0, "schedules": 0, "testing": 0, "runtime": 1, "ops": 2, "megatron": 3, "bench": 4,
+FLOORS = {"config": 0, "schedules": 0, "testing": 0, "runtime": 1, "plan": 1, "ops": 2, "megatron": 3, "bench": 4,
           "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5}
 MEGATRON_IMPORTERS = ("megatron", "bench/megatron_rows.py", "bench/moe_rows.py", "bench/dp_gpt.py")
 TEST_HELPERS = ("megatron_flashoverlap.testing", "tests")
