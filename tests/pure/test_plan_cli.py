@@ -144,3 +144,14 @@ def test_sixteen_thousand_gpus(capsys):
     rc, out, _ = run(capsys, *GPT, "--tensor-model-parallel-size", "8", "--sequence-parallel", "--gpu", "b200",
                      "--nodes", "2048", "--global-batch-size", "4096", "--inter-node", "ib_xdr", "--json")
     assert rc == 0 and json.loads(out)["inputs"]["nodes"] == 2048
+
+
+def test_the_planner_does_not_import_torch():
+    """The CLI answers on a laptop without torch: neither the planner nor the package root imports it
+    (the root's operator names load on first use). A fresh interpreter, so nothing is imported already."""
+    import subprocess
+
+    code = ("import sys, megatron_flashoverlap.plan.cli, megatron_flashoverlap; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={"PYTHONPATH": str(root)}, timeout=120)
