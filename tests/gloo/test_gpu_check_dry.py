@@ -1,5 +1,5 @@
 """Tier 2 (subprocess, fake process groups): benchmarks/gpu_check/run.py --dry runs on CPU, says it is a dry
-run, exits 0 and writes every section of results/gpu.md (here to a temporary path); its operator table
+run, exits 0 and writes every section of gpu.md (here to a temporary path); its operator table
 (every public operator and the Flash layer at P = 2, 4, 8, three algos) has the expected shapes and dtypes."""
 import pathlib
 import subprocess

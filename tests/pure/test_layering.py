@@ -2,7 +2,7 @@
 
 Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, bottom up:
     0  config, schedules
-    1  runtime
+    1  runtime, plan       (plan: the planner; it imports no third party: test_plan_validate.py)
     2  ops
     3  megatron            (the wing: the only importer of `megatron` in the package)
     4  tools               (what a user runs beside training: the all-reduce calibration, the timing loop)
@@ -21,7 +21,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "megatron_flashoverlap"
-FLOORS = {"config": 0, "schedules": 0, "runtime": 1, "ops": 2, "megatron": 3, "tools": 4,
+FLOORS = {"config": 0, "schedules": 0, "runtime": 1, "plan": 1, "ops": 2, "megatron": 3, "tools": 4,
           "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5}
 WING = "megatron"  # the package's one folder that imports megatron
 TEST_HELPERS = ("tests",)

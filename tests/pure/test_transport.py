@@ -71,14 +71,19 @@ def test_check_peers_refuses_other_words():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_rows_writer_matches_linear_bitwise(bias):
+def test_rows_writer_writes_what_linear_gives_per_slice(bias):
     g = torch.Generator().manual_seed(1)
     x, w, b = torch.randn(6, 3, 5, generator=g), torch.randn(7, 5, generator=g), torch.randn(7, generator=g)
     out = torch.full((6, 3, 7), float("nan"))
     write = rows_writer(out, w, b if bias else None)
     write((0, 2), x[0:2])
     write((2, 6), x[2:6])
-    assert torch.equal(out, F.linear(x, w, b if bias else None))  # the kernel F.linear runs: no sum reordered
+    bias_ = b if bias else None
+    # each slice is exactly what F.linear gives for those rows (the same mm / addmm on the same rows) ...
+    assert torch.equal(out, torch.cat([F.linear(x[0:2], w, bias_), F.linear(x[2:6], w, bias_)]))
+    # ... and close to one F.linear over all rows: a BLAS may pick another kernel for another row count
+    # (MKL on AVX-512 does), so the last bits of a dot product may differ; fp32, K = 5: 1e-6 relative
+    torch.testing.assert_close(out, F.linear(x, w, bias_), rtol=1e-6, atol=1e-6)
 
 
 def test_schedules_and_merges_are_built_once():

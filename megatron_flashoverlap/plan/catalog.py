@@ -1,0 +1,100 @@
+"""The hardware catalogue as data: GPUs and links, each number with its source.
+
+Sources (short names used in the comments below):
+  [nv-h100]  https://www.nvidia.com/en-us/data-center/h100/ ; per-dtype dense rates as tabulated from NVIDIA's
+             datasheet at https://glennklockwood.com/garden/processors/h100 (H100 SXM5: 132 SMs, 3.35 TB/s,
+             900 GB/s NVLink, BF16 989.4 TFLOP/s dense, FP8 1978.9, TF32 494.7, FP32 66.9)
+  [nv-h200]  https://www.nvidia.com/en-us/data-center/h200/ ; https://aiwiki.ai/wiki/nvidia_h200 (141 GB HBM3e,
+             4.8 TB/s, same GH100 compute as H100, NVLink 4 900 GB/s)
+  [nv-b200]  https://www.nvidia.com/en-us/data-center/dgx-b200/ ; https://glennklockwood.com/garden/processors/B200
+             (HGX B200 at 1,000 W: BF16 2,250 TFLOP/s dense, FP8 4,500, TF32 1,100; 8 TB/s; NVLink 5 1.8 TB/s)
+  [nv-a100]  https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+             via https://glennklockwood.com/garden/processors/A100 (108 SMs, BF16 312, TF32 156, FP32 19.5,
+             80 GB HBM2e 2,039 GB/s, NVLink 300+300 GB/s)
+  [h800]     https://aiwiki.ai/wiki/nvidia_h800 ; https://www.philisun.com/technical-analysis/nvidia-h800-vs-h100-a-technical-deep-dive-into-politically-defined-ai-chips
+             (same GH100 die and BF16/FP8 rates as H100; NVLink cut to 400 GB/s total bidirectional)
+  [a800]     https://techpowerup.com/news-tags/chip?page=8 (A800: A100 with chip-to-chip 600 -> 400 GB/s)
+  [here]     /work/.library/device/KINDS.md: an 8192^3 bf16 GEMM through PyTorch on one H200 ran at 769-798
+             TFLOP/s on random data (0.78-0.81 of 989.4); a device copy moved ~4.3 TB/s of 4.8 (0.9)
+  [nccl]     NVIDIA/nccl src/graph/tuning.cc (commit 01afd20a): NCCL's own cost model. Ring base latency
+             (LL, LL128, Simple) = (3.6, 10.0, 8.4) us; per-step hwLat NVLink ring = (0.47, 1.9, 3.4) us, NET ring
+             = (2.7, 4.0, 9.6) us; Ampere (sm80) ring busbw capped at 235 GB/s
+  [nccl-290] https://github.com/NVIDIA/nccl-tests/issues/290 (NCCL maintainer: single-node H100 AllReduce with
+             NVLink SHARP ~476 GB/s busbw "in the expected range"; NDR 400 Gb/s: 46-48 GB/s per NIC)
+  [cx7/cx8]  NDR 400 Gb/s (ConnectX-7), XDR 800 Gb/s (ConnectX-8):
+             https://docs.nvidia.com/networking/display/connectx8supernic/introduction ;
+             https://lisleapex.hupont.hu/9/nvidia-connectx8-vs-connectx7-indepth-analysis
+  [slingshot] 200 Gb/s endpoints: https://shop.hemsolutions.com/product/hpe-slingshot-200gb-64p-qsfpd/R4K41B0D1CA ;
+             https://alcf.anl.gov/support-center/aurora/interconnect ; Perlmutter GPU nodes:
+             https://portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/public/systems/perlmutter/interconnect/
+  [est]      an ESTIMATE, no published figure found; phase 2 replaces it with a probe of the actual machine.
+
+Not per device (hardware.py defaults, [est]): a GEMM or add kernel costs at least kernel_us = 3 us; HBM reaches 0.9
+of its datasheet rate ([here]: 4.3 of 4.8 TB/s); a GEMM slice beside one of our transfers runs 10 % slower
+(Cluster.slowdown, --overlap-slowdown). That last one is the least known input: NVIDIA/nccl#1428 reports a GEMM
+going from 1.18 to 2.08 ms beside an NCCL all-gather on A100 (an NCCL developer: memory-bandwidth contention) and
+NVIDIA/nccl#1433 both kernels slowing beside P2P send/recv, while a copy-engine transfer takes no SMs at all.
+
+Our executor's hop (`p2p_us`): one NCCL send/recv kernel per ring step, priced as NCCL's one-step ring in its
+Simple protocol ([nccl]: base 8.4 + one hop), 11.8 us on NVLink and 18.0 us across nodes [est: derived, not
+measured]. A single point-to-point flow is taken to reach the same fraction of the link as NCCL's ring (p2p_efficiency
+= coll_efficiency) [est]: on an NVSwitch node one GPU's sends share its one NVLink egress, so a bidirectional ring
+moves no more bytes per second than a unidirectional one.
+"""
+from __future__ import annotations
+
+from .hardware import Gpu, Link
+
+_NVL_BASE = (3.6, 10.0, 8.4)  # [nccl] ring base latency (LL, LL128, Simple), us
+_NVL_HOP = (0.47, 1.9, 3.4)  # [nccl] hwLat NVLink ring, us per step
+_NET_HOP = (2.7, 4.0, 9.6)  # [nccl] hwLat NET ring, us per step
+_P2P_NVL = 8.4 + 3.4  # [nccl]-derived [est]: one Simple ring step on NVLink
+_P2P_NET = 8.4 + 9.6  # [nccl]-derived [est]: one Simple ring step across nodes
+
+_HOPPER = {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}  # [nv-h100]
+
+GPUS = {
+    # H100 SXM5 80 GB: rates, SMs, HBM [nv-h100]; GEMM efficiency 0.79 measured on the same silicon (H200) [here]
+    "h100": Gpu("h100", _HOPPER, hbm_gbps=3350.0, sms=132, gemm_efficiency=0.79),
+    # H200 SXM: H100 compute, 4.8 TB/s [nv-h200]; 0.79 [here]
+    "h200": Gpu("h200", _HOPPER, hbm_gbps=4800.0, sms=132, gemm_efficiency=0.79),
+    # H800 SXM: H100 compute and memory, NVLink cut [h800]; 0.79 [here, same silicon]
+    "h800": Gpu("h800", _HOPPER, hbm_gbps=3350.0, sms=132, gemm_efficiency=0.79),
+    # HGX B200 at 1,000 W [nv-b200]; 148 SMs [est: public reports, not in the datasheet]; efficiency 0.75 [est]
+    "b200": Gpu("b200", {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1100.0, "fp32": 80.0},
+                hbm_gbps=8000.0, sms=148, gemm_efficiency=0.75),
+    # A100 SXM4 80 GB [nv-a100]; GEMM efficiency 0.85 [est]
+    "a100": Gpu("a100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+                hbm_gbps=2039.0, sms=108, gemm_efficiency=0.85),
+    # A800 SXM4 80 GB: A100 compute and memory [a800]
+    "a800": Gpu("a800", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+                hbm_gbps=2039.0, sms=108, gemm_efficiency=0.85),
+}
+
+LINKS = {
+    # NVLink 3 (A100): 300 GB/s per direction [nv-a100]; NCCL caps sm80 ring busbw at 235 GB/s [nccl] -> 0.78
+    "nvlink3": Link("nvlink3", 300.0, 235.0 / 300.0, 235.0 / 300.0, _NVL_BASE, _NVL_HOP, _P2P_NVL),
+    # A800 NVLink: 400 GB/s bidirectional -> 200 per direction [a800]; efficiency as A100 [est]
+    "nvlink3_a800": Link("nvlink3_a800", 200.0, 0.78, 0.78, _NVL_BASE, _NVL_HOP, _P2P_NVL),
+    # NVLink 4 (H100/H200): 900 GB/s bidirectional -> 450 per direction [nv-h100]; ring busbw 0.80 of it [est];
+    # NVLink SHARP all-reduce ~476 GB/s busbw [nccl-290] -> 476/450
+    "nvlink4": Link("nvlink4", 450.0, 0.80, 0.80, _NVL_BASE, _NVL_HOP, _P2P_NVL, nvls_efficiency=476.0 / 450.0),
+    # H800 NVLink: 400 GB/s bidirectional -> 200 per direction [h800]; 0.80 [est]; NVLS as H100 [est]
+    "nvlink4_h800": Link("nvlink4_h800", 200.0, 0.80, 0.80, _NVL_BASE, _NVL_HOP, _P2P_NVL,
+                         nvls_efficiency=476.0 / 450.0),
+    # NVLink 5 (B200): 1.8 TB/s bidirectional -> 900 per direction [nv-b200]; efficiencies as NVLink 4 [est]
+    "nvlink5": Link("nvlink5", 900.0, 0.80, 0.80, _NVL_BASE, _NVL_HOP, _P2P_NVL, nvls_efficiency=476.0 / 450.0),
+    # InfiniBand NDR 400 Gb/s = 50 GB/s per NIC [cx7/cx8]; 46-48 GB/s reached per NIC [nccl-290] -> 0.94
+    "ib_ndr": Link("ib_ndr", 50.0, 0.94, 0.94, _NVL_BASE, _NET_HOP, _P2P_NET),
+    # InfiniBand XDR 800 Gb/s = 100 GB/s per NIC [cx7/cx8]; 0.94 as NDR [est]
+    "ib_xdr": Link("ib_xdr", 100.0, 0.94, 0.94, _NVL_BASE, _NET_HOP, _P2P_NET),
+    # RoCE 400 GbE = 50 GB/s per NIC [cx7/cx8]; 0.90 [est]
+    "roce_400": Link("roce_400", 50.0, 0.90, 0.90, _NVL_BASE, _NET_HOP, _P2P_NET),
+    # HPE Slingshot 11: 200 Gb/s = 25 GB/s per NIC [slingshot]; 0.90 [est]; NCCL NET latencies [nccl]
+    "slingshot11": Link("slingshot11", 25.0, 0.90, 0.90, _NVL_BASE, _NET_HOP, _P2P_NET),
+}
+
+# The NVLink generation each GPU comes with (its SXM board), and the default network.
+GPU_NVLINK = {"h100": "nvlink4", "h200": "nvlink4", "h800": "nvlink4_h800", "b200": "nvlink5",
+              "a100": "nvlink3", "a800": "nvlink3_a800"}
+DEFAULT_INTER = "ib_ndr"

@@ -1,0 +1,159 @@
+"""Transfers priced per link level: our executor's point-to-point hops, and stock's NCCL collectives.
+
+Group placement (Megatron's rank order tp-cp-ep-dp-pp: a group's consecutive members are `stride` global ranks
+apart, node-contiguous ranks, G GPUs per node):
+
+    per_node   group members on one node: the whole group if size * stride <= G, else G // stride (>= 1)
+    colocated  groups of this kind with members on each node (G // per_node): their inter-node flows share the
+               node's NICs, nics_per_node of them
+
+A hop of a ring over a group that spans nodes is priced on the inter-node link: a ring waits for its slowest edge.
+
+One hop (a post of sends/receives; the executor waits on all of them together):
+    time = p2p_us + max(bytes sent, bytes received) / rate
+    rate = link GB/s * p2p_efficiency                          inside a node (every flow of the GPU shares its
+                                                              NVLink egress: a bidirectional ring gains no bytes/s)
+         = NIC GB/s * p2p_efficiency * min(1, NICs / senders)  across nodes (senders: flows leaving the node at once)
+
+A stock collective (NCCL's own model, catalog [nccl]): for each protocol (LL, LL128, Simple)
+    time = base + intra_steps * hop_intra + inter_steps * hop_inter + bus_bytes / (busbw * protocol factor)
+with ring bus bytes (P-1)/P * total (all-gather, reduce-scatter) or 2(P-1)/P * total (all-reduce), busbw =
+link GB/s * coll_efficiency (across nodes the lower of that and the NICs' share); NCCL takes the fastest.
+All-reduce also has a tree (across nodes: 2 log2(N) inter steps) and, inside one node where the link has it,
+NVLink SHARP (NVLS). All-to-all: every peer at once, (P-1)/P of the buffer out of each GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .hardware import Cluster, Link
+
+LL, LL128, SIMPLE = range(3)
+_RING_FACTOR = {LL: 0.25, LL128: 0.92, SIMPLE: 1.0}  # [nccl] busbw factor per protocol (LL: 1/3 in one node)
+_TREE_BASE = (4.4, 4.4)  # [nccl] tree base latency (LL, LL128), us
+_TREE_HOP = {False: (0.52, 1.2), True: (5.0, 8.5)}  # [nccl] tree hwLat (LL, LL128): NVLink, NET
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group as priced: `size` ranks, `per_node` of them on each node, `colocated` such groups per node."""
+
+    size: int
+    per_node: int
+    colocated: int = 1
+
+    def __post_init__(self):
+        if self.size < 1 or self.per_node < 1 or self.size % self.per_node:
+            raise ValueError(f"group of {self.size} ranks with {self.per_node} per node: the per-node count must "
+                             f"divide the size")
+
+    @property
+    def nodes(self) -> int:
+        return self.size // self.per_node
+
+    @property
+    def spans(self) -> bool:
+        return self.nodes > 1
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.per_node
+
+
+def place(size: int, stride: int, cluster: Cluster) -> Group:
+    """The group of `size` members `stride` global ranks apart (module docstring)."""
+    g = cluster.gpus_per_node
+    if size * stride <= g:
+        per_node = size
+    elif stride >= g:
+        per_node = 1
+    else:
+        per_node = max(1, g // stride)
+    if size % per_node:
+        raise ValueError(f"a group of {size} ranks, {stride} apart, does not tile nodes of {g} GPUs; choose sizes "
+                         f"whose product with the lower dimensions divides or is a multiple of --gpus-per-node")
+    return Group(size, per_node, max(1, g // per_node))
+
+
+class Net:
+    """Prices hops and collectives on `cluster`."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def _nic_share(self, senders: int) -> float:
+        return min(1.0, self.cluster.nics_per_node / max(1, senders))
+
+    def hop(self, sent: float, received: float, inter: bool, senders: int = 1) -> float:
+        """Seconds of one post of our executor moving `sent` / `received` bytes (module docstring)."""
+        link = self.cluster.link(inter)
+        rate = link.gbps * 1e9 * link.p2p_efficiency * (self._nic_share(senders) if inter else 1.0)
+        return link.p2p_us * 1e-6 + max(sent, received) / rate
+
+    def ring_senders(self, group: Group) -> int:
+        """Flows leaving a node at once in a ring step: one per colocated group."""
+        return group.colocated
+
+    def pair_senders(self, group: Group) -> int:
+        """Flows leaving a node at once in a pairwise step (all-to-all, recursive doubling): every GPU."""
+        return self.cluster.gpus_per_node if group.spans else 1
+
+    def _busbw(self, group: Group) -> float:
+        c = self.cluster
+        intra = c.intra.gbps * c.intra.coll_efficiency * 1e9
+        if not group.spans:
+            return intra
+        inter = c.inter.gbps * c.inter.coll_efficiency * 1e9 * c.nics_per_node / group.colocated
+        return min(intra, inter)
+
+    def _ring(self, total: float, group: Group, steps: int, inter_steps: int) -> float:
+        c = self.cluster
+        busbw, best = self._busbw(group), math.inf
+        for p in (LL, LL128, SIMPLE):
+            hop_intra = c.intra.hop_lat_us[p] * (1.8 if group.spans and p == LL else 1.0)
+            lat = c.intra.base_lat_us[p] + (steps - inter_steps) * hop_intra + inter_steps * c.inter.hop_lat_us[p]
+            factor = 1 / 3 if (p == LL and not group.spans and steps == group.size - 1) else _RING_FACTOR[p]
+            best = min(best, lat * 1e-6 + steps / group.size * total / (busbw * factor))
+        return best
+
+    def _tree(self, total: float, group: Group) -> float:
+        busbw, best = self._busbw(group) * 0.9, math.inf
+        for p, factor in ((LL, 1 / 3.8), (LL128, 7 / 9)):
+            lat = _TREE_BASE[p] + 2 * ((group.per_node - 1) * _TREE_HOP[False][p]
+                                       + math.log2(group.nodes) * _TREE_HOP[True][p])
+            best = min(best, lat * 1e-6 + 2 * total / (busbw * factor))
+        return best
+
+    def _nvls(self, total: float, group: Group, link: Link) -> float:
+        lat = (link.base_lat_us[SIMPLE] + link.hop_lat_us[SIMPLE]) * 1e-6
+        return lat + 2 * (group.size - 1) / group.size * total / (link.gbps * link.nvls_efficiency * 1e9)
+
+    def collective(self, kind: str, total: float, group: Group) -> float:
+        """Seconds of stock's NCCL `kind` (all_gather / reduce_scatter: `total` = the gathered size; all_reduce:
+        the buffer; all_to_all: each rank's buffer) over `group`; 0 for a group of one."""
+        p, n = group.size, group.nodes
+        if p == 1 or total <= 0:
+            return 0.0
+        if kind in ("all_gather", "reduce_scatter"):
+            return self._ring(total, group, p - 1, n - 1)
+        if kind == "all_reduce":
+            best = self._ring(total, group, 2 * (p - 1), 2 * (n - 1))
+            if group.spans:
+                best = min(best, self._tree(total, group))
+            elif self.cluster.intra.nvls_efficiency > 0:
+                best = min(best, self._nvls(total, group, self.cluster.intra))
+            return best
+        if kind == "all_to_all":
+            return self._all_to_all(total, group)
+        raise ValueError(f"unknown collective {kind!r}")
+
+    def _all_to_all(self, total: float, group: Group) -> float:
+        c = self.cluster
+        lat = (c.intra.base_lat_us[SIMPLE] + c.link(group.spans).hop_lat_us[SIMPLE]) * 1e-6
+        intra = (group.per_node - 1) / group.size * total / (c.intra.gbps * c.intra.coll_efficiency * 1e9)
+        if not group.spans:
+            return lat + intra
+        share = self._nic_share(c.gpus_per_node)
+        inter = (group.size - group.per_node) / group.size * total / (
+            c.inter.gbps * c.inter.coll_efficiency * 1e9 * share)
+        return lat + max(intra, inter)

@@ -1,0 +1,82 @@
+"""What a walk is priced with: the environment (GPU, GEMM model, network) and one `Side` per slice tag.
+
+    Env(cluster, dtype)   gemm: GemmModel, net: Net, bytes: the activation dtype's size, slowdown
+    Side                  one tag of a step list: compute(slice) seconds, nbytes(slice) of its point-to-point
+                          transfers, collective(slice) seconds where its transfers are stock collectives (tags >=
+                          steps.COLL), arrival seconds of handling one arrived transfer (e.g. the add of a partial)
+    prices(env, group, sides, pairwise)   -> walk.Prices for a ring (pairwise: all-to-all / doubling) on `group`
+    walk_clock(env, step_lists, prices)   -> the clock after walks run one after another
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from ..schedules import Slice, Step
+from .gemm import GemmModel
+from .hardware import DTYPE_BYTES, Cluster
+from .links import Group, Net
+from .walk import Clock, Prices, run
+
+ACC_BYTES = 4  # partial sums and weight gradients accumulate in fp32 (runtime/numerics.py)
+
+
+class Env:
+    """The priced machine: cluster, dtype, GEMM model (a measured table may replace it), network."""
+
+    def __init__(self, cluster: Cluster, dtype: str = "bf16", gemm: GemmModel | None = None):
+        self.cluster, self.dtype = cluster, dtype
+        self.gemm = gemm if gemm is not None else GemmModel(cluster.gpu, dtype)
+        self.net = Net(cluster)
+        self.bytes = DTYPE_BYTES[dtype]
+        self.slowdown = cluster.slowdown
+
+    def mm(self, m: float, k: float, n: float) -> float:
+        """Seconds of one GEMM y[m, n] = x[m, k] w[k, n] (fractional sizes rounded, at least 1 row)."""
+        return self.gemm.time(max(1, round(m)), max(1, round(k)), max(1, round(n)))
+
+    def add(self, elements: float, nbytes: int = ACC_BYTES) -> float:
+        """One elementwise add of `elements` (an arrived partial into its sum)."""
+        return self.gemm.elementwise(elements * nbytes)
+
+
+def _zero(_: Slice) -> float:
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Side:
+    compute: Callable[[Slice], float] = _zero
+    nbytes: Callable[[Slice], float] = _zero
+    collective: Callable[[Slice], float] | None = None
+    arrival: float = 0.0
+    name: str = ""
+
+
+def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = False) -> Prices:
+    """Prices of one walk over `group` (module docstring)."""
+    inter = group.spans
+    senders = env.net.pair_senders(group) if pairwise else env.net.ring_senders(group)
+
+    def transfer(sends, recvs) -> float:
+        colls = [sides[t.slice.tag].collective for t in sends]
+        if colls and colls[0] is not None:
+            return sum(c(t.slice) for c, t in zip(colls, sends))
+        sent = sum(sides[t.slice.tag].nbytes(t.slice) for t in sends)
+        got = sum(sides[t.slice.tag].nbytes(t.slice) for t in recvs)
+        return env.net.hop(sent, got, inter, senders)
+
+    def label(x: Slice) -> str:
+        name = sides[x.tag].name
+        return f"{name} {x.block}.{x.part}" if name else x.label()
+
+    return Prices(compute=lambda x: sides[x.tag].compute(x), transfer=transfer,
+                  arrived=lambda t: sides[t.slice.tag].arrival, label=label)
+
+
+def walk_clock(env: Env, step_lists: Sequence[Sequence[Step]], walk_prices: Prices, lane: str = "") -> Clock:
+    """The clock after walking each step list in turn (each a separate executor walk)."""
+    clock = Clock()
+    for steps in step_lists:
+        run(steps, walk_prices, env.slowdown, clock, lane)
+    return clock
