@@ -5,13 +5,13 @@ Tiers are folders, cheapest first; each test is marked by its folder (`-m pure`,
     tests/gloo/      operators and the benchmark harness on 2-8 gloo CPU processes
     tests/megatron/  Megatron-Core layers, models, launcher and training loop on gloo
     tests/gpu/       CUDA only: skipped, with the reason, where no GPU is present
-One persistent gloo pool per world size (see megatron_flashoverlap/testing/pool.py).
+One persistent gloo pool per world size (see tests/support/pool.py).
 """
 import pathlib
 
 import pytest
 
-from megatron_flashoverlap.testing import Pool
+from tests.support import Pool
 
 TIERS = ("pure", "gloo", "megatron", "gpu")
 _ROOT = pathlib.Path(__file__).parent

@@ -91,7 +91,7 @@ def bad_input(rank, world, kind):
 
 def calibrate(rank, world, path, sizes, local_world_size=None):
     """The calibration command's measure + write on the pool's group; rank 0 writes `path`."""
-    from megatron_flashoverlap.bench import calibrate_allreduce as cal
+    from megatron_flashoverlap.tools import calibrate_allreduce as cal
 
     rows = cal.measure(sizes, local_world_size=local_world_size, dtype=torch.float32, iters=2, warmup=1)
     if rank == 0:

@@ -5,8 +5,8 @@ import torch.distributed as dist
 
 
 def blocks_agree(rank, world, kind, methods):
-    from megatron_flashoverlap.bench.blocks import Method, Shape
-    from megatron_flashoverlap.bench.attention_blocks import ATTENTION_BLOCKS
+    from benchmarks.harness.blocks import Method, Shape
+    from benchmarks.attention.blocks import ATTENTION_BLOCKS
     from megatron_flashoverlap.runtime import OverlapContext
 
     block = ATTENTION_BLOCKS[kind](Shape(seq=16, batch=2, hidden=16, width=8, head_dim=4), world)

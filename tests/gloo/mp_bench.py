@@ -1,4 +1,4 @@
-"""Rank bodies for tests/gloo/test_bench.py (run on the gloo pool, or started by bench.launch.run_ranks)."""
+"""Rank bodies for tests/gloo/test_bench.py (run on the gloo pool, or started by harness.launch.run_ranks)."""
 import os
 import sys
 import time
@@ -6,8 +6,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.bench import worker
-from megatron_flashoverlap.bench.blocks import METHODS, Shape, make_block
+from benchmarks.overlap import worker
+from benchmarks.harness.blocks import METHODS, Shape, make_block
 from megatron_flashoverlap.runtime import OverlapContext
 
 
@@ -51,7 +51,7 @@ def ranks_sleep(rank, world, pid_dir):
 
 
 if __name__ == "__main__":  # run_ranks module target: hand argv and the rank back through save_result
-    from megatron_flashoverlap.bench.launch import save_result
+    from benchmarks.harness.launch import save_result
 
     if os.environ["RANK"] == "0":
         save_result({"argv": sys.argv[1:], "rank": int(os.environ["RANK"])})

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import megatron_flashoverlap as fo
-from megatron_flashoverlap.testing.profile import comm_ops
+from tests.support.profile import comm_ops
 
 CTX = fo.OverlapContext(check_peers=False)  # the peer check is one all-gather of its own: keep it out
 

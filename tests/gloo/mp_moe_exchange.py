@@ -10,7 +10,7 @@ import torch
 
 from megatron_flashoverlap.ops.moe import COMBINE, DISPATCH, expert_all_to_all
 from megatron_flashoverlap.runtime import OverlapContext
-from megatron_flashoverlap.testing import profile
+from tests.support import profile
 
 H = 5
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from megatron_flashoverlap.ops.moe import expert_pipeline
 from megatron_flashoverlap.runtime import OverlapContext
-from megatron_flashoverlap.testing import profile
+from tests.support import profile
 
 H, F, E = 6, 5, 2  # hidden, expert ffn, local experts per rank
 

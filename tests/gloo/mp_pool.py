@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from megatron_flashoverlap.testing.pool import _threads
+from tests.support.pool import _threads
 
 
 def groups_left_behind(rank, world, n):

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 import megatron_flashoverlap as fo
-from megatron_flashoverlap.bench.timing import fake_group
+from benchmarks.harness.timing import fake_group
 from megatron_flashoverlap.runtime import PeerLostError, default_context, link
-from megatron_flashoverlap.testing.profile import comm_ops
+from tests.support.profile import comm_ops
 
 
 def kinds(rank, world):

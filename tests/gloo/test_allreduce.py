@@ -6,7 +6,7 @@ Against stock the bound doubles (both sides round). Every rank must hold bitwise
 """
 import pytest
 
-from megatron_flashoverlap.testing.pool import WorkerError
+from tests.support.pool import WorkerError
 
 ALGOS = ["reference", "ring", "recursive_doubling", "hierarchical"]
 SMALL = [1, 2, 3, 7, 100, 1001, 4099]  # incl. sizes below and not divisible by the rank count

@@ -9,8 +9,9 @@ import json
 import pytest
 import torch
 
-from megatron_flashoverlap.bench.topology import markdown
+from benchmarks.topology.table import markdown
 from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
+from megatron_flashoverlap.tools.calibrate_allreduce import MEASURED
 
 ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical")
 
@@ -60,3 +61,14 @@ def test_topology_markdown_speedup_column():
                                            "recursive_doubling_us": 1500.0, "hierarchical_us": 2000.0}]}
     line = markdown([table]).splitlines()[4]
     assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | recursive_doubling | 2.00x |"
+
+
+def test_topology_markdown_reads_a_table_the_calibration_writes_today():
+    """The calibration names stock's column `reference_us` (MEASURED = the algorithm words); the table writer
+    reads it as the stock column, and still reads `stock_us` from files written before."""
+    row = {"bytes": 8192, "reference_us": 3000.0, "ring_us": 4000.0, "recursive_doubling_us": 1500.0,
+           "hierarchical_us": 2000.0}
+    table = {"world_size": 4, "local_world_size": 2, "dtype": "bfloat16", "iters": 3, "note": "n",
+             "measured_at": "2026-11-30", "rows": [row]}
+    assert markdown([table]).splitlines()[4] == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | recursive_doubling | 2.00x |"
+    assert "reference" in MEASURED and "stock" not in MEASURED  # what a calibration run writes as columns

@@ -10,10 +10,10 @@ import subprocess
 import pytest
 import torch
 
-from megatron_flashoverlap.bench import report
-from megatron_flashoverlap.bench.blocks import METHODS
-from megatron_flashoverlap.bench.gpu_check import _sites
-from megatron_flashoverlap.bench.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
+from benchmarks.overlap import table as report
+from benchmarks.harness.blocks import METHODS
+from benchmarks.gpu_check.check import _sites
+from benchmarks.harness.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,7 +50,7 @@ def test_namespace_shaped_then_deleted_even_on_error():
 
 
 def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", name, "run.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -106,7 +106,7 @@ def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
 
 
 def test_run_ranks_function_target_gets_args_env_and_a_group():
-    from megatron_flashoverlap.bench.launch import run_ranks
+    from benchmarks.harness.launch import run_ranks
 
     res = run_ranks("tests.gloo.mp_bench:ranks_echo", 2, args=({"k": [1, 2]},), env={"BENCH_TEST_COMMON": "c"},
                     rank_env=lambda r: {"BENCH_TEST_TAG": f"t{r}"}, timeout=300)
@@ -116,21 +116,21 @@ def test_run_ranks_function_target_gets_args_env_and_a_group():
 
 
 def test_run_ranks_module_target_and_save_result():
-    from megatron_flashoverlap.bench.launch import run_ranks
+    from benchmarks.harness.launch import run_ranks
 
     res = run_ranks(["tests.gloo.mp_bench", "--flag", 7], 2, timeout=300)
     assert res == [{"argv": ["--flag", "7"], "rank": 0}, None]  # rank 1 saved nothing
 
 
 def test_run_ranks_failing_rank_raises_and_stops_the_others():
-    from megatron_flashoverlap.bench.launch import run_ranks
+    from benchmarks.harness.launch import run_ranks
 
     with pytest.raises(RuntimeError, match="ranks_fail on 2 ranks failed"):
         run_ranks("tests.gloo.mp_bench:ranks_fail", 2, timeout=300)  # rank 0 sits in a barrier: no hang
 
 
 def test_run_ranks_timeout_kills_every_rank(tmp_path):
-    from megatron_flashoverlap.bench.launch import run_ranks
+    from benchmarks.harness.launch import run_ranks
 
     with pytest.raises(TimeoutError, match="larger timeout"):
         run_ranks("tests.gloo.mp_bench:ranks_sleep", 2, args=(str(tmp_path),), timeout=25)

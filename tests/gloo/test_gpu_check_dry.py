@@ -1,5 +1,5 @@
-"""Tier 2 (subprocess, fake process groups): benchmarks/gpu_check.py --dry runs on CPU, says it is a dry
-run, exits 0 and writes every section of results/gpu.md (here to a temporary path); its operator table
+"""Tier 2 (subprocess, fake process groups): benchmarks/gpu_check/run.py --dry runs on CPU, says it is a dry
+run, exits 0 and writes every section of gpu.md (here to a temporary path); its operator table
 (every public operator and the Flash layer at P = 2, 4, 8, three algos) has the expected shapes and dtypes."""
 import pathlib
 import subprocess
@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_dry_run_writes_every_section(tmp_path):
     out = tmp_path / "gpu.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check" / "run.py"), "--dry", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DRY RUN" in proc.stdout

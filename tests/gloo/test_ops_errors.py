@@ -1,7 +1,7 @@
 """Tier 2 (2 gloo processes): every bad input gets a clear ValueError naming the fix; no hang."""
 import pytest
 
-from megatron_flashoverlap.testing import Pool
+from tests.support import Pool
 
 EXPECT = {  # case -> words the message must contain (what is wrong and what to change)
     "rs_indivisible": ["not divisible", "pad the sequence"],

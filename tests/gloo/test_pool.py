@@ -1,6 +1,6 @@
-"""The test pool (megatron_flashoverlap/testing/pool.py): a job that leaves process groups behind gets its
+"""The test pool (tests/support/pool.py): a job that leaves process groups behind gets its
 workers reset in place, not respawned, and the reset workers still run collectives."""
-from megatron_flashoverlap.testing.pool import MAX_THREADS, Pool
+from tests.support.pool import MAX_THREADS, Pool
 
 BODY = "tests.gloo.mp_pool"
 

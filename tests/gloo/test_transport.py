@@ -3,7 +3,7 @@
 and the context's buffer cap over many sequence lengths."""
 import pytest
 
-from megatron_flashoverlap.testing import Pool
+from tests.support import Pool
 
 BODY = "tests.gloo.mp_transport:"
 CHECKED_OPS = 9  # public operators whose first call checks the peers (all_reduce "auto" runs stock: none)

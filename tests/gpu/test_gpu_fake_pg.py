@@ -4,7 +4,7 @@ no host sync in a steady-state forward + backward under torch.cuda.set_sync_debu
 
 The operators run with OverlapContext(check_peers=False): the default peer check reads a small all-gather
 on the host, one deliberate sync per call. The fake group cannot show ProcessGroupNCCL's timed wait (a host
-poll without a CUDA sync call): benchmarks/gpu_check.py part (f) checks host run-ahead on real NCCL.
+poll without a CUDA sync call): benchmarks/gpu_check/run.py part (f) checks host run-ahead on real NCCL.
 """
 import pytest
 import torch
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("algo", ["flash", "flash_bidir", "reference"])
 def test_every_operator_runs_without_a_host_sync(p, algo):
     import megatron_flashoverlap as fo
-    from megatron_flashoverlap.bench.gpu_ops import fake_group, first_sync, flash_layer, operator_calls
+    from benchmarks.gpu_check.ops import fake_group, first_sync, flash_layer, operator_calls
 
     with fake_group(p, rank=p - 1):
         ctx = fo.OverlapContext(check_peers=False)

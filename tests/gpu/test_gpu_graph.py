@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("p", [2, 4])
 def test_layer_forward_captures_and_replays(p):
     import megatron_flashoverlap as fo
-    from megatron_flashoverlap.bench.gpu_ops import fake_group, layer_forward
+    from benchmarks.gpu_check.ops import fake_group, layer_forward
 
     with fake_group(p, rank=p - 1):
         xs, forward = layer_forward(p, "cuda", torch.bfloat16, fo.OverlapContext(check_peers=False), 512 * p, 256)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from megatron_flashoverlap import all_reduce
 from megatron_flashoverlap.ops.all_reduce.select import set_calibration
 from megatron_flashoverlap.megatron import models as tm
-from megatron_flashoverlap.testing import profile
+from tests.support import profile
 
 PROMPT, NEW = 6, 6
 

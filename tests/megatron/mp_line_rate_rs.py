@@ -1,4 +1,5 @@
-"""Worker bodies: the benchmarks' line-rate reduce-scatter (megatron/line_rate_rs.py) against torch's own on gloo.
+"""Worker bodies: the benchmarks' line-rate reduce-scatter (benchmarks/harness/line_rate_rs.py) against torch's
+own on gloo.
 
 `ops` runs the same reduce-scatters through torch's function (captured before the shim is installed) and
 through the shim: sync, async + wait, AVG, a [s, b, h] tensor, two buckets in one async _coalescing_manager
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import _coalescing_manager
 
-from megatron_flashoverlap.megatron import line_rate_rs as lr
+from benchmarks.harness import line_rate_rs as lr
 from tests.megatron import mp_ddp_gpt
 
 NATIVE = dist.reduce_scatter_tensor

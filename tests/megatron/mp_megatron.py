@@ -11,7 +11,7 @@ import io
 import torch
 
 from megatron_flashoverlap.megatron import models as tm
-from megatron_flashoverlap.testing import profile
+from tests.support import profile
 
 
 def _specs(cfg, flash_config):

@@ -139,7 +139,7 @@ def nosp_chunks_and_timeout(rank, world, chunk_counts=(1, 3)):
     error of a config naming a calibration table that does not exist."""
     from megatron_flashoverlap import config as fc
     from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
-    from megatron_flashoverlap.testing import profile
+    from tests.support import profile
 
     tm.init_tp(world)
     try:

@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from megatron_flashoverlap.megatron import models as tm
-from megatron_flashoverlap.testing import profile
+from tests.support import profile
 
 from .mp_megatron import _rel
 

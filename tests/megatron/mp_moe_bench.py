@@ -16,7 +16,8 @@ def measures_route_alike(rank: int, world: int) -> dict:
     and the block output (fwd) and input grad (fwd+bwd) for a cross-method comparison."""
     from megatron.core import parallel_state
 
-    from megatron_flashoverlap.bench import moe_rows, timing
+    from benchmarks.harness import timing
+    from benchmarks.moe import rows as moe_rows
     from megatron_flashoverlap.megatron import cpu
 
     cpu.enable()

@@ -7,7 +7,7 @@ column dgrad all-reduce (qkv, fc1) through `matmul_allreduce_dgrad`.
 from __future__ import annotations
 
 from megatron_flashoverlap.megatron import models as tm
-from megatron_flashoverlap.testing import profile
+from tests.support import profile
 from tests.megatron.mp_megatron import _models, gpt_vs_stock
 
 FNS = ("MatmulAllReduce", "MatmulAllReduceDgrad")

@@ -1,7 +1,7 @@
 """Query-split attention: numerics on 2-4 gloo CPU processes, against Megatron's DotProductAttention.
 
 Tier: numerics (gloo processes). Worker bodies in tests/megatron/mp_attention.py. Pure checks (errors)
-run in-process; the cost model (bench/costmodel.py) is tested in tests/pure/test_costmodel.py.
+run in-process; the cost model (benchmarks/overlap/costmodel.py) is tested in tests/pure/test_costmodel.py.
 """
 import pytest
 import torch

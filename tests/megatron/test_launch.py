@@ -237,7 +237,7 @@ dist.destroy_process_group()
 
 def _rank_env() -> dict:
     """One gloo rank; this checkout first on the path (not whichever copy is installed)."""
-    from megatron_flashoverlap.testing.pool import _free_port
+    from tests.support.pool import _free_port
 
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1", "RANK": "0", "PYTHONPATH": path,

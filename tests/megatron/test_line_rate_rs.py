@@ -1,4 +1,4 @@
-"""Tier: the benchmarks' line-rate reduce-scatter (megatron/line_rate_rs.py: stock's reduce-scatters on gloo as
+"""Tier: the benchmarks' line-rate reduce-scatter (benchmarks/harness/line_rate_rs.py: stock's reduce-scatters on gloo as
 P2P rings, because gloo's moves an all-reduce's bytes) computes what torch's computes, sync, async, averaged,
 coalesced as Megatron's bucket groups call it, and stock Megatron trains to the same parameters with it.
 Bodies: mp_line_rate_rs.py.

@@ -1,4 +1,4 @@
-"""benchmarks/moe.py: the three measures route alike (2 gloo ranks), and the unshaped quick run writes its table
+"""benchmarks/moe/run.py: the three measures route alike (2 gloo ranks), and the unshaped quick run writes its table
 and raw JSON (torchrun ranks, seconds; no timing assertions). Newest lane only: megatron-core 0.16.1's MoE router
 needs Transformer Engine (tests/megatron/test_moe_gpt.py). The table logic: tests/pure/test_moe_table.py."""
 import importlib.util
@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from megatron_flashoverlap.bench.moe_rows import MODES, methods
+from benchmarks.moe.rows import MODES, methods
 
 pytestmark = pytest.mark.newest_only
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +30,7 @@ def test_compute_and_comm_alone_keep_the_routes(pools):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("moe_bench", os.path.join(ROOT, "benchmarks", "moe.py"))
+    spec = importlib.util.spec_from_file_location("moe_bench", os.path.join(ROOT, "benchmarks", "moe", "run.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -16,7 +16,7 @@ import torch
 
 from megatron_flashoverlap.megatron import models as tm
 from megatron_flashoverlap.megatron import norm
-from megatron_flashoverlap.testing import Pool
+from tests.support import Pool
 
 
 def _x(h=8):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_flashoverlap.bench.calibrate_allreduce import write
+from megatron_flashoverlap.tools.calibrate_allreduce import write
 from megatron_flashoverlap.ops.all_reduce import select
 
 ROWS = [{"bytes": b, "stock_us": 100.0, "ring_us": 90.0, "recursive_doubling_us": 10.0, "hierarchical_us": 50.0}

@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from megatron_flashoverlap.bench.costmodel import ag_pipeline, causal_block_costs, exposed_hops, rs_pipeline
-from megatron_flashoverlap.bench.launch import _split, command_line
-from megatron_flashoverlap.bench.rounds import interleaved, rank_max, timed
+from benchmarks.overlap.costmodel import ag_pipeline, causal_block_costs, exposed_hops, rs_pipeline
+from benchmarks.harness.launch import _split, command_line
+from megatron_flashoverlap.tools.rounds import interleaved, rank_max, timed
 
 
 def test_pipelines_by_hand():
@@ -89,5 +89,5 @@ def test_launcher_targets_are_checked_before_any_process():
 
 def test_results_record_a_command_that_pastes_back_into_a_shell():
     argv = ["--arms", "stock;ours, auto", "--methods", "stock,slicing k=2", "--repeats", "3"]
-    line = command_line("dp.py", argv)
-    assert line.startswith("python benchmarks/dp.py ") and shlex.split(line)[2:] == argv
+    line = command_line("dp/run.py", argv)
+    assert line.startswith("python benchmarks/dp/run.py ") and shlex.split(line)[2:] == argv

@@ -1,8 +1,8 @@
-"""Tier: pure. The GPT DDP table of benchmarks/dp.py (bench/dp_gpt_table.py) on hand-made samples."""
+"""Tier: pure. The GPT DDP table of benchmarks/dp/run.py (benchmarks/dp/table.py) on hand-made samples."""
 import pytest
 
-from megatron_flashoverlap.bench import dp_gpt_table as t
-from megatron_flashoverlap.bench.dp_gpt import check_arms
+from benchmarks.dp import table as t
+from benchmarks.dp.gpt import check_arms
 
 # exact comparisons: medians of integer-valued lists and their differences are exact in binary floating point
 
@@ -83,13 +83,13 @@ def test_a_reference_exposing_nothing_in_some_resamples_leaves_the_ratio_undefin
 
 
 def test_render_rebuilds_the_tables_from_the_raw_samples(tmp_path):
-    """benchmarks/dp.py --render RAW: dp.md beside RAW rewritten from its samples, title and command kept."""
+    """benchmarks/dp/run.py --render RAW: dp.md beside RAW rewritten from its samples, title and command kept."""
     import importlib.util
     import json
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("dp_bench", os.path.join(root, "benchmarks", "dp.py"))
+    spec = importlib.util.spec_from_file_location("dp_bench", os.path.join(root, "benchmarks", "dp", "run.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     run = {**_run(), "config": {"tp": 2, "layers": 4, "hidden": 512, "heads": 8, "seq": 512, "batch": 1,
@@ -97,14 +97,28 @@ def test_render_rebuilds_the_tables_from_the_raw_samples(tmp_path):
            "world": 4, "dp": 2, "log": ["flash DP overlap (automatic, cost model): x"], "rate": "1gbit",
            "loadavg": [1.0, 2.0]}
     (tmp_path / "dp_raw.json").write_text(json.dumps([run]))
-    (tmp_path / "dp.md").write_text("# title\n\nCommand: `python benchmarks/dp.py --x`\n\n## Verdict\n\nold\n")
+    (tmp_path / "dp.md").write_text("# title\n\nCommand: `python benchmarks/dp/run.py --x`\n\n## Verdict\n\nold\n")
     assert mod.main(["--render", str(tmp_path / "dp_raw.json")]) == 0
     md = (tmp_path / "dp.md").read_text()
-    assert md.startswith("# title\n\nCommand: `python benchmarks/dp.py --x`\n") and "old" not in md
+    assert md.startswith("# title\n\nCommand: `python benchmarks/dp/run.py --x`\n") and "old" not in md
     assert "1gbit, TP2xDP2, ours, auto:" in md and "target <= 0.20: met" in md and md.count("| ours, auto |") == 1
     assert mod.main(["--render", str(tmp_path / "dp_raw.json")]) == 0  # again: one note, not two
     again = (tmp_path / "dp.md").read_text()
     assert again.count(mod.RENDERED) == 1 and "\n\n\n" not in again
+
+
+def test_an_unshaped_run_recorded_before_topology_is_labelled_host_loopback():
+    """A run's header names its link; runs from before --topology recorded none: an unshaped one ran on the host
+    loopback, not on the shared tbf link."""
+    from benchmarks.dp import run as mod
+
+    run = {**_run(), "config": {"tp": 1, "layers": 4, "hidden": 512, "heads": 8, "seq": 512, "batch": 1,
+                                "vocab": 1024, "bucket": 3, "repeats": 3},
+           "world": 2, "dp": 2, "log": [], "rate": "unshaped (host loopback)"}
+    head = [ln for ln in mod.body([run]).splitlines() if ln.startswith("## link")][0]
+    assert head.endswith("; host loopback") and "tbf" not in head
+    shared = [ln for ln in mod.body([{**run, "rate": "1gbit"}]).splitlines() if ln.startswith("## link")][0]
+    assert shared.endswith("; " + mod.TOPOLOGY["shared"])
 
 
 def test_a_subset_of_arms_is_judged_against_stock_alone():

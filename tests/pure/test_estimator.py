@@ -1,4 +1,4 @@
-"""Tier 1 (pure): the one estimator of the benchmark tables (bench/estimator.py).
+"""Tier 1 (pure): the one estimator of the benchmark tables (benchmarks/harness/estimator.py).
 
 Expected values are worked by hand from the samples; the interval tests use simulated rounds of known
 distributions. Tolerances: 1e-12 where the figure is a difference or ratio of two sample values (one
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from megatron_flashoverlap.bench import estimator as est
+from benchmarks.harness import estimator as est
 
 
 def test_exposed_is_a_difference_of_medians_not_a_median_of_differences():

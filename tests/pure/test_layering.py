@@ -1,14 +1,16 @@
 """The package's imports run one way, with no cycle, and only the Megatron wing imports megatron.
 
 Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, bottom up:
-    0  config, schedules, testing (the process pool: stdlib only)
+    0  config, schedules
     1  runtime, plan       (plan: the planner; it imports no third party: test_plan_validate.py)
     2  ops
-    3  megatron            (the wing: the only importer of `megatron`)
-    4  bench               (its Megatron rows may import megatron too)
+    3  megatron            (the wing: the only importer of `megatron` in the package)
+    4  tools               (what a user runs beside training: the all-reduce calibration, the timing loop)
     5  the faces: __init__, spec, launch (re-exports; nothing inside the package imports them)
 A module may import its own package and anything on a lower floor; two packages of one floor do not
-import each other. Outside the package, no example or benchmark imports a test helper.
+import each other. The package imports neither benchmarks/ nor tests/ (a source checkout's, never installed);
+no example or benchmark imports a test helper; a benchmark folder imports the package, the harness and
+itself, never another benchmark's folder, and the harness imports no benchmark folder.
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "megatron_flashoverlap"
-FLOORS = {"config": 0, "schedules": 0, "testing": 0, "runtime": 1, "plan": 1, "ops": 2, "megatron": 3, "bench": 4,
+FLOORS = {"config": 0, "schedules": 0, "runtime": 1, "plan": 1, "ops": 2, "megatron": 3, "tools": 4,
           "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5}
-MEGATRON_IMPORTERS = ("megatron", "bench/megatron_rows.py", "bench/moe_rows.py", "bench/dp_gpt.py")
-TEST_HELPERS = ("megatron_flashoverlap.testing", "tests")
+WING = "megatron"  # the package's one folder that imports megatron
+TEST_HELPERS = ("tests",)
+BENCH = ROOT / "benchmarks"
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -109,15 +112,37 @@ def test_only_the_wing_imports_megatron():
     bad = []
     for p in package_files():
         rel = p.relative_to(PKG).as_posix()
-        if rel.startswith(MEGATRON_IMPORTERS[0] + "/") or rel in MEGATRON_IMPORTERS[1:]:
+        if rel.startswith(WING + "/"):
             continue
         bad += [f"{rel}:{line} imports {m}" for m, line in imports_of(p) if m == "megatron" or m.startswith("megatron.")]
     assert not bad, "megatron imported outside megatron_flashoverlap/megatron/:\n" + "\n".join(bad)
 
 
+def bench_files() -> list[pathlib.Path]:
+    return sorted(p for p in BENCH.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_the_package_imports_no_benchmark_and_no_test():
+    """`pip install .` ships the package alone: an import of benchmarks/ or tests/ would fail there."""
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in package_files() for m, line in imports_of(p)
+           if m.split(".")[0] in ("benchmarks", "tests")]
+    assert not bad, "the package imports a source checkout's folder:\n" + "\n".join(bad)
+
+
+def test_benchmark_folders_import_the_harness_not_each_other():
+    bad = []
+    for p in bench_files():
+        here = p.relative_to(BENCH).parts[0] if len(p.relative_to(BENCH).parts) > 1 else None
+        for m, line in imports_of(p):
+            parts = m.split(".")
+            if parts[0] != "benchmarks" or len(parts) < 2 or parts[1] in ("harness", here):
+                continue
+            bad.append(f"{p.relative_to(ROOT)}:{line} imports {m}")
+    assert not bad, "a benchmark imports another benchmark's folder (shared code goes to harness/):\n" + "\n".join(bad)
+
+
 def test_no_test_helper_outside_tests():
-    files = [p for p in package_files() if not module_name(p).startswith(TEST_HELPERS[0])]
-    files += sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    files = package_files() + sorted((ROOT / "examples").glob("*.py")) + bench_files()
     bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in files for m, line in imports_of(p)
            if any(m == h or m.startswith(h + ".") for h in TEST_HELPERS)]
     assert not bad, "test helpers imported outside tests/:\n" + "\n".join(bad)
@@ -152,7 +177,7 @@ def test_ops_is_family_folders_and_three_loose_modules():
 
 def test_env_vars_are_read_in_the_config_module_only():
     """FLASHOVERLAP_* names appear in config.py alone (config.environment() reads them)."""
-    files = package_files() + sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "examples").glob("*.py"))
+    files = package_files() + bench_files() + sorted((ROOT / "examples").glob("*.py"))
     bad = [p.relative_to(ROOT).as_posix() for p in files
            if "FLASHOVERLAP_" in p.read_text() and p != PKG / "config.py"]
     assert not bad, bad

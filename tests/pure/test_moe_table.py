@@ -1,9 +1,9 @@
-"""Tier 1 (pure): the MoE benchmark's table (bench/moe_table.py): every row printed, stock's exchange share, a win
+"""Tier 1 (pure): the MoE benchmark's table (benchmarks/moe/table.py): every row printed, stock's exchange share, a win
 only where the speedup interval excludes 1.0, losses named in the summary. Inputs are hand-made samples."""
 import pytest
 
-from megatron_flashoverlap.bench import moe_table as t
-from megatron_flashoverlap.bench.estimator import estimate
+from benchmarks.moe import table as t
+from benchmarks.harness.estimator import estimate
 
 FAST, SLOW, NOISY = [1.0, 1.05, 0.95, 1.02, 0.98], [2.0, 2.1, 1.9, 2.05, 1.95], [1.0, 3.0, 0.5, 2.5, 0.8]
 

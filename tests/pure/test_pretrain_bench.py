@@ -1,4 +1,4 @@
-"""benchmarks/pretrain.py's parsing, statistic and tables on hand-written Megatron logs.
+"""benchmarks/pretrain/run.py's parsing, statistic and tables on hand-written Megatron logs.
 
 Tier: pure (no processes, no shaping). The log lines copy the format Megatron-Core 0.19's training_log and
 Timers.log print (an iteration line on the last rank, then "(min, max) time across ranks (ms):" and one
@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from megatron_flashoverlap.bench.pretrain_profile import OTHER, categorize_events, profile_argv, profile_table
-from megatron_flashoverlap.bench.pretrain_report import breakdown_table, loss_table, summarize, table
-from megatron_flashoverlap.bench.pretrain_rows import ARMS, entry_argv, merge, parse_log, run_stat
+from benchmarks.pretrain.profiling import OTHER, categorize_events, profile_argv, profile_table
+from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table
+from benchmarks.pretrain.rows import ARMS, entry_argv, merge, parse_log, run_stat
 from megatron_flashoverlap.config import load_config
 from megatron_flashoverlap.megatron.args import add_flash_overlap_args
 

@@ -1,6 +1,6 @@
 """Tier 1 (pure): the sweep verdict reports every point, losses included, a win only outside the interval."""
-from megatron_flashoverlap.bench import verdict as v
-from megatron_flashoverlap.bench.estimator import estimate
+from benchmarks.harness import verdict as v
+from benchmarks.harness.estimator import estimate
 
 
 def _row(method, seq, block, compute=(1.0,) * 5, comm=(0.5,) * 5):

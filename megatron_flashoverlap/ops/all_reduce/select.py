@@ -1,6 +1,6 @@
 """Run-time choice between stock all-reduce and ours, from a measured table (never a guessed threshold).
 
-The table comes from `python -m megatron_flashoverlap.bench.calibrate_allreduce` (JSON, one entry per group
+The table comes from `python -m megatron_flashoverlap.tools.calibrate_allreduce` (JSON, one entry per group
 layout): per message size in bytes, the median latency of stock and of each of our algorithms.
 
     {"tables": [{"world_size": 4, "local_world_size": 2, "backend": "gloo", "dtype": "bfloat16",
@@ -49,7 +49,7 @@ def set_calibration(source) -> None:
     data = json.load(open(source)) if isinstance(source, (str, os.PathLike)) else source
     if "tables" not in data:
         raise ValueError("all-reduce calibration: expected {'tables': [...]}, as written by "
-                         "python -m megatron_flashoverlap.bench.calibrate_allreduce")
+                         "python -m megatron_flashoverlap.tools.calibrate_allreduce")
     _TABLES = list(data["tables"])
 
 
@@ -155,7 +155,7 @@ def _pick(x: torch.Tensor, world: int, local_world_size: int | None, backend: st
         key = (world, local_world_size, str(backend), dtype_name(x.dtype))
         warn_once(key, "all_reduce(algo='auto'): no calibration table for world_size=%d local_world_size=%d "
                        "backend=%s dtype=%s; using stock all-reduce (run python -m "
-                       "megatron_flashoverlap.bench.calibrate_allreduce)", *key)
+                       "megatron_flashoverlap.tools.calibrate_allreduce)", *key)
         return None
     return best_at(table, x.numel() * x.element_size())
 

@@ -16,8 +16,8 @@ first made one (RS). Sub-chunks shrink it from C/P to C/(P c), for c - 1 more po
 Automatic rule (`_auto_hop_chunks`): c = 1 for P >= 3: P-1 hops run under P slices and the one slice left
 over is C/P, small already. At P = 2 the slice left over is half the GEMM, the largest it gets, and c > 1
 pays only where a hop takes longer than that slice, which the operator cannot see (it does not know the
-link). Measured (results/overlap_issue13_subslice.md, gloo over a tbf-shaped loopback, 2 ranks on 2 shared
-CPUs): c = 2 won only where the hop was ~4x the slice (1 gbit/s, s = 1024, h = 256: 1.07x fwd), tied at
+link). Measured (benchmarks/overlap/RESULTS.md, "Hop sub-chunks"; gloo over a tbf-shaped loopback, 2 ranks on 2
+shared CPUs): c = 2 won only where the hop was ~4x the slice (1 gbit/s, s = 1024, h = 256: 1.07x fwd), tied at
 250 mbit/s and 2 gbit/s and at the issue's point (S = 2048, h = 1024, n = 8192: 0.97x), and lost up to 0.61x
 on blocks of a few ms (4 gbit/s: each sub-chunk is one more post and wait through the communication thread,
 ~1-3 ms under load). So automatic is AUTO_P2_CHUNKS = 1 at P = 2 too; a layer whose hop is long against

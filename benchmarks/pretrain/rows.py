@@ -1,0 +1,130 @@
+"""benchmarks/pretrain/run.py's arms, log parsing and table: Megatron's own training loop on the shaped link.
+
+    ARMS                              arm -> (entry flags after the model's, link: "rate" | "unshaped")
+    model_argv(cfg) -> [megatron args]    TP=2 + SP GPT on mock data, --log-interval 1, timers level 2
+    parse_log(text) -> {"iters": {i: ms}, "loss": {i: lm loss}, "timers": {i: {name: max ms}}, "sites"}
+    run_stat(parsed, warmup) -> seconds     the run's statistic: the median iteration after `warmup`
+    summarize(runs, cfg) -> {"arms": {arm: {...}}, "loss": ..., "comm": ...}    the estimator over rounds
+    table(summary) / loss_table(summary) / breakdown_table(summary) -> markdown
+
+One run = one launch of the project entry (`python -m megatron_flashoverlap.pretrain_gpt`) on 2 CPU ranks;
+Megatron prints `elapsed time per iteration (ms)` (its interval timer, stopped after a barrier) and
+`lm loss` every iteration on the last rank, the per-phase timers ((min, max) across ranks, we keep the max)
+after each iteration line, and our entry prints `GEMM sites: ...` on rank 0.
+
+    round r | stock  flash  slicing  flash+keep  stock@unshaped |   one run each, order rotated by r (tools/rounds.py)
+    sample  = median(elapsed ms of iterations > warmup) of that run
+    speedup = harness/estimator.speedup(stock samples, arm samples): median ratio, 90 % bootstrap interval
+"""
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "configs")
+ARMS = {
+    "stock": ([], "rate"),
+    "flash": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "flash.yaml")], "rate"),
+    "slicing": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "slicing.yaml")], "rate"),
+    # flash, and the column layers (qkv, fc1) keep AG(x) from forward for the weight gradient: one gather
+    # fewer per column layer in backward (stock re-gathers too), memory for time; YAML written by keep_yaml()
+    "flash+keep": (["--flash-overlap", "--flash-overlap-config", "{keep_yaml}"], "rate"),
+    # our spec (SDPA core attention, our norms) with every linear on Megatron's own forward: what the spec
+    # alone changes against stock, so flash vs this arm is the overlap alone
+    "ours-reference": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "stock.yaml")], "rate"),
+    "stock@unshaped": ([], "unshaped"),  # the same stock run with no qdisc: what the link costs stock
+}
+KEEP_YAML = ("description: flash, qkv and fc1 keep the gathered input for wgrad (benchmarks/pretrain/run.py)\n"
+             "default: {algo: flash}\nqkv: {algo: flash, keep_gathered: true}\n"
+             "fc1: {algo: flash, keep_gathered: true}\n")
+BASE = "stock"
+FAST = "stock@unshaped"
+
+ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|"
+                  r".*?lm loss: ([0-9.eE+-]+)")
+TIMER = re.compile(r"^\s+([\w./-]+) \.+: \(([0-9.]+), ([0-9.]+)\)\s*$")
+PHASES = ("forward-backward", "forward-compute", "backward-compute", "all-grads-sync", "optimizer")
+
+
+def model_argv(cfg: dict) -> list[str]:
+    """Megatron arguments of every arm: cfg {"layers", "hidden", "heads", "seq", "mbs", "iters", "vocab"}."""
+    c = {k: str(v) for k, v in cfg.items()}
+    return ["--num-layers", c["layers"], "--hidden-size", c["hidden"], "--num-attention-heads", c["heads"],
+            "--seq-length", c["seq"], "--max-position-embeddings", c["seq"], "--micro-batch-size", c["mbs"],
+            "--global-batch-size", c["mbs"], "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--train-iters", c["iters"], "--lr", "1e-4", "--log-interval", "1", "--timing-log-level", "2",
+            "--eval-iters", "0", "--eval-interval", "1000000", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", c["vocab"], "--mock-data", "--seed", "1234"]
+
+
+def entry_argv(arm: str, cfg: dict) -> list[str]:
+    """The project entry's argv for one rank of `arm` (`--cpu`, the model, the arm's flags)."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; choose among {sorted(ARMS)}")
+    return ["--cpu", *model_argv(cfg), *(keep_yaml() if f == "{keep_yaml}" else f for f in ARMS[arm][0])]
+
+
+def keep_yaml() -> str:
+    """The flash+keep arm's YAML (KEEP_YAML), written once into the temp folder; -> its path."""
+    path = os.path.join(tempfile.gettempdir(), "flashoverlap-pretrain-flash-keep.yaml")
+    if not os.path.exists(path) or open(path).read() != KEEP_YAML:
+        with open(path, "w") as f:
+            f.write(KEEP_YAML)
+    return path
+
+
+def parse_log(text: str) -> dict:
+    """One rank's output -> iterations, losses, the timers printed after each iteration, the sites line."""
+    out: dict = {"iters": {}, "loss": {}, "timers": {}, "sites": None}
+    current = 0  # timers before the first iteration line (set-up) belong to iteration 0
+    for line in text.splitlines():
+        m = ITER.search(line)
+        if m:
+            current = int(m.group(1))
+            out["iters"][current], out["loss"][current] = float(m.group(2)), float(m.group(3))
+            continue
+        t = TIMER.match(line)
+        if t:
+            out["timers"].setdefault(current, {})[t.group(1)] = float(t.group(3))
+        elif line.startswith("GEMM sites: "):
+            out["sites"] = line[len("GEMM sites: "):].strip()
+    return out
+
+
+def merge(ranks: list[dict]) -> dict:
+    """Per-rank parses -> one: the iteration / timer lines come from the last rank, the sites from rank 0."""
+    out: dict = {"iters": {}, "loss": {}, "timers": {}, "sites": None}
+    for r in ranks:
+        if r is None:
+            continue
+        for key in ("iters", "loss", "timers"):
+            out[key].update({int(i): v for i, v in r[key].items()})
+        out["sites"] = out["sites"] or r["sites"]
+    return out
+
+
+def _kept(parsed: dict, warmup: int) -> list[int]:
+    kept = sorted(i for i in parsed["iters"] if i > warmup)
+    if not kept:
+        raise ValueError(f"no iteration after the {warmup} warm-up ones was logged (logged: "
+                         f"{sorted(parsed['iters'])}); raise --iters above --warmup, or check the run's log")
+    return kept
+
+
+def run_stat(parsed: dict, warmup: int) -> float:
+    """Seconds: the median `elapsed time per iteration` over the iterations after `warmup`."""
+    return statistics.median(parsed["iters"][i] for i in _kept(parsed, warmup)) / 1e3
+
+
+def phases(parsed: dict, warmup: int) -> dict:
+    """{phase: median ms over the kept iterations} for Megatron's timers in PHASES (those logged)."""
+    kept = _kept(parsed, warmup)
+    out = {}
+    for name in PHASES:
+        vals = [parsed["timers"][i][name] for i in kept if name in parsed["timers"].get(i, {})]
+        if vals:
+            out[name] = statistics.median(vals)
+    return out
