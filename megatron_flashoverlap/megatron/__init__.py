@@ -5,7 +5,6 @@
     ddp.py, ddp_linear.py      DP gradient reduce-scatter inside the wgrad GEMM, on Megatron's DDP
     ddp_entry.py               ... and under pretrain() with --flash-overlap (its DDP class becomes ours)
     cpu.py                     shims that run Megatron (core and its training loop) on CPU over gloo: enable()
-    line_rate_rs.py            benchmarks only: stock's reduce-scatters on gloo as P2P rings (gloo's moves 2x)
     args.py, launch.py         the `--flash-overlap` flags and the launcher for Megatron-LM's scripts (`--cpu`)
     pretrain_gpt.py            the project entry: Megatron's pretrain() with our spec on mock data
     testing.py                 Megatron helpers for tests, examples and benchmarks

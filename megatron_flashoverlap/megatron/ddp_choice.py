@@ -14,10 +14,10 @@
         is longer than on the worker by more than a call latency per ring (ops/dp/choice.worker_pays),
         each ring in its layer's backward otherwise; at TP > 1 the worker (the model counts neither the TP
         rings the compute thread also waits on nor the host's threads). Measured against a line-rate
-        stock (benchmarks/dp.py, 2026-12-01), exposed DP on the worker vs in backward: compute-bound TP1xDP2
+        stock (benchmarks/dp/RESULTS.md), exposed DP on the worker vs in backward: compute-bound TP1xDP2
         156 / 86 / 180 / 85 ms vs 57 / 24-55 / 78-89 / 75 ms; compute-bound TP2xDP2 + SP 175 / 124 / 77-131 ms
         vs 209 / 220-244 / 254 ms; link-bound TP1xDP2 217 / 211 ms vs 337 / 323 ms with every hop waited in
-        backward, 184 ms vs 215 ms once the last hop is deferred (README). Without the cost model, and on
+        backward, 184 ms vs 215 ms once the last hop is deferred. Without the cost model, and on
         NCCL: ddp_async.runs_async.
 """
 from __future__ import annotations

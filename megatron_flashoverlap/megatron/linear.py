@@ -72,7 +72,7 @@ def _load_table(path: str | None) -> None:
     if path is not None and _TABLE[0] != path:
         if not os.path.isfile(path):
             raise ValueError(f"all_reduce.table {path!r}: no such file (working directory {os.getcwd()}); write one "
-                             f"with python -m megatron_flashoverlap.bench.calibrate_allreduce, or unset it")
+                             f"with python -m megatron_flashoverlap.tools.calibrate_allreduce, or unset it")
         set_calibration(path)
         _TABLE[0] = path
 
