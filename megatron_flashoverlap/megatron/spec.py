@@ -124,24 +124,31 @@ def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> TransformerB
 def model_layer_specs(config) -> list[ModuleSpec]:
     """One layer spec per decoder layer of the model (Megatron's model config): MoE where stock's reading of
     --moe-layer-freq says so (structure.moe_layer_pattern), dense elsewhere. The MoE spec is the dense one with
-    the MLP swapped: the kinds share one attention spec and its norms, as stock's two local specs are equal there.
-    Settings the spec cannot build as stock does are refused first (structure.check_structure)."""
-    check_structure(config, "flashoverlap_layer_spec")
-    experts = getattr(config, "num_moe_experts", None)
-    if experts:
-        check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
+    the MLP swapped: the kinds share one attention spec and its norms, as stock's two local specs are equal there."""
     flash_config = active()
-    dense = _spec(flash_config, qk_layernorm=getattr(config, "qk_layernorm", False),
-                  normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
-                  context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
-                  sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
-                  attention_backend=getattr(config, "attention_backend", None))  # --attention-backend, honoured
+    dense = _layer_for(config, flash_config)
+    experts = getattr(config, "num_moe_experts", None)
     if not experts:
         return [dense] * config.num_layers
-    moe_mlp = mlp_spec(FlashOverlapSpecProvider(flash_config), experts, bool(getattr(config, "moe_grouped_gemm", False)))
+    moe_mlp = mlp_spec(FlashOverlapSpecProvider(flash_config), experts,
+                       bool(getattr(config, "moe_grouped_gemm", False)))
     moe = ModuleSpec(module=dense.module, params=dense.params,
                      submodules=dataclasses.replace(dense.submodules, mlp=moe_mlp))
     return [moe if is_moe else dense for is_moe in moe_layer_pattern(config)]
+
+
+def _layer_for(config, flash_config: FlashOverlapConfig | None = None) -> ModuleSpec:
+    """The dense layer spec for Megatron's model config; settings the spec cannot build as stock does are refused
+    first (structure.check_structure, check_moe_config)."""
+    check_structure(config, "flashoverlap_layer_spec")
+    if getattr(config, "num_moe_experts", None):
+        check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
+    return _spec(active() if flash_config is None else flash_config,
+                 qk_layernorm=getattr(config, "qk_layernorm", False),
+                 normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
+                 context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
+                 sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
+                 attention_backend=getattr(config, "attention_backend", None))  # --attention-backend, honoured
 
 
 def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
