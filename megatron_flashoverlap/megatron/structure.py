@@ -45,7 +45,7 @@ REFUSED: tuple[tuple[str, Callable, str, str], ...] = (
      "--transformer-impl inference_optimized builds Megatron's inference layers",
      "use --transformer-impl local or transformer_engine"),
     ("use_te_activation_func", lambda v, c: bool(v) and _te(c),
-     "--use-te-activation-func puts Transformer Engine's activation module in the MLP",
+     "use_te_activation_func (--use-te-activation-func) puts Transformer Engine's activation module in the MLP",
      "drop --use-te-activation-func (our MLP runs Megatron's activation)"),
     ("use_grouped_gemm_for_dense_mlp", lambda v, c: bool(v) and _te(c),
      "use_grouped_gemm_for_dense_mlp builds Transformer Engine's fused dense MLP", "leave it False"),

@@ -39,18 +39,6 @@ def tp_line(rank, world, sp, mtp):
         tm.destroy()
 
 
-def stock_line(rank, world):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    from megatron_flashoverlap.megatron.sites import sites_line
-
-    tm.init_tp(world)
-    try:
-        return sites_line(_gpt(tm.tiny_config(world, True), get_gpt_layer_local_spec()))
-    finally:
-        tm.destroy()
-
-
 def pp_line(rank, world):
     """PP = world (one layer per stage, MTP on the last): every rank's line covers every stage."""
     from megatron.core import parallel_state

@@ -3,9 +3,10 @@
 Tier 1 (in-process, both lanes): the line's format from a summary written by hand.
 Tier 3 (gloo pool, both lanes): the line of real tiny GPTs: TP=2 with and without SP (the decomposed all-reduce
 is ours, not "stock"), MTP layers built by stock's MTP spec (as Megatron's builders build them: named stock, with
-the reason), a stock model, PP=2 (every rank's line covers every stage), MoE at EP=2 per moe.algo.
+the reason), PP=2 (every rank's line covers every stage), MoE at EP=2 per moe.algo.
 Bodies in tests/megatron/mp_sites.py. That the launcher and the project entry print it once the model is built:
-tests/megatron/test_pretrain.py and test_example.py.
+tests/megatron/test_pretrain.py and test_example.py
+(a stock run's line, "GEMM sites: stock", there too).
 """
 import pytest
 
@@ -36,10 +37,6 @@ def test_line_format():
 ], ids=["sp", "no_sp", "sp_mtp"])
 def test_tp_line(pools, sp, mtp, expected):
     assert pools(2).run(f"{BODY}:tp_line", sp, mtp, timeout=300) == [expected] * 2
-
-
-def test_stock_model_line(pools):
-    assert pools(2).run(f"{BODY}:stock_line", timeout=300) == ["GEMM sites: stock"] * 2
 
 
 def test_pipeline_stages_are_gathered(pools):

@@ -36,7 +36,7 @@ def _is_moe(layer_spec) -> bool:
     return isinstance(module, type) and issubclass(module, MoELayer)
 
 
-@pytest.mark.parametrize("freq", [1, 2, 3, [0, 1, 1, 0], [1, 0, 0, 0]], ids=str)
+@pytest.mark.parametrize("freq", [2, 3, [0, 1, 1, 0], [1, 0, 0, 0]], ids=str)
 def test_moe_layer_freq_gives_stocks_layer_kinds(clean_config, freq):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
 
@@ -53,13 +53,6 @@ def test_moe_layer_freq_gives_stocks_layer_kinds(clean_config, freq):
     assert block.submodules.self_attention is block.layer_specs[0].submodules.self_attention
 
 
-def test_dense_model_ignores_moe_layer_freq_as_stock_does(clean_config):
-    from megatron_flashoverlap.megatron.spec import model_layer_specs
-
-    cfg = SimpleNamespace(num_layers=3, pipeline_model_parallel_size=1, num_moe_experts=None, moe_layer_freq=1)
-    assert [_is_moe(s) for s in model_layer_specs(cfg)] == [False] * 3
-
-
 def test_bad_moe_layer_freq_names_both_forms(clean_config):
     from megatron_flashoverlap.megatron.structure import moe_layer_pattern
 
@@ -74,14 +67,12 @@ def test_bad_moe_layer_freq_names_both_forms(clean_config):
     ({"heterogeneous_block_specs": True}, ["heterogeneous", "drop the heterogeneous layers config"]),
     ({"use_kitchen": True}, ["Kitchen", "drop --use-kitchen"]),
     ({"transformer_impl": "inference_optimized"}, ["inference", "--transformer-impl local"]),
-    ({"transformer_impl": "transformer_engine", "use_te_activation_func": True}, ["drop --use-te-activation-func"]),
     ({"fp8": "hybrid"}, ["--fp8-format hybrid", "drop --fp8-format", "drop --flash-overlap"]),
     ({"fp4": "e2m1"}, ["--fp4-format e2m1", "drop --fp4-format"]),
     ({"fp8_param": True}, ["--fp8-param-gather", "Transformer Engine's FP8"]),
     ({"fp4_param": True}, ["--fp4-param-gather"]),
     ({"fp8_dot_product_attention": True}, ["fp8_dot_product_attention"]),
-], ids=["mla", "experimental_attention", "heterogeneous", "kitchen", "inference_optimized", "te_activation",
-        "fp8", "fp4", "fp8_param", "fp4_param", "fp8_attention"])
+], ids=["mla", "experimental_attention", "heterogeneous", "kitchen", "inference_optimized", "fp8", "fp4", "fp8_param", "fp4_param", "fp8_attention"])
 def test_spec_refuses_what_it_does_not_build_as_stock(clean_config, kw, words):
     """Megatron's model config as the --spec entry sees it (SimpleNamespace: some of these need TE or extra
     settings to construct a real TransformerConfig; the spec reads them by name either way)."""
@@ -98,13 +89,18 @@ def test_spec_refuses_what_it_does_not_build_as_stock(clean_config, kw, words):
         build_module(flashoverlap_layer, config=cfg)
 
 
-def test_te_only_flags_are_stocks_no_op_under_the_local_impl(clean_config):
-    """Stock's local spec ignores use_te_activation_func, so the same model is built: no refusal there."""
-    from megatron_flashoverlap.megatron.spec import model_layer_specs
+@pytest.mark.parametrize("field", ["use_te_activation_func", "use_grouped_gemm_for_dense_mlp",
+                                   "use_transformer_engine_op_fuser"])
+def test_te_only_mlp_flags_are_refused_where_stock_builds_them(clean_config, field):
+    """Stock's TE spec builds them; its local spec ignores them (the same model as ours: no refusal there)."""
+    from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
-    cfg = SimpleNamespace(num_layers=2, pipeline_model_parallel_size=1, transformer_impl="local",
-                          use_te_activation_func=True)
-    assert len(model_layer_specs(cfg)) == 2
+    te = SimpleNamespace(num_layers=2, pipeline_model_parallel_size=1, transformer_impl="transformer_engine",
+                         **{field: True})
+    with pytest.raises(ValueError, match=f"{field}.*which the --flash-overlap spec does not build"):
+        flashoverlap_layer_spec(te)
+    local = SimpleNamespace(**{**vars(te), "transformer_impl": "local"})
+    assert len(flashoverlap_layer_spec(local).layer_specs) == 2
 
 
 def test_fp8_is_refused_where_users_build_their_own_model(clean_config):
