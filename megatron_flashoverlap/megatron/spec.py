@@ -4,7 +4,10 @@
                                                                 (what --flash-overlap puts in args.spec)
     --spec megatron_flashoverlap.spec flashoverlap_layer_spec   0.19's GPTModelBuilder calls it
     flashoverlap_layer_spec(config, vp_stage=None) -> block spec        config: Megatron's model config
-                                            (our layers, and our norm as the block's final norm too)
+                                            (per layer as stock's get_gpt_decoder_block_spec: dense or MoE by
+                                            --moe-layer-freq, this pipeline stage's layers; our norm as the
+                                            block's final norm too; what it cannot build is refused: structure.py)
+    model_layer_specs(config) -> [layer spec] * num_layers     the model's layers, before stage slicing
     get_gpt_layer_flashoverlap_spec(num_experts=None, ...) -> ModuleSpec
                                             get_gpt_layer_local_spec's signature, for model providers
     layer_spec(flash_config, qk_layernorm=..., normalization=...)      explicit, for your own model code
