@@ -8,7 +8,7 @@ ranks = EP 2 x DP 2 (TP 1), 4 experts, top-2, the alltoall dispatcher, an aux lo
         --flash-overlap-config <yaml: "moe: {algo: A}">                  ours, once per A in config.MOE_ALGOS
 
 and prints Megatron's `lm loss` of every run side by side, the max |diff| against stock per algorithm, the
-sites line (moe=A proves our dispatcher ran) and each run's wall time. Under a minute per run on 2 cores.
+sites line (ep_a2a=A proves our dispatcher ran) and each run's wall time. Under a minute per run on 2 cores.
 
     python examples/pretrain_tiny_moe.py [--iters 10] [--algos flash,exchange,reference] [--json PATH]
 """

@@ -2,6 +2,8 @@
 
     linear.py, attention.py    drop-in Megatron-Core layers (TP linears, core attentions)
     spec.py                    the layer spec and its provider (`--spec megatron_flashoverlap.spec ...`)
+    structure.py               what of Megatron's model structure the spec builds as stock, what it refuses
+    sites.py                   the GEMM sites line: what each site of each layer kind runs, and why
     ddp.py, ddp_linear.py      DP gradient reduce-scatter inside the wgrad GEMM, on Megatron's DDP
     ddp_entry.py               ... and under pretrain() with --flash-overlap (its DDP class becomes ours)
     cpu.py                     shims that run Megatron (core and its training loop) on CPU over gloo: enable()

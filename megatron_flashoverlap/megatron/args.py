@@ -22,6 +22,7 @@ import os
 from typing import Callable, Optional
 
 from ..config import ENV_VARS
+from .structure import LOW_PRECISION_ARGS, refuse_low_precision
 
 SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
 OUR_SPECS = (SPEC, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"])  # --spec values that are ours
@@ -118,6 +119,8 @@ def _check_compatible(args: argparse.Namespace) -> None:
         raise ValueError(f"{FLAG} cannot be combined with --attention-backend local (Megatron then replaces "
                          f"the spec's core attention and requires --spec local); use --attention-backend auto "
                          f"or unfused")
+    # FP8/FP4 (issue 27): Transformer Engine's low-precision GEMMs, which our linears do not run
+    refuse_low_precision(lambda field: getattr(args, field, None), FLAG, LOW_PRECISION_ARGS)
 
 
 def activate_config(path: Optional[str]) -> str:

@@ -15,7 +15,9 @@ per-rank form). Per rank, in this order:
                     prebuilt `helpers_cpp*.so` (no `make` at start-up)
                  4. `megatron.training.arguments.parse_args` (which `parse_and_validate_args` calls by
                     module-global name) is wrapped: our flags added, `apply_flash_overlap_args` applied
-                    (--spec megatron_flashoverlap.spec flashoverlap_layer_spec, per-site config)
+                    (--spec megatron_flashoverlap.spec flashoverlap_layer, per-site config); and pretrain()'s
+                    `setup_model_and_optimizer`: once the model is built, rank 0 prints the GEMM sites line
+                    (what each GEMM site of each layer kind runs, and why where stock: megatron/sites.py)
                  5. the script runs as `__main__` (runpy), with `sys.argv` and `sys.path[0]` as `python
                     script.py` would set them: the script's folder first, so a checkout's `megatron/` is used
 
@@ -158,6 +160,9 @@ def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:
                              "machine; drop --cpu to train on the GPU")
     use_installed_helpers()
     install()
+    from . import sites  # imports Megatron: after the checkout's folder went first on sys.path
+
+    sites.install()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -50,6 +50,7 @@ from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_
 from ..ops.checks import check_peers_agree
 from ..runtime import OverlapContext, group_info
 from .ddp import dp_wgrad
+from .structure import refuse_low_precision
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -110,6 +111,7 @@ class _FlashMixin:
         if flash_config is not None and not isinstance(flash_config, FlashOverlapConfig):
             raise ValueError(f"flash_config must be a FlashOverlapConfig (see megatron_flashoverlap.config), "
                              f"got {type(flash_config).__name__}")
+        refuse_low_precision(lambda field: getattr(config, field, None), type(self).__name__)
         self.flash_config = active() if flash_config is None else flash_config
         self.flash_site = tp_comm_buffer_name
         self.flash_plan = _site_plan(self.flash_config, tp_comm_buffer_name)
@@ -145,18 +147,25 @@ class _FlashMixin:
         _log_once(type(self).__name__, why)
 
     def _stock_reason(self) -> str | None:
-        """Why this layer runs the stock forward, or None when it runs the overlap operator."""
+        """Why this layer runs the stock forward, or None when it runs an overlap operator (with SP the ring,
+        without SP the decomposed all-reduce)."""
         if self.flash_plan is None:
             return f"tp_comm_buffer_name={self.flash_site!r} is not a site {LAYERS}"
         if self.flash_plan.is_reference:
             return f"layer {self.flash_site} runs algo 'reference'"
         if group_info(self.tp_group)[1] == 1:
             return "tensor-parallel size 1"
-        if not self.sequence_parallel:
-            return "no sequence parallel"
         if self.explicit_expert_comm or getattr(self, "gtp_remat_size", 1) != 1:
             return "expert / GTP-remat layer"
-        return None
+        return None if self.sequence_parallel else self._no_sp_reason()
+
+    def flash_ran(self) -> str:
+        """What the forward runs, for the GEMM sites line: the site's algo (without SP: the decomposed
+        all-reduce, "<algo> (all-reduce, no SP)"), or "stock (why)"."""
+        why = self._stock_reason()
+        if why is not None:
+            return f"stock ({why})"
+        return self.flash_plan.algo if self.sequence_parallel else f"{self.flash_plan.algo} (all-reduce, no SP)"
 
     def _ops_kwargs(self, input_, all_reduce: bool = False) -> dict:
         """The site's operator arguments; checks once per input shape that all TP peers agree on it.
@@ -201,27 +210,23 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         if why is None and (self.gather_output if runtime_gather_output is None else runtime_gather_output):
             why = "gather_output"
         if why is not None:
-            return self._forward_stock(why, input_, weight, runtime_gather_output)
+            self._log_stock(why)
+            return super().forward(input_, weight, runtime_gather_output)
+        if not self.sequence_parallel:
+            return self._forward_without_sp(input_)
         bias = None if self.skip_bias_add else self.bias
         output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias,
                                    keep_gathered=self.flash_plan.keep_gathered, hop_chunks=self.flash_plan.hop_chunks,
                                    **self._ops_kwargs(input_))
         return output, (self.bias if self.skip_bias_add else None)
 
-    def _forward_stock(self, why, input_, weight, runtime_gather_output):
-        if why == "no sequence parallel":
-            return self._forward_without_sp(input_, weight, runtime_gather_output)
-        self._log_stock(why)
-        return super().forward(input_, weight, runtime_gather_output)
+    def _no_sp_reason(self) -> str | None:
+        """Without SP: stock where Megatron would not all-reduce the dgrad either."""
+        return None if self.allreduce_dgrad else "no sequence parallel and no dgrad all-reduce"
 
-    def _forward_without_sp(self, input_, weight, runtime_gather_output):
+    def _forward_without_sp(self, input_):
         """No SP: identity forward; the dgrad all-reduce runs decomposed (Flash-RS + Flash-AG, wgrad in its
-        tail) by matmul_allreduce_dgrad. Stock where Megatron would not all-reduce the dgrad either."""
-        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
-        if (weight is not None or gather or not self.allreduce_dgrad or self.explicit_expert_comm
-                or getattr(self, "gtp_remat_size", 1) != 1):
-            self._log_stock("no sequence parallel")
-            return super().forward(input_, weight, runtime_gather_output)
+        tail) by matmul_allreduce_dgrad."""
         bias = None if self.skip_bias_add else self.bias
         output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias,
                                         **self._ops_kwargs(input_, all_reduce=True))
@@ -248,25 +253,23 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         tagged `sequence_parallel` by the stock ctor so finalize_model_grads all-reduces its grad."""
         why = self._stock_reason()
         if why is not None:
-            return self._forward_stock(why, input_)
+            self._log_stock(why)
+            return super().forward(input_)
+        if not self.sequence_parallel:
+            return self._forward_without_sp(input_)
         output = matmul_reduce_scatter(input_, self.weight, self.tp_group, hop_chunks=self.flash_plan.hop_chunks,
                                        **self._ops_kwargs(input_))
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
 
-    def _forward_stock(self, why, input_):
-        if why == "no sequence parallel":
-            return self._forward_without_sp(input_)
-        self._log_stock(why)
-        return super().forward(input_)
+    def _no_sp_reason(self) -> str | None:
+        """Without SP: stock where the input is not TP-split (Megatron scatters it first)."""
+        return None if self.input_is_parallel else "input_is_parallel=False"
 
     def _forward_without_sp(self, input_):
         """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce;
         the bias is added after it, as in the stock layer."""
-        if self.explicit_expert_comm or not self.input_is_parallel or getattr(self, "gtp_remat_size", 1) != 1:
-            self._log_stock("no sequence parallel")
-            return super().forward(input_)
         output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_, all_reduce=True))
         if self.skip_bias_add:
             return output, self.bias

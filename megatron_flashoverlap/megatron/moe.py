@@ -105,6 +105,7 @@ class FlashMoELayer(MoELayer):
     dispatch -> routed_experts_compute -> combine is the fused pipeline (dispatch and combine pass through)."""
 
     flash_fused = False
+    flash_not_fused = None  # moe.algo = flash that runs "exchange": why (moe_fuse.fusion_blocker)
 
     def __init__(self, config, submodules=None, *args, flash_config: FlashOverlapConfig | None = None, **kwargs):
         check_moe_config(config)
@@ -112,9 +113,25 @@ class FlashMoELayer(MoELayer):
         flash_config = active() if flash_config is None else flash_config
         if type(self.token_dispatcher) is MoEAlltoAllTokenDispatcher:
             algo = flash_config.moe.algo
-            self.flash_fused = algo == "flash" and not _logged_blocker(fusion_blocker(self))
+            self.flash_not_fused = fusion_blocker(self) if algo == "flash" else None
+            self.flash_fused = algo == "flash" and not _logged_blocker(self.flash_not_fused)
             FlashAlltoAllTokenDispatcher.adopt(self.token_dispatcher, flash_config,
                                                "exchange" if algo == "flash" else algo)
+
+    def flash_ran(self) -> dict:
+        """{site: what ran} for the GEMM sites line: the EP exchange ("ep_a2a") and the routed experts."""
+        algo = getattr(self.token_dispatcher, "flash_algo", None)
+        experts = f"Megatron's {type(self.experts).__name__}"
+        if self.flash_fused:
+            return {"ep_a2a": "flash (fused with the experts)",
+                    "experts": f"stock ({experts}, run per arriving block inside the fused exchange)"}
+        if algo is None:
+            a2a = f"stock ({type(self.token_dispatcher).__name__}: no all-to-all of ours to run)"
+        elif algo == "reference":
+            a2a = "stock (moe.algo 'reference': all_to_all_single)"
+        else:
+            a2a = algo + (f" (flash cannot fuse: {self.flash_not_fused})" if self.flash_not_fused else "")
+        return {"ep_a2a": a2a, "experts": f"stock ({experts}, after the exchange)"}
 
     def _fused_now(self) -> bool:
         return self.flash_fused and not forced()

@@ -24,7 +24,8 @@ Megatron's TENorm instead. Config flags without TE:
     memory_efficient_layer_norm ValueError: an apex-only memory saving (backward from the output).
     normalization "L2Norm"...   ValueError: LayerNorm and RMSNorm only.
 
-`decoder_block_spec(layer, config, vp_stage)` puts the same norm in the TransformerBlock's final norm (the
+`decoder_block_spec(layers, config, vp_stage)`: this pipeline stage's layers of the model's per-layer specs (sliced
+as Megatron's get_gpt_decoder_block_spec slices them), with the same norm as the TransformerBlock's final norm (the
 block otherwise builds its module-level default, WrappedTorchNorm without TE/apex, which asserts under SP).
 """
 from __future__ import annotations
@@ -34,7 +35,9 @@ import logging
 
 import torch
 import torch.nn.functional as F
+from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 log = logging.getLogger(__name__)
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -120,10 +123,10 @@ class SequenceParallelNorm:
 
 @dataclasses.dataclass
 class LayerBlockSpec(TransformerBlockSubmodules):
-    """TransformerBlockSubmodules (layer_specs, layer_norm) whose `.submodules` is its one layer spec's, so
-    code written for a layer ModuleSpec (Megatron's `--attention-backend local` override in its GPT builder,
-    `spec.submodules.self_attention` introspection) keeps working, on every layer at once: the layer_specs
-    entries are that same object."""
+    """TransformerBlockSubmodules (layer_specs, layer_norm) whose `.submodules` is its `layer`'s (the model's
+    first layer spec), so code written for a layer ModuleSpec (Megatron's `--attention-backend local` override
+    in its GPT builder, `spec.submodules.self_attention` introspection) keeps working: every layer kind
+    (dense, MoE) shares that one self_attention spec and its norms, so such an override reaches every layer."""
 
     layer: object = None
 
@@ -132,14 +135,22 @@ class LayerBlockSpec(TransformerBlockSubmodules):
         return self.layer.submodules
 
 
-def _layers_here(config, vp_stage) -> int:
-    """Layers on this pipeline stage (Megatron's count; no parallel state needed without pipelining)."""
-    if config.pipeline_model_parallel_size == 1 and getattr(config, "pipeline_model_parallel_layout", None) is None:
-        return config.num_layers
-    return get_num_layers_to_build(config, vp_stage=vp_stage)
+def stage_layer_ids(config, vp_stage: int | None = None) -> list[int]:
+    """0-based ids (in the model) of the decoder layers this pipeline stage builds, sliced as Megatron's
+    get_gpt_decoder_block_spec slices: the --pipeline-model-parallel-layout's ids, else Megatron's offset and
+    count (--num-layers-in-first/last-pipeline-stage, account_for_embedding/loss, vp_stage). No parallel state
+    is read without pipelining."""
+    layout = getattr(config, "pipeline_model_parallel_layout", None)
+    if config.pipeline_model_parallel_size == 1 and layout is None:
+        return list(range(config.num_layers))
+    if layout is not None:
+        return list(layout.get_layer_id_list(layer_type=LayerType.decoder, vp_stage=vp_stage))
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    return list(range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage)))
 
 
-def decoder_block_spec(layer, config, vp_stage: int | None = None) -> LayerBlockSpec:
-    """[layer] * layers-on-this-stage, with SequenceParallelNorm as the block's final norm."""
-    return LayerBlockSpec(layer_specs=[layer] * _layers_here(config, vp_stage), layer_norm=SequenceParallelNorm,
-                          layer=layer)
+def decoder_block_spec(layers: list, config, vp_stage: int | None = None) -> LayerBlockSpec:
+    """`layers`: one layer spec per decoder layer of the model -> this stage's layers (stage_layer_ids), with
+    SequenceParallelNorm as the block's final norm."""
+    return LayerBlockSpec(layer_specs=[layers[i] for i in stage_layer_ids(config, vp_stage)],
+                          layer_norm=SequenceParallelNorm, layer=layers[0])

@@ -8,10 +8,10 @@ The launcher's per-rank steps (`launch.prepare`: CPU defaults and shims with `--
 `parse_args`), then Megatron-LM 0.19's GPT recipe: `parse_and_validate_args`, the model config and the
 pretrain container from args (GPTModelBuilder builds the model, calling our spec under `--flash-overlap`),
 `pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)`. Megatron logs `lm loss`
-every `--log-interval`; at the end rank 0 prints one line naming what each GEMM site ran:
+every `--log-interval`; once the model is built rank 0 prints one line naming what each GEMM site of each layer
+kind runs, and why where it is stock (megatron/sites.py, as the launcher does):
 
-    GEMM sites: fc1=flash, fc2=flash, proj=flash, qkv=flash        (stock run: "GEMM sites: stock"; a MoE
-                                                                   model adds moe=<its EP exchange algo>)
+    GEMM sites: dense[1-2]: qkv=flash, proj=flash, fc1=flash, fc2=flash        (stock run: "GEMM sites: stock")
 
 Written for the mock data (tokens / labels / loss_mask / position_ids / attention_mask per sample, every
 rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. For real data, PP or CP, run
@@ -20,7 +20,6 @@ Megatron-LM's own `pretrain_gpt.py` through `flashoverlap-launch`.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -28,7 +27,6 @@ import torch
 
 from . import launch
 
-_MODELS: list = []
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
 
 
@@ -67,42 +65,6 @@ def forward_step(data_iterator, model):
     return per_token, functools.partial(loss_func, batch["loss_mask"])
 
 
-def sites(model) -> dict:
-    """{site: what its linears ran} over our linears in `model` (a module or a list): {} for a stock model."""
-    ran: dict = {}
-    for chunk in model if isinstance(model, (list, tuple)) else [model]:
-        for module in chunk.modules():
-            algo = getattr(getattr(module, "token_dispatcher", None), "flash_algo", None)
-            if algo is not None:  # a MoE layer whose dispatcher is ours (megatron/moe.py); fused: "flash"
-                ran.setdefault("moe", set()).add("flash" if getattr(module, "flash_fused", False) else algo)
-            plan = getattr(module, "flash_plan", None)
-            if plan is not None:
-                why = module._stock_reason()
-                ran.setdefault(module.flash_site, set()).add(plan.algo if why is None else f"stock ({why})")
-    return {site: "/".join(sorted(algos)) for site, algos in sorted(ran.items())}
-
-
-def sites_line(model) -> str:
-    ran = sites(model)
-    return "GEMM sites: " + (", ".join(f"{k}={v}" for k, v in ran.items()) if ran else "stock")
-
-
-def _keep_models() -> None:
-    """Wrap `megatron.training.training.setup_model_and_optimizer` (called by module-global name in
-    pretrain) so the model it builds stays reachable for the sites line."""
-    from megatron.training import training
-
-    original = training.setup_model_and_optimizer
-
-    @functools.wraps(original)
-    def setup(*args, **kwargs):
-        out = original(*args, **kwargs)
-        _MODELS.append(out[0])
-        return out
-
-    training.setup_model_and_optimizer = setup
-
-
 def _check(args) -> None:
     if not args.mock_data:
         raise ValueError("megatron_flashoverlap.pretrain_gpt trains on Megatron's mock GPT data: add --mock-data "
@@ -113,7 +75,8 @@ def _check(args) -> None:
 
 
 def run() -> None:
-    """One rank, `sys.argv` prepared: Megatron-LM 0.19's GPT recipe around `pretrain`, then the sites line."""
+    """One rank, `sys.argv` prepared: Megatron-LM 0.19's GPT recipe around `pretrain` (launch.prepare installed
+    the sites line)."""
     from megatron.core.enums import ModelType
     from megatron.training import pretrain
     from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
@@ -122,10 +85,7 @@ def run() -> None:
     args = parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
     _check(args)
     container = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
-    _keep_models()
     pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)
-    if _MODELS and int(os.environ.get("RANK", "0")) == 0:
-        print(sites_line(_MODELS[-1]), flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

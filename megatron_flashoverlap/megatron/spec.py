@@ -4,7 +4,10 @@
                                                                 (what --flash-overlap puts in args.spec)
     --spec megatron_flashoverlap.spec flashoverlap_layer_spec   0.19's GPTModelBuilder calls it
     flashoverlap_layer_spec(config, vp_stage=None) -> block spec        config: Megatron's model config
-                                            (our layers, and our norm as the block's final norm too)
+                                            (per layer as stock's get_gpt_decoder_block_spec: dense or MoE by
+                                            --moe-layer-freq, this pipeline stage's layers; our norm as the
+                                            block's final norm too; what it cannot build is refused: structure.py)
+    model_layer_specs(config) -> [layer spec] * num_layers     the model's layers, before stage slicing
     get_gpt_layer_flashoverlap_spec(num_experts=None, ...) -> ModuleSpec
                                             get_gpt_layer_local_spec's signature, for model providers
     layer_spec(flash_config, qk_layernorm=..., normalization=...)      explicit, for your own model code
@@ -23,15 +26,18 @@ Megatron's model config is read for Megatron's own fields only.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
+from types import SimpleNamespace
 
 from megatron.core import parallel_state
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_mlp_module_spec_for_backend
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-from megatron.core.transformer.transformer_layer import TransformerLayer
+from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
+from megatron.core.utils import get_pg_rank
 
 from ..config import LAYERS, FlashOverlapConfig, active
 from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
@@ -39,6 +45,7 @@ from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 from .moe import check_moe_config, flash_moe_spec
+from .structure import check_structure, moe_layer_pattern
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
@@ -76,11 +83,14 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
     attention.linear_proj = provider.row_parallel_linear()
     _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm,
                          attention_backend)
-    spec.submodules.mlp = get_mlp_module_spec_for_backend(backend=provider, num_experts=num_experts,
-                                                          moe_grouped_gemm=moe_grouped_gemm)
-    if num_experts:
-        spec.submodules.mlp = flash_moe_spec(spec.submodules.mlp, provider.flash_config)
+    spec.submodules.mlp = mlp_spec(provider, num_experts, moe_grouped_gemm)
     return spec
+
+
+def mlp_spec(provider: FlashOverlapSpecProvider, num_experts: int | None = None, moe_grouped_gemm: bool = False):
+    """Megatron's MLP spec for `provider` (our fc1/fc2); num_experts: its MoE spec in our FlashMoELayer."""
+    mlp = get_mlp_module_spec_for_backend(backend=provider, num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm)
+    return flash_moe_spec(mlp, provider.flash_config) if num_experts else mlp
 
 
 def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_norm: bool, backend) -> None:
@@ -93,12 +103,6 @@ def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_
         attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
     if not all(flash_config.plan(name).is_reference for name in LAYERS):
         attention.core_attention = core_attention_for(None, backend)
-
-
-def _refuse_unsupported(where: str, multi_latent_attention=False) -> None:
-    if multi_latent_attention:
-        raise ValueError(f"{where}: multi-latent attention is not supported yet; drop --multi-latent-attention "
-                         f"or use the stock spec")
 
 
 def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
@@ -114,24 +118,40 @@ def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l
 
 
 def flashoverlap_layer_spec(config, vp_stage: int | None = None) -> TransformerBlockSubmodules:
-    """The `--spec` entry point: Megatron calls it with its model config (and vp_stage: the block spec builds
-    that stage's layers). Dense and MoE GPT layers (every layer the same). A block spec, so the block's
-    final norm is ours too."""
-    return decoder_block_spec(_layer_for(config), config, vp_stage)
+    """The `--spec` entry point: Megatron calls it with its model config (and vp_stage). A block spec as stock's
+    get_gpt_decoder_block_spec builds: per layer dense or MoE (--moe-layer-freq), this pipeline stage's layers
+    (layout, first/last-stage counts, vp_stage), and our norm as the block's final norm."""
+    return decoder_block_spec(model_layer_specs(config), config, vp_stage)
 
 
-def _layer_for(config) -> ModuleSpec:
-    """The layer spec for Megatron's model config (what every layer of the block gets)."""
-    _refuse_unsupported("flashoverlap_layer_spec", getattr(config, "multi_latent_attention", False))
+def model_layer_specs(config) -> list[ModuleSpec]:
+    """One layer spec per decoder layer of the model (Megatron's model config): MoE where stock's reading of
+    --moe-layer-freq says so (structure.moe_layer_pattern), dense elsewhere. The MoE spec is the dense one with
+    the MLP swapped: the kinds share one attention spec and its norms, as stock's two local specs are equal there."""
+    flash_config = active()
+    dense = _layer_for(config, flash_config)
+    experts = getattr(config, "num_moe_experts", None)
+    if not experts:
+        return [dense] * config.num_layers
+    moe_mlp = mlp_spec(FlashOverlapSpecProvider(flash_config), experts,
+                       bool(getattr(config, "moe_grouped_gemm", False)))
+    moe = ModuleSpec(module=dense.module, params=dense.params,
+                     submodules=dataclasses.replace(dense.submodules, mlp=moe_mlp))
+    return [moe if is_moe else dense for is_moe in moe_layer_pattern(config)]
+
+
+def _layer_for(config, flash_config: FlashOverlapConfig | None = None) -> ModuleSpec:
+    """The dense layer spec for Megatron's model config; settings the spec cannot build as stock does are refused
+    first (structure.check_structure, check_moe_config)."""
+    check_structure(config, "flashoverlap_layer_spec")
     if getattr(config, "num_moe_experts", None):
         check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
-    return _spec(active(), qk_layernorm=getattr(config, "qk_layernorm", False),
+    return _spec(active() if flash_config is None else flash_config,
+                 qk_layernorm=getattr(config, "qk_layernorm", False),
                  normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
                  context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
                  sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
-                 attention_backend=getattr(config, "attention_backend", None),  # --attention-backend, honoured
-                 num_experts=getattr(config, "num_moe_experts", None),
-                 moe_grouped_gemm=getattr(config, "moe_grouped_gemm", False))
+                 attention_backend=getattr(config, "attention_backend", None))  # --attention-backend, honoured
 
 
 def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
@@ -145,7 +165,7 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     for query-split attention) and context_parallel_size (default: Megatron's CP group size, else 1).
     MLA, Kitchen and the legacy grouped GEMM are a ValueError; fp8 is ignored, as in the stock function."""
     where = "get_gpt_layer_flashoverlap_spec"
-    _refuse_unsupported(where, multi_latent_attention)
+    check_structure(SimpleNamespace(multi_latent_attention=multi_latent_attention), where)
     if moe_use_legacy_grouped_gemm:
         raise ValueError(f"{where}: moe_use_legacy_grouped_gemm (0.16's legacy GroupedMLP) is not supported; "
                          f"leave it False (moe_grouped_gemm is taken, as in get_gpt_layer_local_spec)")
@@ -163,15 +183,29 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
 
 
 class FlashOverlapTransformerLayer(TransformerLayer):
-    """A TransformerLayer whose submodules come from `flashoverlap_layer_spec(config)` when it is built
-    (config: the layer's TransformerConfig), so one module-level ModuleSpec, `flashoverlap_layer`, serves
-    every Megatron path that takes a `--spec` object as it is (legacy gpt_builder, tools/checkpoint,
-    --use-checkpoint-args) as well as 0.19's GPTModelBuilder. Same modules, state_dict keys and forward."""
+    """A TransformerLayer whose submodules come from `model_layer_specs(config)` when it is built (config: the
+    layer's TransformerConfig): the spec of the model's layer it is (dense or MoE, by its number in the model),
+    so one module-level ModuleSpec, `flashoverlap_layer`, serves every Megatron path that takes a `--spec` object
+    as it is (legacy gpt_builder, tools/checkpoint, --use-checkpoint-args) as well as 0.19's GPTModelBuilder.
+    Same modules, state_dict keys and forward as the layer flashoverlap_layer_spec builds there."""
 
-    def __init__(self, config, submodules=None, *args, **kwargs):
+    def __init__(self, config, submodules=None, layer_number: int = 1, *args, **kwargs):
         if submodules is None:
-            submodules = _layer_for(config).submodules
-        super().__init__(config, submodules, *args, **kwargs)
+            submodules = model_layer_specs(config)[_model_layer_id(config, layer_number, kwargs)].submodules
+        super().__init__(config, submodules, layer_number, *args, **kwargs)
+
+
+def _model_layer_id(config, layer_number: int, kwargs: dict) -> int:
+    """0-based id in the model of the layer a TransformerBlock builds as its `layer_number`-th (1-based, this
+    stage): plus Megatron's offset, as TransformerLayer numbers itself. An MTP layer's inner layer is the
+    model's last (stock's MTP spec copies the last decoder layer's spec)."""
+    if kwargs.get("is_mtp_layer", False):
+        return config.num_layers - 1
+    if not kwargs.get("add_layer_offset", True):
+        return layer_number - 1
+    pg_collection = kwargs.get("pg_collection")
+    pp_rank = None if pg_collection is None else get_pg_rank(pg_collection.pp)
+    return layer_number - 1 + get_transformer_layer_offset(config, kwargs.get("vp_stage"), pp_rank)
 
 
 flashoverlap_layer = ModuleSpec(module=FlashOverlapTransformerLayer)

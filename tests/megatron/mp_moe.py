@@ -37,11 +37,11 @@ def _init(tp: int, ep: int, etp: int, seed: int = 1234) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def _config(tp, ep, etp, variant):
+def _config(tp, ep, etp, variant, **structure):
     kw = {"num_moe_experts": EXPERTS, "moe_router_topk": TOPK, "moe_token_dispatcher_type": "alltoall",
           "moe_aux_loss_coeff": 1e-2, "moe_router_load_balancing_type": "aux_loss", "moe_ffn_hidden_size": 32,
           "expert_model_parallel_size": ep, "expert_tensor_parallel_size": etp, "add_bias_linear": False}
-    return tm.tiny_config(tp, tp > 1, **{**kw, **VARIANTS[variant]})
+    return tm.tiny_config(tp, tp > 1, **{**kw, **VARIANTS[variant], **structure})
 
 
 def _specs(cfg, algo):
@@ -98,6 +98,45 @@ def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash",
         out["logits_rel"] = _rel(tm.gpt_logits(stock, data), tm.gpt_logits(ours, data))
         out["grad_rel"] = {n: _rel(p.grad, q.grad) for (n, p), q in zip(stock.named_parameters(), ours.parameters())}
         out["curves"] = [_train(m, steps, data) for m in (stock, ours)]
+        return out
+    finally:
+        tm.destroy()
+
+
+def moe_freq_vs_stock(rank, world, freq, num_layers, steps=3):
+    """--moe-layer-freq `freq` at EP = world: stock's per-layer block spec (get_gpt_decoder_block_spec) vs
+    flashoverlap_layer_spec(config) and the ModuleSpec flashoverlap_layer (what --flash-overlap selects), same
+    seed -> layer kinds, parameter counts and keys, init, loss, every grad, `steps` Adam steps."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    from megatron_flashoverlap.megatron.spec import flashoverlap_layer, flashoverlap_layer_spec
+
+    _init(1, world, 1)
+    try:
+        cfg = _config(1, world, 1, "dropless", moe_layer_freq=freq, num_layers=num_layers)
+        specs = {"stock": get_gpt_decoder_block_spec(cfg, use_transformer_engine=False),
+                 "block": flashoverlap_layer_spec(cfg), "module": flashoverlap_layer}
+        models = {name: tm.build_gpt(cfg, spec) for name, spec in specs.items()}
+        stock = models["stock"]
+        out = {"kinds": {n: [type(layer.mlp).__name__ for layer in m.decoder.layers] for n, m in models.items()},
+               "count": {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()},
+               "keys_equal": all(_keys(m) == _keys(stock) for m in models.values()),
+               "init_equal": all(torch.equal(p, q) for m in models.values()
+                                 for p, q in zip(stock.parameters(), m.parameters()))}
+        if not out["keys_equal"]:
+            return out  # another model: the test names the layer kinds
+        data = tm.batch(parallel_state.get_data_parallel_rank())
+        _aux_loss()
+        out["loss"] = {}
+        for name, model in models.items():
+            loss = tm.gpt_loss(model, data)
+            loss.backward()
+            out["loss"][name] = loss.item()
+            _aux_loss()
+        out["grad_rel"] = max(_rel(p.grad, q.grad) for name in ("block", "module")
+                              for p, q in zip(stock.parameters(), models[name].parameters()))
+        out["curves"] = {name: _train(model, steps, data) for name, model in models.items()}
         return out
     finally:
         tm.destroy()

@@ -17,6 +17,7 @@ from examples import pretrain_tiny_gpt  # noqa: E402
 # expected identical; 1e-5 relative leaves room for the BLAS picking another kernel for the sliced GEMMs.
 RTOL = 1e-5
 ITERS = 8
+SITES = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
 
 
 @pytest.mark.newest_only
@@ -30,7 +31,7 @@ def test_demo_curves_match(tmp_path, capsys):
         assert abs(a - b) <= RTOL * abs(a), (a, b)
     assert stock[-1] < stock[0], "Megatron's loop really trained: the loss falls"
     assert runs["stock"]["sites"] == "GEMM sites: stock"
-    assert runs["flash"]["sites"] == "GEMM sites: fc1=flash, fc2=flash, proj=flash, qkv=flash"  # ours ran
+    assert runs["flash"]["sites"] == f"GEMM sites: dense[1-2]: {SITES}"  # ours ran
     assert f"{ITERS:4d}  {stock[-1]:13.6f}  {flash[-1]:13.6f}" in printed  # the side-by-side table
-    assert "--flash-overlap GEMM sites: fc1=flash" in printed and f"plot: {plot}" in printed
+    assert f"--flash-overlap GEMM sites: dense[1-2]: {SITES}" in printed and f"plot: {plot}" in printed
     assert plot.stat().st_size > 0 and json.loads(js.read_text())["max_diff"] <= RTOL * max(stock)

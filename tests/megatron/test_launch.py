@@ -110,7 +110,12 @@ def test_flag_off_changes_nothing():
     ({"flash_overlap_config": str(ROOT / "configs" / "flash.yaml")}, ["without --flash-overlap", "add"]),
     ({"flash_overlap": True, "spec": ["my.mod", "my_spec"]}, ["drop --spec"]),
     ({"flash_overlap": True, "tp_comm_overlap": True}, ["drop --tp-comm-overlap"]),
-], ids=["missing_file", "config_without_flag", "other_spec", "tp_comm_overlap"])
+    ({"flash_overlap": True, "fp8": "hybrid"}, ["--fp8-format hybrid", "drop --fp8-format", "drop --flash-overlap"]),
+    ({"flash_overlap": True, "fp4": "e2m1"}, ["--fp4-format e2m1", "drop --fp4-format"]),
+    ({"flash_overlap": True, "fp8_param_gather": True}, ["--fp8-param-gather", "Transformer Engine's FP8"]),
+    ({"flash_overlap": True, "fp4_param_gather": True}, ["--fp4-param-gather", "drop --fp4-param-gather"]),
+], ids=["missing_file", "config_without_flag", "other_spec", "tp_comm_overlap", "fp8", "fp4", "fp8_param_gather",
+        "fp4_param_gather"])
 def test_bad_flags_name_the_fix(kw, words):
     with pytest.raises(ValueError) as err:
         apply_flash_overlap_args(ns(**kw))
@@ -202,6 +207,79 @@ def test_launcher_wraps_megatrons_parse_args(monkeypatch):
     finally:
         launch.uninstall()
     assert not getattr(arguments.parse_args, "_flash_overlap", False)
+
+
+@pytest.mark.newest_only
+def test_launcher_refuses_fp8_at_parse_time(monkeypatch):
+    """Issue 27's command (`--bf16 --use-distributed-optimizer --fp8-format hybrid --flash-overlap`) through the
+    launcher's parse_args: a ValueError naming both choices, before Megatron validates anything."""
+    arguments = launch.install()
+    try:
+        for flags in (["--fp8-format", "hybrid"], ["--fp4-format", "e2m1"], ["--fp8-param-gather"]):
+            monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, "--bf16",
+                                              "--use-distributed-optimizer", *flags, "--flash-overlap"])
+            with pytest.raises(ValueError, match=f"{flags[0]}.*drop {flags[0]}, or drop --flash-overlap to use "
+                                                 f"Transformer Engine's FP8"):
+                arguments.parse_args()
+            monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, *flags])
+            assert arguments.parse_args().spec is None  # stock with FP8: Megatron's to judge, not ours
+    finally:
+        launch.uninstall()
+
+
+# Megatron-LM 0.19's argument parsing -> model config -> GPTModelBuilder, as pretrain() builds the model, for
+# --moe-layer-freq in both forms: stock (no flag), --flash-overlap (the ModuleSpec flashoverlap_layer) and
+# --spec megatron_flashoverlap.spec flashoverlap_layer_spec (the builder calls it with the model config).
+FREQ_STAND_IN = '''
+import json, sys
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from megatron.training import arguments
+from megatron.training.argument_utils import gpt_config_from_args
+from megatron.training.models.gpt import GPTModelBuilder
+from megatron_flashoverlap.megatron import cpu
+cpu.enable()
+dist.init_process_group("gloo", rank=0, world_size=1)
+parallel_state.initialize_model_parallel()
+base, out = sys.argv[1:], {}
+ARMS = {"stock": [], "flag": ["--flash-overlap"],
+        "callable": ["--spec", "megatron_flashoverlap.spec", "flashoverlap_layer_spec"]}
+for freq in ("2", "([0]+[1]*2)"):
+    for arm, extra in ARMS.items():
+        sys.argv = ["pretrain_gpt.py", *base, "--moe-layer-freq", freq, *extra]
+        args = arguments.parse_args()
+        arguments.validate_args(args, {})
+        model_parallel_cuda_manual_seed(1)
+        model = GPTModelBuilder(gpt_config_from_args(args)).build_model(ProcessGroupCollection.use_mpu_process_groups())
+        out[f"{freq} {arm}"] = {"count": sum(p.numel() for p in model.parameters()),
+                                "names": [n for n, _ in model.named_parameters()],
+                                "kinds": [type(layer.mlp).__name__ for layer in model.decoder.layers]}
+print("RESULT " + json.dumps(out))
+dist.destroy_process_group()
+'''
+MOE_ARGS = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type", "alltoall",
+            "--moe-ffn-hidden-size", "32", "--disable-bias-linear"]
+
+
+@pytest.mark.newest_only
+def test_moe_layer_freq_builds_stocks_model_through_megatrons_args(tmp_path):
+    """Issue 26 item 3: --moe-layer-freq was ignored under --flash-overlap (every layer MoE)."""
+    script = tmp_path / "build.py"
+    script.write_text(FREQ_STAND_IN)
+    base = [a if a != "2" or MEGATRON_ARGS[i - 1] != "--num-layers" else "3" for i, a in enumerate(MEGATRON_ARGS)]
+    cmd = [sys.executable, "-m", "megatron_flashoverlap.launch", str(script), *base, *MOE_ARGS]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_rank_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    for freq, kinds in (("2", ["MoELayer", "MLP", "MoELayer"]), ("([0]+[1]*2)", ["MLP", "MoELayer", "MoELayer"])):
+        stock = built[f"{freq} stock"]
+        assert stock["kinds"] == kinds
+        for arm in ("flag", "callable"):
+            ours = built[f"{freq} {arm}"]
+            assert [k.removeprefix("Flash") for k in ours["kinds"]] == kinds, (freq, arm, ours["kinds"])
+            assert (ours["count"], ours["names"]) == (stock["count"], stock["names"]), (freq, arm)
 
 
 # What Megatron-LM core_v0.19.0 pretrain_gpt.py's __main__ does up to pretrain(), then what pretrain()'s

@@ -39,7 +39,7 @@ def test_tiny_moe_curves_match_stock(tmp_path, capsys):
     ours = runs[ALGO]["loss"]
     assert len(ours) == ITERS
     assert all(abs(a - b) <= RTOL * abs(a) for a, b in zip(stock, ours)), (ALGO, stock, ours)
-    assert f"moe={ALGO}" in runs[ALGO]["sites"], runs[ALGO]["sites"]  # our dispatcher ran, with this algo
+    assert f"ep_a2a={ALGO}" in runs[ALGO]["sites"], runs[ALGO]["sites"]  # our dispatcher ran, with this algo
     assert f"max |lm loss stock - lm loss {ALGO}| over {ITERS} iterations" in printed
     assert f"{ITERS:4d}  {stock[-1]:17.6f}" in printed  # the side-by-side table
     assert max(json.loads(js.read_text())["max_diff"].values()) <= RTOL * max(stock)

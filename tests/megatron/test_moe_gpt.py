@@ -58,6 +58,30 @@ def test_moe_gpt_unfused_algos_match_stock(pools, algo):
         _check(res, fused=False)
 
 
+@pytest.mark.parametrize("freq, num_layers, kinds", [
+    # --moe-layer-freq 2: an MoE layer every 2 layers, from the first. 2 layers, as every test here: Megatron's MoE
+    # metrics tracker is a process global sized by the first model's layer count (the pool's workers are shared)
+    (2, 2, ["MoELayer", "MLP"]),
+    ([0, 1], 2, ["MLP", "MoELayer"]),  # DeepSeek-V2-Lite's --moe-layer-freq '([0]+[1]*1)', as Megatron parses it
+], ids=["int_2", "list_0_1"])
+def test_moe_layer_freq_builds_and_trains_as_stock(pools, freq, num_layers, kinds):
+    """Dense where stock is dense, MoE where stock is MoE, through both spec entries (issue 26 item 3: every
+    layer was built MoE); the tolerances of the module docstring."""
+    for res in pools(2).run(f"{BODY}:moe_freq_vs_stock", freq, num_layers, timeout=600):
+        assert res["kinds"]["stock"] == kinds
+        for name in ("block", "module"):
+            assert [k.removeprefix("Flash") for k in res["kinds"][name]] == kinds, res["kinds"]
+        assert len(set(res["count"].values())) == 1, res["count"]
+        assert res["keys_equal"] and res["init_equal"]
+        stock = res["loss"]["stock"]
+        assert all(abs(v - stock) <= 1e-6 * abs(stock) for v in res["loss"].values()), res["loss"]
+        assert res["grad_rel"] <= 1e-5
+        curves = res["curves"]
+        assert curves["stock"][-1] < curves["stock"][0]
+        for name in ("block", "module"):
+            assert all(abs(a - b) <= 1e-6 * abs(a) for a, b in zip(curves["stock"], curves[name])), curves
+
+
 @pytest.mark.parametrize("tp,ep,etp,p", [(1, 2, 1, 2), (2, 2, 1, 4)])
 def test_moe_layer_issues_p2p_not_all_to_all(pools, tp, ep, etp, p):
     for counts in pools(p).run(f"{BODY}:moe_layer_comm", tp, ep, etp, timeout=600):

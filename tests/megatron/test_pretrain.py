@@ -82,6 +82,14 @@ def test_launcher_runs_an_unmodified_pretrain_script_on_cpu():
     """torchrun ... -m megatron_flashoverlap.launch --cpu SCRIPT, the per-rank form users type."""
     head = ["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "megatron_flashoverlap.launch",
             "--cpu", str(SCRIPT)]
-    stock, _ = run(head, "llama", flash=False)
-    flash, _ = run(head, "llama", flash=True)
+    logs: list = []
+    stock, stock_sites = run(head, "llama", flash=False, stdout=logs)
+    flash, flash_sites = run(head, "llama", flash=True, stdout=logs)
     assert_same_curve(stock, flash)
+    # the launcher names what each GEMM site ran, once, when the model is built (before the first iteration)
+    assert stock_sites == "GEMM sites: stock"
+    assert flash_sites == "GEMM sites: dense[1-2]: qkv=flash, proj=flash, fc1=flash, fc2=flash"
+    for log in logs:
+        lines = log.splitlines()
+        at = [i for i, ln in enumerate(lines) if ln.startswith("GEMM sites: ")]
+        assert len(at) == 1 and at[0] < min(i for i, ln in enumerate(lines) if " iteration " in ln), log[-3000:]

@@ -1,0 +1,57 @@
+"""The GEMM sites line (megatron/sites.py): what every GEMM site of every layer kind runs, and why where stock.
+
+Tier 1 (in-process, both lanes): the line's format from a summary written by hand.
+Tier 3 (gloo pool, both lanes): the line of real tiny GPTs: TP=2 with and without SP (the decomposed all-reduce
+is ours, not "stock"), MTP layers built by stock's MTP spec (as Megatron's builders build them: named stock, with
+the reason), PP=2 (every rank's line covers every stage), MoE at EP=2 per moe.algo.
+Bodies in tests/megatron/mp_sites.py. That the launcher and the project entry print it once the model is built:
+tests/megatron/test_pretrain.py and test_example.py
+(a stock run's line, "GEMM sites: stock", there too).
+"""
+import pytest
+
+from megatron_flashoverlap.megatron.sites import MTP_STOCK, format_line
+
+BODY = "tests.megatron.mp_sites"
+SP4 = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
+NOSP = "(all-reduce, no SP)"
+TP1 = "stock (tensor-parallel size 1)"
+
+
+def test_line_format():
+    summary = {"ours": True, "kinds": {
+        "mtp": {"layers": {1}, "sites": {"eh_proj": {"stock (x)"}, "qkv": {"stock (x)"}}},
+        "moe": {"layers": {2, 4}, "sites": {"experts": {"stock (y)"}, "proj": {"flash"}, "qkv": {"flash"},
+                                            "ep_a2a": {"exchange"}}},
+        "dense": {"layers": {1, 3, 5, 6, 7}, "sites": {"fc2": {"flash", "stock (z)"}, "qkv": {"slicing"}}}}}
+    assert format_line(summary) == ("GEMM sites: dense[1,3,5-7]: qkv=slicing, fc2=flash/stock (z); "
+                                    "moe[2,4]: qkv=flash, proj=flash, ep_a2a=exchange, experts=stock (y); "
+                                    "mtp[1]: stock (x)")
+    assert format_line({"ours": False, "kinds": summary["kinds"]}) == "GEMM sites: stock"
+
+
+@pytest.mark.parametrize("sp, mtp, expected", [
+    (True, False, f"GEMM sites: dense[1-2]: {SP4}"),
+    (False, False, f"GEMM sites: dense[1-2]: qkv=flash {NOSP}, proj=flash {NOSP}, fc1=flash {NOSP}, fc2=flash {NOSP}"),
+    (True, True, f"GEMM sites: dense[1-2]: {SP4}; mtp[1]: stock ({MTP_STOCK})"),
+], ids=["sp", "no_sp", "sp_mtp"])
+def test_tp_line(pools, sp, mtp, expected):
+    assert pools(2).run(f"{BODY}:tp_line", sp, mtp, timeout=300) == [expected] * 2
+
+
+def test_pipeline_stages_are_gathered(pools):
+    expected = f"GEMM sites: dense[1-2]: {TP1}; mtp[1]: stock ({MTP_STOCK})"
+    assert pools(2).run(f"{BODY}:pp_line", timeout=300) == [expected] * 2
+
+
+@pytest.mark.parametrize("algo, exchange", [
+    ("flash", "ep_a2a=flash (fused with the experts), experts=stock (Megatron's SequentialMLP, run per arriving "
+              "block inside the fused exchange)"),
+    ("exchange", "ep_a2a=exchange, experts=stock (Megatron's SequentialMLP, after the exchange)"),
+    ("reference", "ep_a2a=stock (moe.algo 'reference': all_to_all_single), experts=stock (Megatron's SequentialMLP, "
+                  "after the exchange)"),
+])
+def test_moe_line(pools, algo, exchange):
+    shared = f"qkv={TP1}, proj={TP1}, shared_fc1={TP1}, shared_fc2={TP1}"
+    expected = f"GEMM sites: dense[1]: {TP1}; moe[2]: {shared}, {exchange}"
+    assert pools(2).run(f"{BODY}:moe_line", algo, timeout=300) == [expected] * 2
