@@ -152,6 +152,10 @@ class SdpaDotProductAttention(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.kernels = _kernels(kernels)
+        which = self.kernels or "of torch's choice"
+        log_once(("built", self.kernels), f"core attention: SdpaDotProductAttention, SDPA kernels {which} (stock's "
+                 f"local spec runs Megatron's DotProductAttention, which rounds 16-bit types differently; "
+                 f"attention.core megatron keeps it)")
 
     def _rng(self):
         """DotProductAttention's dropout RNG: the tracker's fork without SP (under SP the block forks)."""
@@ -258,9 +262,5 @@ def core_attention_for(core: str = "auto", backend="auto", transformer_impl="loc
     if core == "megatron" or (core == "auto" and (stock is not DotProductAttention or name not in SDPA_BACKENDS)):
         return stock
     kernels = BACKEND_KERNELS[name]
-    if core == "auto":
-        log_once(("auto", name), f"core attention: SdpaDotProductAttention with SDPA's {' / '.join(kernels)} "
-                 f"kernel(s) for --attention-backend {name} (stock's local spec runs DotProductAttention; "
-                 f"attention.core megatron keeps it)")
     return SdpaDotProductAttention if kernels is None else ModuleSpec(module=SdpaDotProductAttention,
                                                                       params={"kernels": kernels})

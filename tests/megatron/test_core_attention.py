@@ -108,6 +108,7 @@ def test_sdpa_choice_is_close_not_equal(pools):
     """attention.core sdpa: the same model within bf16 rounding (sdpa.py's numerics), not the same bits."""
     for r in pools(2).run(GPT, 1, False, attention={"core": "sdpa"}, timeout=300):
         assert r["core"] == [DPA, SDPA] and not r["loss_equal"], r
+        assert len(r["logged"]) == 1 and "core attention: SdpaDotProductAttention" in r["logged"][0], r["logged"]
         stock, ours = r["loss"]
         assert abs(ours - stock) <= 1e-4 * abs(stock), r["loss"]  # measured 1.5e-5: rounding, not a bug
 
