@@ -63,7 +63,8 @@ LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
 DEFAULT_TIMEOUT_S = 300.0
-_SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"), "moe": ("algo",), "dp": ("fuse",)}
+_SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"),
+             "moe": ("algo",), "dp": ("fuse",)}
 _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 

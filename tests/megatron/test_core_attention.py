@@ -164,7 +164,8 @@ for backend in ("auto", "flash", "fused", "unfused", "local"):
         sys.argv = ["pretrain_gpt.py", *argv, "--attention-backend", backend] + (["--flash-overlap"] if flash else [])
         try:
             args = parse_and_validate_args(extra_args_provider=with_flash_overlap_args(None))
-            model = GPTModelBuilder(gpt_config_from_args(args)).build_model(ProcessGroupCollection.use_mpu_process_groups())
+            groups = ProcessGroupCollection.use_mpu_process_groups()
+            model = GPTModelBuilder(gpt_config_from_args(args)).build_model(groups)
             core = model.decoder.layers[0].self_attention.core_attention
             got = [type(core).__name__, list(getattr(core, "kernels", None) or [])]
         except Exception as err:
