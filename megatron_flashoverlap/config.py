@@ -17,7 +17,10 @@ ONE plan: an algorithm from ALGOS and its knobs.
 YAML (files in configs/ only choose values; every key is optional):
     default: {algo: flash}                        # every layer not named below
     proj: {algo: slicing, num_chunks: 4}          # one layer
-    attention: {query_split: false, ulysses_algo: flash}
+    attention: {core: auto, query_split: false, ulysses_algo: flash}
+                                                  # core: auto (stock's core attention for the flags; SDPA
+                                                  # for --attention-backend flash|fused without TE's spec),
+                                                  # megatron (stock's, always), sdpa (SDPA, always)
     all_reduce: {num_chunks: 4, table: calibration.json}
     moe: {algo: flash}                            # the EP token exchange: flash or reference (stock a2a)
     dp: {fuse: auto}                              # pretrain()'s DDP under --flash-overlap: which TP linears
@@ -27,7 +30,7 @@ YAML (files in configs/ only choose values; every key is optional):
     description: "..."                            # free text
     stock_megatron: {...}                         # documents an equivalent stock run (kept, not interpreted)
 Where the YAML is silent the environment fills in (FLASHOVERLAP_TIMEOUT_S, FLASHOVERLAP_ALLREDUCE_TABLE,
-FLASHOVERLAP_QUERY_SPLIT, FLASHOVERLAP_ULYSSES), then the defaults.
+FLASHOVERLAP_QUERY_SPLIT, FLASHOVERLAP_ULYSSES, FLASHOVERLAP_CORE_ATTENTION), then the defaults.
 
 The active config (in-process): `activate(cfg)` (the `--flash-overlap` flag does it at parse time) and
 `active()` (the spec and the layers read it when Megatron builds the model; without an activated config:
@@ -46,6 +49,10 @@ from typing import Mapping
 ALGOS = ("flash", "flash_bidir", "slicing", "reference")
 ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical")
 ULYSSES_ALGOS = ("flash", "reference")
+# the core attention (megatron/sdpa.py core_attention_for): auto = what stock Megatron builds for the same flags,
+# except --attention-backend flash|fused where stock would not use TE (then SDPA with that kernel);
+# megatron = what stock builds, always (equal to stock to the bit); sdpa = SdpaDotProductAttention, always
+CORE_ATTENTIONS = ("auto", "megatron", "sdpa")
 # the MoE alltoall dispatcher (expert-TP 1): flash = dispatch, experts and combine in one pipelined walk (each
 # source block through the experts as it arrives); exchange = the pairwise steps, experts after (the ablation);
 # reference = stock's all_to_all_single. Where flash cannot fuse, it runs exchange (logged once per reason).
@@ -56,7 +63,8 @@ LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
 DEFAULT_TIMEOUT_S = 300.0
-_SECTIONS = {"attention": ("query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"), "moe": ("algo",), "dp": ("fuse",)}
+_SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"),
+             "moe": ("algo",), "dp": ("fuse",)}
 _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 
@@ -100,12 +108,16 @@ class LayerPlan:
 
 @dataclass(frozen=True)
 class AttentionSettings:
-    """query_split: attention + proj + RS as one operator (TP with SP, cp == 1). ulysses_algo: the a2a of
-    Ulysses attention (cp > 1), one of ULYSSES_ALGOS."""
+    """core: the core attention for cp == 1 without query split, one of CORE_ATTENTIONS. query_split:
+    attention + proj + RS as one operator (TP with SP, cp == 1). ulysses_algo: the a2a of Ulysses attention
+    (cp > 1), one of ULYSSES_ALGOS."""
     query_split: bool = False
     ulysses_algo: str = "flash"
+    core: str = "auto"
 
     def __post_init__(self):
+        if self.core not in CORE_ATTENTIONS:
+            raise ValueError(f"attention.core {self.core!r}: choose one of {CORE_ATTENTIONS}")
         if not isinstance(self.query_split, bool):
             raise ValueError(f"attention.query_split must be true or false, got {self.query_split!r}")
         if self.ulysses_algo == "stock":
@@ -197,7 +209,8 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
     if set(default) - set(PLAN_KNOBS):
         raise ValueError(f"default: unknown knob(s) {sorted(set(default) - set(PLAN_KNOBS))}; valid knobs: {PLAN_KNOBS}")
     plans = {layer: _layer_plan(layer, default, data.get(layer)) for layer in LAYERS}
-    attention = _section(data, "attention", {"query_split": env.query_split, "ulysses_algo": env.ulysses})
+    attention = _section(data, "attention", {"query_split": env.query_split, "ulysses_algo": env.ulysses,
+                                                  "core": env.core_attention})
     all_reduce = _section(data, "all_reduce", {"table": env.allreduce_table})
     moe = MoESettings(**_section(data, "moe", {}))
     dp = DPSettings(**_section(data, "dp", {}))
@@ -300,6 +313,7 @@ ENV_VARS = {
     "allreduce_table": "FLASHOVERLAP_ALLREDUCE_TABLE",  # calibration JSON for all_reduce(algo="auto")
     "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
     "ulysses": "FLASHOVERLAP_ULYSSES",               # "flash" (default) or "reference": the a2a of Ulysses attention
+    "core_attention": "FLASHOVERLAP_CORE_ATTENTION",  # attention.core: auto (default), megatron or sdpa
 }
 
 
@@ -311,6 +325,7 @@ class Environment:
     allreduce_table: str | None = None
     query_split: bool = False
     ulysses: str = "flash"
+    core_attention: str = "auto"
 
 
 def environment(environ: Mapping[str, str] | None = None) -> Environment:
@@ -329,6 +344,9 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
     if ulysses not in ULYSSES_ALGOS:
         renamed = " ('stock' is now called 'reference')" if ulysses == "stock" else ""
         raise ValueError(f"{ENV_VARS['ulysses']}={ulysses!r}: choose one of {ULYSSES_ALGOS}{renamed}")
+    core = get["core_attention"] or "auto"
+    if core not in CORE_ATTENTIONS:
+        raise ValueError(f"{ENV_VARS['core_attention']}={core!r}: choose one of {CORE_ATTENTIONS}")
     return Environment(config_path=get["config_path"] or None, timeout_s=timeout,
                        allreduce_table=get["allreduce_table"] or None, query_split=get["query_split"] == "1",
-                       ulysses=ulysses)
+                       ulysses=ulysses, core_attention=core)

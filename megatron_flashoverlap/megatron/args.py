@@ -41,7 +41,9 @@ def add_flash_overlap_args(parser: argparse.ArgumentParser) -> argparse.Argument
                             "tail-free comm/GEMM overlap (selects --spec " + " ".join(SPEC) + "). With TP or "
                             "CP > 1 on GPUs older than Blackwell, set CUDA_DEVICE_MAX_CONNECTIONS=1 in the "
                             "launch environment (Megatron requires it; it also keeps each ring step's P2P and "
-                            "GEMM slice queued in the order issued). Not with --attention-backend local, "
+                            "GEMM slice queued in the order issued). The core attention is stock's for the same "
+                            "flags; --attention-backend flash|fused without Transformer Engine's spec runs "
+                            "torch SDPA with that kernel. Not with --attention-backend local, "
                             "--tp-comm-overlap or another --spec.")
     group.add_argument(CONFIG_FLAG, type=str, default=None, metavar="PATH",
                        help="Per-layer YAML (see configs/*.yaml: flash, slicing, stock); a relative PATH is "
@@ -116,9 +118,12 @@ def _check_compatible(args: argparse.Namespace) -> None:
                          f"still be initialized and then unused); drop --tp-comm-overlap")
     backend = getattr(args, "attention_backend", None)
     if backend is not None and getattr(backend, "name", str(backend)) == "local":
-        raise ValueError(f"{FLAG} cannot be combined with --attention-backend local (Megatron then replaces "
-                         f"the spec's core attention and requires --spec local); use --attention-backend auto "
-                         f"or unfused")
+        raise ValueError(f"{FLAG} cannot be combined with --attention-backend local: Megatron-LM's validate_args "
+                         f"takes that backend only with --spec local (stock fails on it too: args.spec[0] of no "
+                         f"--spec, and 'local' is not an importable spec), and {FLAG} sets --spec. What it asks "
+                         f"for, Megatron's DotProductAttention, is what {FLAG} builds with --transformer-impl local "
+                         f"and --attention-backend auto (or any backend with attention: {{core: megatron}} in the "
+                         f"YAML): drop --attention-backend local")
     # FP8/FP4 (issue 27): Transformer Engine's low-precision GEMMs, which our linears do not run
     refuse_low_precision(lambda field: getattr(args, field, None), FLAG, LOW_PRECISION_ARGS)
 

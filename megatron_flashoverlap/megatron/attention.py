@@ -19,8 +19,10 @@ Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -
 bf16/fp16). Dropout keep-masks are a counter-based hash of (seed, head, row, key) (ops/attention/core.py
 keep_mask); the seed is drawn on the device from the RNG Megatron's dropout uses (the model-parallel one
 without SP), so a recompute reproduces the masks and TP ranks differ where stock's do.
-Not supported (ValueError naming the fix): packed sequences, attention bias, sliding windows,
-softmax_type != "vanilla", apply_query_key_layer_scaling.
+Not supported (ValueError naming the fix): packed sequences, attention bias, apply_query_key_layer_scaling.
+softmax_type != "vanilla" (learnable / off-by-one) and sliding windows: the query-split core attention builds
+Megatron's DotProductAttention instead (logged once; linear_proj then runs as FlashRowParallelLinear), equal
+to stock; Ulysses refuses them (DotProductAttention cannot run cp > 1).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from ..ops.attention.query_split import query_split_attention
 from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
 from ..runtime import group_info
 from .linear import FlashRowParallelLinear, layer_context
+from .sdpa import megatron_instead, unsupported_by_ours
 
 
 def _groups(pg_collection):
@@ -49,11 +52,12 @@ def _groups(pg_collection):
 
 
 def check_attention_config(config, op: str) -> None:
-    """What our core attentions do not implement: say so up front."""
-    if getattr(config, "softmax_type", "vanilla") != "vanilla":
-        raise ValueError(f"{op}: softmax_type={config.softmax_type!r} is not supported; use 'vanilla'")
-    if getattr(config, "window_size", None) is not None:
-        raise ValueError(f"{op}: sliding-window attention is not supported; unset window_size")
+    """What our core attentions do not implement (and Megatron's cannot stand in for): say so up front."""
+    why = unsupported_by_ours(config)
+    if why is not None:
+        raise ValueError(f"{op}: {why} is not implemented here, and Megatron's DotProductAttention, which "
+                         f"implements it, runs only at context parallel size 1; set --context-parallel-size 1, "
+                         f"or use softmax_type 'vanilla' and no window_size")
     if getattr(config, "apply_query_key_layer_scaling", False):
         raise ValueError(f"{op}: apply_query_key_layer_scaling is not supported; set it False "
                          f"(with fp32 softmax it only rescales the scores)")
@@ -145,7 +149,14 @@ class PendingAttention(torch.Tensor):
 class QuerySplitDotProductAttention(MegatronModule):
     """Core attention that, under TP with SP, defers to linear_proj: attention + proj + RS then run as one
     operator (query_split_attention), block by block in the reduce-scatter's order. Without SP, with TP=1
-    or with CP it is plain local attention (numerically Megatron's DotProductAttention)."""
+    or with CP it is plain local attention (numerically Megatron's DotProductAttention). A model it does not
+    implement (`unsupported_by_ours`) gets Megatron's DotProductAttention, logged once."""
+
+    def __new__(cls, config, *args, **kwargs):
+        why = unsupported_by_ours(config)
+        if why is not None:
+            return megatron_instead(cls.__name__, why, config, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,

@@ -1,4 +1,4 @@
-"""Core attention on torch.nn.functional.scaled_dot_product_attention, for the local spec without TE.
+"""Core attention on torch.nn.functional.scaled_dot_product_attention, and which core attention a spec builds.
 
     SdpaDotProductAttention(config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
                             softmax_scale=None, cp_comm_type=None, pg_collection=None, kernels=None)
@@ -19,20 +19,40 @@ Semantics kept from DotProductAttention:
     dropout     keep-probability 1 - p on the attention probabilities, kept ones scaled by 1/(1 - p); drawn
                 inside the model-parallel RNG tracker's fork without SP (the block forks it under SP), so
                 activation recompute replays it. The masks are SDPA's own, not DotProductAttention's.
-Not supported (ValueError naming the fix): attention bias, packed sequences, sliding windows,
-softmax_type != "vanilla", context parallelism (the spec picks Ulysses for cp > 1), non-bool masks.
+Numerics against DotProductAttention (the same function, not the same roundings; never bitwise):
+    fp32        1e-5 of max |reference| on ctx and dq, dk, dv (tests/megatron/test_sdpa.py; measured 6e-8 to
+                4e-7): the same products, summed in another order by SDPA's kernel than by baddbmm / bmm.
+    bf16, fp16  DotProductAttention rounds the scores (baddbmm output) and the probabilities (before the
+                bmm with v) to the 16-bit type; SDPA's kernels keep both in fp32 and round ctx once. So ctx
+                differs by up to one 16-bit epsilon of max |ctx| (bf16 2^-7, fp16 2^-10; measured 0.25-0.75 eps
+                on CPU, test_sdpa.py; tests/gpu/test_sdpa_gpu.py bounds CUDA's kernels by 2e-2), SDPA being
+                the closer to fp64 (bf16: 0.3 % vs DotProductAttention's 0.7 % of max |ctx|); a tiny bf16
+                GPT's loss moves by 1.5e-5 relative (issue 26 measured 1.9e-5).
+                For a model equal to stock to the bit keep the default core attention (below).
+CPU (the proxy for a GPU): a requested kernel that has no CPU implementation for the call (memory-efficient,
+cuDNN; flash with dropout) runs torch's math kernel, logged once. On CUDA it is a ValueError naming the
+choices that can run.
+Not supported (ValueError naming the fix): attention bias, packed sequences, context parallelism (the spec
+picks Ulysses for cp > 1), non-bool masks. softmax_type != "vanilla" (learnable / off-by-one) and sliding
+windows build Megatron's DotProductAttention instead (`megatron_instead`, logged once): it implements them.
 
-`--attention-backend` (Megatron's AttnBackend) -> `core_attention_for(config, backend_name)`:
-    local                      Megatron's DotProductAttention (what the flag asks for, TE or not)
-    auto / flash / fused /     Transformer Engine installed: TEDotProductAttention (TE picks its kernel from
-    unfused                    the NVTE_* variables Megatron sets from the flag).
-                               Without TE: SdpaDotProductAttention with SDPA kernels
-                               auto -> torch's choice, flash -> flash, fused -> memory-efficient / cuDNN,
-                               unfused -> math (torch's unfused reference).
+The core attention a spec builds, `core_attention_for(core, backend, transformer_impl)` (core: the YAML's
+attention.core; backend: Megatron's --attention-backend; TE's = stock builds Transformer Engine's spec:
+--transformer-impl transformer_engine with TE installed; our spec is a local spec either way):
+    --attention-backend  stock builds               core: auto (default)         megatron  sdpa
+    auto                 TE's / DotProductAttention  = stock                      = stock   SDPA, torch's choice
+    flash                TE's / DotProductAttention  TE's / SDPA flash            = stock   SDPA flash
+    fused                TE's / DotProductAttention  TE's / SDPA efficient+cuDNN  = stock   SDPA efficient+cuDNN
+    unfused              TE's / DotProductAttention  = stock                      = stock   SDPA math
+    local                DotProductAttention         = stock                      = stock   ValueError
+("TE's" = TEDotProductAttention, TE picking its kernel from the NVTE_* variables Megatron sets from the flag;
+stock's local spec ignores the flag. Stock's `--attention-backend local` is GPTModelBuilder's override.)
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import math
 
 import torch
@@ -44,23 +64,47 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..config import CORE_ATTENTIONS
+
+log = logging.getLogger(__name__)
+_LOGGED: set = set()
+
 KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 BACKEND_KERNELS = {"auto": None, "flash": ("flash",), "fused": ("efficient", "cudnn"), "unfused": ("math",)}
+SDPA_BACKENDS = ("flash", "fused")  # what core: auto turns into SDPA where stock would not use TE
+
+
+def log_once(key, msg: str) -> None:
+    """One warning per key and process: a legitimate fallback says what runs and why, once."""
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.warning(msg)
+
+
+def unsupported_by_ours(config) -> str | None:
+    """What our core attentions (SDPA, query split, Ulysses) do not implement and Megatron's
+    DotProductAttention does: the reason, else None."""
+    if getattr(config, "softmax_type", "vanilla") != "vanilla":
+        return f"softmax_type={config.softmax_type!r} (a per-head softmax offset)"
+    if getattr(config, "window_size", None) is not None:
+        return "sliding-window attention (window_size)"
+    return None
+
+
+def megatron_instead(op: str, why: str, config, *args, **kwargs):
+    """Megatron's DotProductAttention, built from the arguments Megatron passed `op`, for a model `op` cannot run
+    as stock does (`why`); logged once."""
+    log_once((op, why), f"{op}: {why} is not implemented here; Megatron's DotProductAttention runs instead "
+                        f"(as stock's local spec)")
+    return DotProductAttention(config, *args, **kwargs)
 
 
 def check_sdpa_config(config) -> None:
-    """What SdpaDotProductAttention does not implement: say the fix where the config is first seen."""
-    op = "SdpaDotProductAttention"
-    if getattr(config, "softmax_type", "vanilla") != "vanilla":
-        raise ValueError(f"{op}: softmax_type={config.softmax_type!r} is not supported; use 'vanilla', or "
-                         f"install Transformer Engine")
-    if getattr(config, "window_size", None) is not None:
-        raise ValueError(f"{op}: sliding-window attention is not supported; unset window_size, or install "
-                         f"Transformer Engine")
+    """What SdpaDotProductAttention refuses: say the fix where the config is first seen."""
     if getattr(config, "context_parallel_size", 1) > 1:
-        raise ValueError(f"{op}: context parallelism is not supported; flashoverlap_layer_spec selects "
-                         f"UlyssesDotProductAttention for cp > 1 (--cp-comm-type a2a)")
+        raise ValueError("SdpaDotProductAttention: context parallelism is not supported; flashoverlap_layer_spec "
+                         "selects UlyssesDotProductAttention for cp > 1 (--cp-comm-type a2a)")
 
 
 def _kernels(kernels) -> tuple | None:
@@ -78,8 +122,21 @@ def _tp_size(pg_collection) -> int:
     return tp.size()
 
 
+def _no_kernel(err: RuntimeError) -> bool:
+    """torch's errors for a kernel set that cannot run a call (no viable backend / no available kernel)."""
+    text = str(err).lower()
+    return "no viable backend" in text or "no available kernel" in text
+
+
 class SdpaDotProductAttention(MegatronModule):
     """DotProductAttention's contract on scaled_dot_product_attention; drop-in for `core_attention`."""
+
+    def __new__(cls, config, *args, **kwargs):
+        why = unsupported_by_ours(config)
+        if why is not None:  # equal to stock rather than refused: Megatron's own module implements it
+            kwargs.pop("kernels", None)  # ours (the spec's), not DotProductAttention's
+            return megatron_instead(cls.__name__, why, config, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
@@ -95,6 +152,10 @@ class SdpaDotProductAttention(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.kernels = _kernels(kernels)
+        which = self.kernels or "of torch's choice"
+        log_once(("built", self.kernels), f"core attention: SdpaDotProductAttention, SDPA kernels {which} (stock's "
+                 f"local spec runs Megatron's DotProductAttention, which rounds 16-bit types differently; "
+                 f"attention.core megatron keeps it)")
 
     def _rng(self):
         """DotProductAttention's dropout RNG: the tracker's fork without SP (under SP the block forks)."""
@@ -105,17 +166,31 @@ class SdpaDotProductAttention(MegatronModule):
     def _sdpa(self, q, k, v, keep, causal: bool):
         """q [b, np, sq, hn], k / v [b, ng|np, sk, hn], keep [.., sq, sk] True = attend -> [b, np, sq, hn]."""
         p = self.dropout_p if self.training else 0.0
-        gqa = k.shape[1] != q.shape[1]
-        kernels = contextlib.nullcontext() if self.kernels is None else sdpa_kernel([KERNELS[n] for n in self.kernels])
-        try:
-            with self._rng(), kernels:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, is_causal=causal,
-                                                      scale=self.softmax_scale, enable_gqa=gqa)
-        except RuntimeError as err:
-            if self.kernels is None or "kernel" not in str(err).lower():
-                raise
-            raise ValueError(f"SdpaDotProductAttention: SDPA kernels {self.kernels} cannot run this call "
-                             f"({err}); use --attention-backend auto (torch picks a kernel that can)") from err
+        call = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=keep, dropout_p=p,
+                                 is_causal=causal, scale=self.softmax_scale, enable_gqa=k.shape[1] != q.shape[1])
+        with self._rng():
+            if self.kernels is None:
+                return call()
+            try:
+                with sdpa_kernel([KERNELS[n] for n in self.kernels]):
+                    return call()
+            except RuntimeError as err:
+                if not _no_kernel(err):
+                    raise
+                self._no_kernel_here(q.device, err)
+            with sdpa_kernel([SDPBackend.MATH]):
+                return call()
+
+    def _no_kernel_here(self, device, err) -> None:
+        """CPU (the GPU's stand-in): math runs, logged once. CUDA: the choices that can run."""
+        if device.type != "cpu":
+            raise ValueError(f"SdpaDotProductAttention: SDPA kernels {self.kernels} cannot run this call on "
+                             f"{device} ({err}); choose --attention-backend auto (torch picks a kernel that can) or "
+                             f"unfused (SDPA's math kernel), or attention.core megatron (Megatron's own core "
+                             f"attention)") from err
+        log_once(("cpu", self.kernels), f"SdpaDotProductAttention: SDPA kernels {self.kernels} have no CPU "
+                 f"implementation for this call ({str(err).splitlines()[0]}); the math kernel runs (on a GPU the "
+                 f"requested kernel does)")
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
@@ -152,10 +227,11 @@ class SdpaDotProductAttention(MegatronModule):
         return {}  # no parameters (softmax_type 'vanilla' only), as DotProductAttention then
 
 
-def _backend_name(backend_name) -> str:
-    name = getattr(backend_name, "name", backend_name)  # AttnBackend.flash or "flash"
+def _backend_name(backend) -> str:
+    """Megatron's AttnBackend (or its name; None: Megatron's default, auto) -> its name, checked."""
+    name = "auto" if backend is None else getattr(backend, "name", backend)  # AttnBackend.flash or "flash"
     if name != "local" and name not in BACKEND_KERNELS:
-        raise ValueError(f"core_attention_for: unknown attention backend {backend_name!r}; choose one of "
+        raise ValueError(f"core_attention_for: unknown attention backend {backend!r}; choose one of "
                          f"{('local', *BACKEND_KERNELS)} (Megatron's --attention-backend)")
     return name
 
@@ -166,17 +242,26 @@ def _te_attention():
     return te_ext.TEDotProductAttention if te_ext.HAVE_TE else None
 
 
-def core_attention_for(config, backend_name="auto"):
-    """--attention-backend value -> the core_attention class or ModuleSpec (see the module docstring).
-    `config` (Megatron's TransformerConfig, or None) is checked here for what SDPA does not support."""
-    name = _backend_name(backend_name)
-    if name == "local":
-        return DotProductAttention
-    te = _te_attention()
-    if te is not None:
-        return te
-    if config is not None:
-        check_sdpa_config(config)
+def stock_core_attention(backend="auto", transformer_impl="local"):
+    """The core attention stock Megatron builds: TEDotProductAttention in Transformer Engine's spec
+    (--transformer-impl transformer_engine, TE installed), DotProductAttention in the local spec and for
+    --attention-backend local (GPTModelBuilder puts it into any layer spec)."""
+    te = _te_attention() if transformer_impl == "transformer_engine" else None
+    return te if te is not None and _backend_name(backend) != "local" else DotProductAttention
+
+
+def core_attention_for(core: str = "auto", backend="auto", transformer_impl="local"):
+    """attention.core x --attention-backend x --transformer-impl -> the core_attention class or ModuleSpec
+    (the module docstring's table)."""
+    if core not in CORE_ATTENTIONS:
+        raise ValueError(f"core_attention_for: attention.core {core!r}: choose one of {CORE_ATTENTIONS}")
+    name = _backend_name(backend)
+    stock = stock_core_attention(name, transformer_impl)
+    if core == "sdpa" and name == "local":
+        raise ValueError("attention.core sdpa and --attention-backend local ask for different core attentions "
+                         "(SdpaDotProductAttention, Megatron's DotProductAttention); drop one of them")
+    if core == "megatron" or (core == "auto" and (stock is not DotProductAttention or name not in SDPA_BACKENDS)):
+        return stock
     kernels = BACKEND_KERNELS[name]
     return SdpaDotProductAttention if kernels is None else ModuleSpec(module=SdpaDotProductAttention,
                                                                       params={"kernels": kernels})

@@ -70,10 +70,12 @@ def submodules_of(spec):
 
 def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: bool = False,
                normalization: str | None = None, qk_l2_norm: bool = False, attention_backend="auto",
-               num_experts: int | None = None, moe_grouped_gemm: bool = False) -> ModuleSpec:
+               num_experts: int | None = None, moe_grouped_gemm: bool = False,
+               transformer_impl: str = "local") -> ModuleSpec:
     """TransformerLayer spec = get_gpt_layer_local_spec(...) with linear_qkv/proj/fc1/fc2 ours, and the norms
     and core attention of `_norms_and_attention` (attention_backend: Megatron's --attention-backend, an
-    AttnBackend or its name; see sdpa.core_attention_for). num_experts: the MLP is Megatron's MoE spec
+    AttnBackend or its name; transformer_impl: Megatron's --transformer-impl; see sdpa.core_attention_for;
+    by default get_gpt_layer_local_spec's DotProductAttention). num_experts: the MLP is Megatron's MoE spec
     (routed experts Megatron's, shared experts' fc1/fc2 ours) in our FlashMoELayer (megatron/moe.py)."""
     provider = FlashOverlapSpecProvider(flash_config)
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
@@ -82,7 +84,7 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
     attention.linear_qkv = provider.column_parallel_linear()
     attention.linear_proj = provider.row_parallel_linear()
     _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm,
-                         attention_backend)
+                         (attention_backend, transformer_impl))
     spec.submodules.mlp = mlp_spec(provider, num_experts, moe_grouped_gemm)
     return spec
 
@@ -93,25 +95,28 @@ def mlp_spec(provider: FlashOverlapSpecProvider, num_experts: int | None = None,
     return flash_moe_spec(mlp, provider.flash_config) if num_experts else mlp
 
 
-def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_norm: bool, backend) -> None:
+def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_norm: bool, flags) -> None:
     """Norms: SequenceParallelNorm (TENorm with TE; builds under SP without apex, RMSNorm included) in the
-    slots the local spec fills. Core attention: TE's with TE, else SDPA (norm.py, sdpa.py); a config that is
-    `reference` on every layer keeps Megatron's DotProductAttention: that config is the stock local layer, the
-    serial baseline of every comparison."""
+    slots the local spec fills. Core attention: sdpa.core_attention_for(attention.core, *flags) (flags:
+    --attention-backend, --transformer-impl): by default stock's. A config that is `reference`
+    on every layer with attention.core auto is the stock layer, the serial baseline: stock's core attention."""
     layer.input_layernorm = layer.pre_mlp_layernorm = SequenceParallelNorm
     if qk_norm:
         attention.q_layernorm = attention.k_layernorm = SequenceParallelNorm
-    if not all(flash_config.plan(name).is_reference for name in LAYERS):
-        attention.core_attention = core_attention_for(None, backend)
+    core = flash_config.attention.core
+    if core == "auto" and all(flash_config.plan(name).is_reference for name in LAYERS):
+        core = "megatron"
+    attention.core_attention = core_attention_for(core, *flags)
 
 
 def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
           sequence_parallel, attention_backend="auto", num_experts=None,
-          moe_grouped_gemm=False) -> ModuleSpec:
+          moe_grouped_gemm=False, transformer_impl="local") -> ModuleSpec:
     """The one builder behind every spec function: layer_spec + the core attention the config asks for."""
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
                       qk_l2_norm=bool(qk_l2_norm), attention_backend=attention_backend or "auto",
-                      num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
+                      num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm),
+                      transformer_impl=transformer_impl)
     select_attention(submodules_of(spec.submodules.self_attention), flash_config,
                      context_parallel_size=context_parallel_size, sequence_parallel=sequence_parallel)
     return spec
@@ -151,7 +156,8 @@ def _layer_for(config, flash_config: FlashOverlapConfig | None = None) -> Module
                  normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
                  context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
                  sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
-                 attention_backend=getattr(config, "attention_backend", None))  # --attention-backend, honoured
+                 attention_backend=getattr(config, "attention_backend", None),  # --attention-backend, honoured
+                 transformer_impl=getattr(config, "transformer_impl", "local"))  # stock: TE's spec or local
 
 
 def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,

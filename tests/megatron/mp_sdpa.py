@@ -2,7 +2,11 @@
 (each rank holds its np/tp heads and ng/tp groups), on the same q, k, v and output gradient."""
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron_flashoverlap.megatron import models as tm
 
@@ -126,11 +130,12 @@ def unsupported(rank, world):
         cfg = _config()
         _, ours = _pair(cfg, AttnMaskType.causal)
         q, k, v = _qkv(cfg, rank)
+        no_kernel = RuntimeError("No viable backend for scaled_dot_product_attention was found.")
         calls = {"bias": lambda: ours(q, k, v, None, attention_bias=torch.zeros(1)),
                  "packed": lambda: ours(q, k, v, None, packed_seq_params=object()),
                  "float_mask": lambda: ours(q, k, v, torch.zeros(1, 1, SQ, SQ)),
                  "causal_sq_ne_sk": lambda: ours(q[:4], k, v, None),
-                 "fused_kernel_on_cpu": lambda: _pair(cfg, AttnMaskType.causal, kernels=("efficient",))[1](q, k, v, None)}
+                 "no_kernel_on_cuda": lambda: ours._no_kernel_here(torch.device("cuda", 0), no_kernel)}
         out = {}
         for name, call in calls.items():
             try:
@@ -139,5 +144,118 @@ def unsupported(rank, world):
             except ValueError as err:
                 out[name] = str(err)
         return out
+    finally:
+        tm.destroy()
+
+
+@contextlib.contextmanager
+def warnings_logged(name: str = "megatron_flashoverlap"):
+    """-> the list the warning lines logged under `name` go to while the block runs; the log-once memory of
+    megatron/sdpa.py starts empty (a pool worker may have logged the same line for an earlier job)."""
+    from megatron_flashoverlap.megatron import sdpa
+
+    getattr(sdpa, "_LOGGED", set()).clear()  # getattr: the same body runs against older code (revert checks)
+    lines, handler = [], logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger(name).addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger(name).removeHandler(handler)
+
+
+class _Kernels(TorchDispatchMode):
+    """The SDPA kernels (aten ops named *scaled_dot_product*) that reach the dispatcher while active; the
+    math kernel decomposes into matmul / softmax, so it shows as no such op."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.__name__:
+            self.names.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def cpu_fallback(rank, world, kernels=("efficient", "cudnn"), dropout=0.0, calls=3):
+    """Ours with `kernels` (what --attention-backend selects) on CPU, `calls` forward + backward passes, vs
+    ours with the math kernel on the same inputs and seeds -> {equal per call, SDPA kernels ours ran, log lines}."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    tm.init_tp(world)
+    try:
+        cfg = _config(dropout=dropout)
+        _, ours = _pair(cfg, AttnMaskType.causal, kernels=kernels)
+        _, math = _pair(cfg, AttnMaskType.causal, kernels=("math",))
+        q, k, v = _qkv(cfg, rank)
+        dy = torch.randn(SQ, B, q.shape[2] * q.shape[3], generator=torch.Generator().manual_seed(99))
+        ran = _Kernels()
+        with warnings_logged() as logged:
+            equal = [_same_as_math(ours, math, (q, k, v, dy), call, dropout, ran) for call in range(calls)]
+        return {"equal": equal, "ran": sorted(ran.names), "logged": logged}
+    finally:
+        tm.destroy()
+
+
+def _same_as_math(ours, math, qkv_dy, call, dropout, ran) -> bool:
+    """One forward + backward of each from the same seeds (odd calls with an explicit causal mask)."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    got = []
+    for module in (ours, math):
+        module.train(dropout > 0)
+        torch.manual_seed(call)
+        model_parallel_cuda_manual_seed(call)
+        with ran if module is ours else contextlib.nullcontext():
+            got.append(_run(module, *qkv_dy[:3], _mask("causal") if call % 2 else None, qkv_dy[3]))
+    return all(torch.equal(a, b) for a, b in zip(*got))
+
+
+def falls_back_to_megatron(rank, world, **config_kw):
+    """What SdpaDotProductAttention builds for a config it does not implement -> (class name, log lines)."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_flashoverlap.megatron.sdpa import SdpaDotProductAttention
+
+    tm.init_tp(world)
+    try:
+        cfg = _config()
+        for key, value in config_kw.items():
+            setattr(cfg, key, value)
+        with warnings_logged() as logged:
+            built = [SdpaDotProductAttention(cfg, 1, AttnMaskType.causal, "self", kernels=("flash",)) for _ in "ab"]
+        return {"classes": [type(m).__name__ for m in built], "logged": logged}
+    finally:
+        tm.destroy()
+
+
+def _reference(q, k, v, mask, scale):
+    """fp64 softmax(scale q k^T + mask) v on [sq, b, n, hn] inputs (k, v with as many heads as q)."""
+    qd, kd, vd = (t.double().permute(1, 2, 0, 3) for t in (q, k, v))  # [s, b, n, hn] -> [b, n, s, hn]
+    scores = (qd @ kd.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    ctx = torch.softmax(scores, dim=-1) @ vd
+    return ctx.permute(2, 0, 1, 3).reshape(q.shape[0], q.shape[1], -1)  # [b, n, s, hn] -> [s, b, n*hn]
+
+
+def half_precision_error(rank, world, dtype="bfloat16", mask="causal"):
+    """Forward ctx of DotProductAttention and ours in a 16-bit dtype vs an fp64 reference: max |err| / max |ref|
+    for each, and between the two."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    tm.init_tp(world)
+    try:
+        cfg = _config()
+        dt = getattr(torch, dtype)
+        cfg.params_dtype, cfg.bf16, cfg.fp16 = dt, dt == torch.bfloat16, dt == torch.float16
+        dpa, ours = _pair(cfg, AttnMaskType.causal)
+        q, k, v = (t.to(dt) for t in _qkv(cfg, rank))
+        m = _mask(mask)
+        ref = _reference(q, k, v, m, 1.0 / cfg.kv_channels ** 0.5)
+        got = {name: mod(q, k, v, m) for name, mod in (("dpa", dpa), ("ours", ours))}
+        return {**{name: _rel(ref, y) for name, y in got.items()}, "between": _rel(got["dpa"], got["ours"]),
+                "eps": torch.finfo(dt).eps}
     finally:
         tm.destroy()

@@ -130,7 +130,7 @@ def test_every_spec_entry_builds_the_same_model(pools, qk_layernorm, normalizati
         keys = res["keys"]
         assert keys["config"] == keys["signature"] == keys["module_spec"] and keys["config"]
         assert res["logits_equal"]
-        want = "QuerySplitDotProductAttention" if query_split else "SdpaDotProductAttention"  # no TE here
+        want = "QuerySplitDotProductAttention" if query_split else "DotProductAttention"  # stock's (local impl)
         assert set(res["core_attention"].values()) == {want}
         q_norms = set(res["q_layernorm"].values())  # no qk norm: None (0.19) or IdentityOp (0.16)
         assert len(q_norms) == 1 and q_norms.isdisjoint({"NoneType", "IdentityOp"}) == qk_layernorm, q_norms

@@ -49,6 +49,7 @@ def test_default_is_flash_everywhere_and_frozen():
     cfg = FlashOverlapConfig()
     assert {cfg.plan(layer).algo for layer in LAYERS} == {"flash"}
     assert (cfg.all_reduce.num_chunks, cfg.all_reduce.table, cfg.attention.ulysses_algo) == (None, None, "flash")
+    assert cfg.attention.core == "auto"  # the core attention stock builds for the flags (megatron/sdpa.py)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.qkv = LayerPlan("reference")
 
@@ -93,6 +94,7 @@ def test_uniform_keep_gathered_reaches_column_layers_only():
     ({"attention": {"ulysses_algo": "stock"}}, ["'stock' is now called 'reference'"]),
     ({"attention": {"query_split": "yes"}}, ["query_split must be true or false"]),
     ({"attention": {"split": True}}, ["attention: unknown key", "query_split"]),
+    ({"attention": {"core": "te"}}, ["attention.core 'te'", "auto", "megatron", "sdpa"]),
     ({"all_reduce": {"num_chunks": 2.5}}, ["all_reduce.num_chunks must be an integer"]),
     ({"timeout_s": 0}, ["timeout_s must be a number of seconds > 0"]),
 ])
@@ -105,14 +107,15 @@ def test_bad_config_is_a_clear_error(data, words):
 
 def test_environment_fills_what_the_yaml_leaves_out():
     env = environment({"FLASHOVERLAP_TIMEOUT_S": "7", "FLASHOVERLAP_ALLREDUCE_TABLE": "t.json",
-                       "FLASHOVERLAP_QUERY_SPLIT": "1", "FLASHOVERLAP_ULYSSES": "reference"})
+                       "FLASHOVERLAP_QUERY_SPLIT": "1", "FLASHOVERLAP_ULYSSES": "reference",
+                       "FLASHOVERLAP_CORE_ATTENTION": "sdpa"})
     silent = from_dict({}, env)
     assert (silent.timeout_s, silent.all_reduce.table, silent.attention.query_split,
-            silent.attention.ulysses_algo) == (7.0, "t.json", True, "reference")
+            silent.attention.ulysses_algo, silent.attention.core) == (7.0, "t.json", True, "reference", "sdpa")
     said = from_dict({"timeout_s": 9, "all_reduce": {"table": "mine.json"},
-                      "attention": {"query_split": False, "ulysses_algo": "flash"}}, env)
+                      "attention": {"query_split": False, "ulysses_algo": "flash", "core": "megatron"}}, env)
     assert (said.timeout_s, said.all_reduce.table, said.attention.query_split,
-            said.attention.ulysses_algo) == (9, "mine.json", False, "flash")
+            said.attention.ulysses_algo, said.attention.core) == (9, "mine.json", False, "flash", "megatron")
 
 
 @pytest.mark.parametrize("var, value, words", [
@@ -120,6 +123,7 @@ def test_environment_fills_what_the_yaml_leaves_out():
     ("FLASHOVERLAP_TIMEOUT_S", "-1", ["must be > 0"]),
     ("FLASHOVERLAP_QUERY_SPLIT", "yes", ["use 1 (on) or 0 (off)"]),
     ("FLASHOVERLAP_ULYSSES", "stock", ["FLASHOVERLAP_ULYSSES", "'stock' is now called 'reference'"]),
+    ("FLASHOVERLAP_CORE_ATTENTION", "flash", ["FLASHOVERLAP_CORE_ATTENTION", "auto", "megatron", "sdpa"]),
 ])
 def test_bad_environment_names_the_variable(var, value, words):
     with pytest.raises(ValueError) as err:
