@@ -168,6 +168,7 @@ class OpPlan:
             raise ValueError(f"decode_all_reduce {self.decode_all_reduce!r}: choose one of {ALL_REDUCE_ALGOS} "
                              f"or None (decode inputs run `algo` too)")
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+        object.__setattr__(self, "_rings", {})  # (name, tag) -> Ring: made once per plan
 
     def __hash__(self) -> int:  # hashed once: the per-call plan caches (resolve, sized) look plans up by it
         return self._hash
@@ -183,8 +184,11 @@ class OpPlan:
         return self.hop_chunks or 1
 
     def ring(self, name: str, tag: int = 0) -> Ring:
-        """The runtime's option object of one ring pass of this plan (runtime/options.py)."""
-        return Ring(self.bidirectional, self.hops, name, tag)
+        """The runtime's option object of one ring pass of this plan (runtime/options.py), made once."""
+        ring = self._rings.get((name, tag))
+        if ring is None:
+            ring = self._rings[(name, tag)] = Ring(self.bidirectional, self.hops, name, tag)
+        return ring
 
 
 class WgradRoute:

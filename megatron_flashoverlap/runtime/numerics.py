@@ -38,6 +38,7 @@ exact in fp32 (24-bit), so either way dw is the fp32 sum of exact products; only
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -67,8 +68,10 @@ def wire_dtype(dtype: torch.dtype, wire: str = "input") -> torch.dtype:
     return dtype if wire == "input" else acc_dtype(dtype)
 
 
+@functools.lru_cache(maxsize=64)
 def sums(dtype: torch.dtype, device, wire: str = "input") -> Sums:
-    """How reduce-scatter partials of `dtype` inputs add up: kept in acc_dtype, sent in wire_dtype, out in dtype."""
+    """How reduce-scatter partials of `dtype` inputs add up: kept in acc_dtype, sent in wire_dtype, out in dtype
+    (made once per dtype, device and wire word: a per-call lookup)."""
     return Sums(acc_dtype(dtype), dtype, wire_dtype(dtype, wire), device)
 
 
