@@ -24,6 +24,7 @@ import time
 import torch
 
 from megatron_flashoverlap.runtime import OverlapContext
+from megatron_flashoverlap.ops import Attend, OpPlan
 from megatron_flashoverlap.ops.attention.query_split import query_split_attention
 from megatron_flashoverlap.ops.tp_sp.functions import all_gather_matmul
 from megatron_flashoverlap.ops.attention.ulysses_a2a import heads_to_seq, seq_to_heads
@@ -63,12 +64,12 @@ class QuerySplitBlock:
         return torch.randn(s.seq // self.world, s.batch, s.hidden, generator=torch.Generator().manual_seed(seed))
 
     def forward(self, x_shard, group, method, ctx: OverlapContext, spans=None):
-        kw = dict(algo=method.algo, num_chunks=method.chunks, context=ctx)
+        kw = dict(plan=OpPlan(method.algo, method.chunks), context=ctx)
         with _Span(spans, "column AG+GEMM"):
             qkv = all_gather_matmul(x_shard, self.w_in, group, **kw)  # [s, b, 3w]
         q, k, v = (t.reshape(t.shape[0], t.shape[1], self.heads, self.head_dim) for t in qkv.chunk(3, dim=-1))
         with _Span(spans, "attention+proj+RS"):
-            return query_split_attention(q, k, v, self.w_out, group, causal=True, zigzag=self.zigzag, **kw)
+            return query_split_attention(q, k, v, self.w_out, group, attend=Attend(zigzag=self.zigzag), **kw)
 
 
 class ZigzagQuerySplitBlock(QuerySplitBlock):
@@ -104,7 +105,7 @@ class UlyssesBlock:
 
     def forward(self, x_s, group, method, ctx: OverlapContext, spans=None):
         with _Span(spans, "qkv+a2a+attention+a2a+proj"):
-            return ulysses_fused_attention(x_s, self.w_in, self.w_out, group, heads=self.heads,
+            return ulysses_fused_attention(x_s, self.w_in, self.w_out, group, attend=Attend(heads=self.heads),
                                            algo=self._algo(method), context=ctx)
 
     def comm_alone(self, x_s, group, method, ctx: OverlapContext):

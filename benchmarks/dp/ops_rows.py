@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+from megatron_flashoverlap.ops import OpPlan
+from megatron_flashoverlap.ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.harness import timing
@@ -42,7 +43,7 @@ class NoSPMlpBlock(Block):
         return torch.randn(s.seq, s.batch, s.hidden, generator=torch.Generator().manual_seed(seed))
 
     def forward(self, x, group, method: Method, ctx, spans=None):
-        kw = dict(algo=method.algo, num_chunks=method.chunks, context=ctx)
+        kw = dict(plan=OpPlan(method.algo, method.chunks), context=ctx)
         a = F.gelu(matmul_allreduce_dgrad(x, self.w_in, group, **kw))
         return matmul_all_reduce(a, self.w_out, group, **kw)
 
@@ -62,7 +63,7 @@ def _dp_variants(cfg: dict, fake) -> dict:
     ctx = OverlapContext(check_peers=False)
 
     def call(m, tensors, group):
-        return lambda: timed(lambda: matmul_wgrad_reduce_scatter(*tensors, grad, 0, group, scale=1.0 / world,
+        return lambda: timed(lambda: matmul_wgrad_reduce_scatter(*tensors, DPBucket(grad, 0, 1.0 / world), group,
                                                                  algo=m.algo, context=ctx))
     measured = {"block": (full, None), "compute": (full, fake), "comm": (thin, None)}
     return {(m.name, "bwd", key): call(m, t, grp) for m in DP_METHODS for key, (t, grp) in measured.items()}

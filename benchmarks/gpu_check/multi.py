@@ -77,7 +77,8 @@ def _numerics(rank, world) -> dict:
     sl = s // world
     y64 = (x.double() @ w.double().t())[rank * sl:(rank + 1) * sl].cuda()
     ctx = OverlapContext(check_peers=False)
-    got = {wire: fo.matmul_reduce_scatter(xk, wk, wire_dtype=wire, context=ctx) for wire in ("input", "fp32")}
+    got = {wire: fo.matmul_reduce_scatter(xk, wk, plan=fo.OpPlan(wire_dtype=wire), context=ctx)
+           for wire in ("input", "fp32")}
     partial = F.linear(xk, wk)
     got["stock"] = torch.empty_like(got["input"])
     reduce_scatter_into(got["stock"], partial.contiguous(), None)
@@ -118,7 +119,7 @@ def _run_ahead(rank, world) -> dict:
 
 
 def _block(xs, w1, w2, algo, ctx):
-    kw = dict(algo=algo, context=ctx, num_chunks=4 if algo == "slicing" else None)
+    kw = dict(plan=fo.OpPlan(algo, num_chunks=4 if algo == "slicing" else None), context=ctx)
     return fo.matmul_reduce_scatter(F.gelu(fo.all_gather_matmul(xs, w1, **kw)), w2, **kw)
 
 

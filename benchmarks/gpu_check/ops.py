@@ -103,12 +103,12 @@ def _attention_calls(p, device, dtype, ctx, algo, rows, h) -> dict:
     xs, wqkv, wproj = t(s // p, B, H), t(GROUPS * (HEADS // GROUPS + 2) * HN, H), t(H, HEADS * HN)
     kw = dict(algo="flash" if algo in FUSED else "reference", context=ctx)  # Ulysses: flash | reference
     return {
-        "query_split_attention": Call(lambda: fo.query_split_attention(q, k, v, wo, algo=algo, context=ctx),
+        "query_split_attention": Call(lambda: fo.query_split_attention(q, k, v, wo, plan=fo.OpPlan(algo), context=ctx),
                                       ((s // p, B, H), q.shape, k.shape, v.shape, wo.shape), (q, k, v, wo)),
         "ulysses_attention": Call(lambda: fo.ulysses_attention(qs, ks, vs, **kw),
                                   ((s // p, B, HEADS * HN), qs.shape, ks.shape, vs.shape), (qs, ks, vs)),
         "ulysses_fused_attention": Call(
-            lambda: fo.ulysses_fused_attention(xs, wqkv, wproj, heads=HEADS, groups=GROUPS, **kw),
+            lambda: fo.ulysses_fused_attention(xs, wqkv, wproj, attend=fo.Attend(heads=HEADS), **kw),
             ((s // p, B, H), xs.shape, wqkv.shape, wproj.shape), (xs, wqkv, wproj)),
     }
 
@@ -126,7 +126,7 @@ def _flat_calls(p, device, dtype, ctx, algo, rows, h) -> dict:
 
 
 def _wgrad_rs(dy, x, grad, algo, ctx) -> torch.Tensor:
-    fo.matmul_wgrad_reduce_scatter(dy, x, grad, 0, None, algo=algo, context=ctx)
+    fo.matmul_wgrad_reduce_scatter(dy, x, fo.DPBucket(grad, 0), None, algo=algo, context=ctx)
     return grad
 
 

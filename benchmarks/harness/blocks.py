@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from megatron_flashoverlap.ops import all_gather_matmul, matmul_reduce_scatter
+from megatron_flashoverlap.ops import OpPlan, all_gather_matmul, matmul_reduce_scatter
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Block:
         return F.gelu(y1)
 
     def forward(self, x_shard, group, method: Method, ctx, spans=None):
-        kw = dict(algo=method.algo, num_chunks=method.chunks, hop_chunks=method.hop_chunks, context=ctx)
+        kw = dict(plan=OpPlan(method.algo, method.chunks, method.hop_chunks), context=ctx)
         with _span(spans, "column AG+GEMM"):
             y1 = all_gather_matmul(x_shard, self.w_in, group, **kw)
         with _span(spans, "middle"):

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_flashoverlap.megatron import ddp_async
-from megatron_flashoverlap.runtime import OverlapContext, default_context, group_info, produce_and_scatter
+from megatron_flashoverlap.runtime import OverlapContext, Producer, Ring, Sums, default_context, group_info, produce_and_scatter
 from megatron_flashoverlap.runtime.commthread import CommThread
 
 _ORIG = {"reduce_scatter_tensor": dist.reduce_scatter_tensor, "reduce_scatter_single": dist.reduce_scatter_single}
@@ -65,8 +65,8 @@ def ring_reduce_scatter(output: torch.Tensor, inp: torch.Tensor, group, ctx: Ove
     def produce(span, out):
         out.copy_(flat_in[span[0]:span[1]])
 
-    own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=inp.dtype, out_dtype=inp.dtype,
-                              device=inp.device, name="stock.rs", into=True)
+    sums = Sums(inp.dtype, inp.dtype, inp.dtype, inp.device)  # summed, sent and returned in the input dtype
+    own = produce_and_scatter(Producer(produce, into=True), (shard,), sums, group, ctx, Ring(name="stock.rs"))
     if average:
         own.div_(world)
     output.view(-1).copy_(own)

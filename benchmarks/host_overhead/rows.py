@@ -26,6 +26,8 @@ from megatron_flashoverlap.runtime import OverlapContext
 from megatron_flashoverlap.tools.rounds import interleaved
 
 B, H, HEADS, HN = 2, 16, 8, 4  # batch, hidden, attention heads (divisible by 8 for Ulysses), head dim
+_PLANS = {a: ops.OpPlan(a) for a in ("flash", "reference")}  # made once, as a layer makes its plan
+_HEADS = ops.Attend(heads=HEADS)
 
 
 def _tensors(world: int) -> dict:
@@ -42,7 +44,7 @@ def _tensors(world: int) -> dict:
 
 def _calls(t: dict, ctx) -> dict:
     """op -> (fn(algo) -> output to backpropagate or None, ours, reference, differentiable inputs)."""
-    kw = {"context": ctx}
+    kw, bucket = {"context": ctx}, ops.DPBucket(t["grad"], 0)  # the bucket, as a DP site holds it
     return {
         "all_gather_matmul": (lambda a: ops.all_gather_matmul(t["x_s"], t["w"], bias=t["bias"], algo=a, **kw),
                               "flash", "reference", ("x_s", "w")),
@@ -53,14 +55,15 @@ def _calls(t: dict, ctx) -> dict:
         "matmul_allreduce_dgrad": (lambda a: ops.matmul_allreduce_dgrad(t["x"], t["w"], bias=t["bias"], algo=a, **kw),
                                    "flash", "reference", ("x", "w")),
         "all_reduce": (lambda a: ops.all_reduce(t["flat"], algo=a, **kw), "ring", "reference", ()),
-        "query_split_attention": (lambda a: ops.query_split_attention(t["q"], t["kv"], t["kv"], t["wp"], algo=a, **kw),
+        "query_split_attention": (lambda a: ops.query_split_attention(t["q"], t["kv"], t["kv"], t["wp"],
+                                                                      plan=_PLANS[a], **kw),
                                   "flash", "reference", ("q", "kv", "wp")),
         "ulysses_attention": (lambda a: ops.ulysses_attention(t["q_s"], t["q_s"], t["q_s"], algo=a, **kw),
                               "flash", "reference", ("q_s",)),
         "ulysses_fused_attention": (lambda a: ops.ulysses_fused_attention(t["x_s"], t["w_qkv"], t["w_proj"],
-                                                                          heads=HEADS, algo=a, **kw),
+                                                                          attend=_HEADS, algo=a, **kw),
                                     "flash", "reference", ("x_s", "w_qkv", "w_proj")),
-        "matmul_wgrad_reduce_scatter": (lambda a: ops.matmul_wgrad_reduce_scatter(t["x"], t["x"], t["grad"], 0, None,
+        "matmul_wgrad_reduce_scatter": (lambda a: ops.matmul_wgrad_reduce_scatter(t["x"], t["x"], bucket, None,
                                                                                   algo=a, **kw),
                                         "flash", "reference", ()),
     }

@@ -66,9 +66,11 @@ def _parts(method: Method, world: int) -> int:
     return method.chunks if method.algo == "slicing" else (1 if method.algo == "reference" else world)
 
 
-def op_time(side: str, method: Method, rows: int, k: int, n: int, shard_bytes: float, probes: dict,
+def op_time(side: str, method: Method, gemm: tuple[int, int, int], shard_bytes: float, probes: dict,
             world: int, hop_factor: float = 1.0) -> float:
-    """One AG-side or RS-side operator: `rows` full GEMM rows, `shard_bytes` per hop of the stock collective."""
+    """One AG-side or RS-side operator: gemm = (rows, k, n), [rows, k] @ [k, n] over the full GEMM rows,
+    `shard_bytes` per hop of the stock collective."""
+    rows, k, n = gemm
     lat = probes.get("latency_s", 0.0)
     hop = hop_factor * shard_bytes / probes["link_Bps"]
     flops = probes["gemm_flops"]
@@ -92,25 +94,26 @@ def predict(kind: str, shape: Shape, method: Method, probes: dict, world: int, m
     shard = s // world * b * h * 4.0  # fp32 bytes of one [s/P, b, h] shard
     mid = probes["middle_s"].get(f"{kind}|{s}", 0.0)
     rows = s * b
-    t = op_time("ag", method, rows, h, n_in, shard, probes, world) + mid + \
-        op_time("rs", method, rows, w, h, shard, probes, world)
+    t = op_time("ag", method, (rows, h, n_in), shard, probes, world) + mid + \
+        op_time("rs", method, (rows, w, h), shard, probes, world)
     if mode == "fwd":
         return t
     # backward: row (AG of dy; dgrad + wgrad per slice), middle, column (dgrad RS + wgrad on gathered x)
-    t += op_time("ag", method, rows, w, 2 * h, shard, probes, world) + 2 * mid
+    t += op_time("ag", method, (rows, w, 2 * h), shard, probes, world) + 2 * mid
     if method.algo == "slicing" or method.algo == "reference":  # RS of dgrad, then a blocking gather of x
-        t += op_time("rs", method, rows, n_in, h, shard, probes, world) \
+        t += op_time("rs", method, (rows, n_in, h), shard, probes, world) \
             + shard / probes["link_Bps"] + probes.get("latency_s", 0.0) \
             + gemm_time(rows, n_in, h, probes["gemm_flops"])
     else:  # one walk: dgrad RS + wgrad AG hops together, dgrad + wgrad slice per step
-        t += op_time("rs", method, rows, n_in, 2 * h, shard, probes, world, hop_factor=2.0)
+        t += op_time("rs", method, (rows, n_in, 2 * h), shard, probes, world, hop_factor=2.0)
     return t
 
 
-def choose_site(site: str, side: str, rows: int, k: int, n: int, shard_bytes: float, probes: dict,
+def choose_site(site: str, side: str, gemm: tuple[int, int, int], shard_bytes: float, probes: dict,
                 world: int, methods) -> tuple[str, str]:
-    """(choice, one-line reason) among flash / slicing k / reference for one GEMM site."""
-    times = {m.name: op_time(side, m, rows, k, n, shard_bytes, probes, world) for m in methods}
+    """(choice, one-line reason) among flash / slicing k / reference for one GEMM site (gemm: (rows, k, n))."""
+    rows, k, n = gemm
+    times = {m.name: op_time(side, m, gemm, shard_bytes, probes, world) for m in methods}
     best = min(times, key=times.get)
     hop = shard_bytes / probes["link_Bps"]
     whole = gemm_time(rows, k, n, probes["gemm_flops"])
@@ -128,7 +131,7 @@ def sites(shape: Shape, probes: dict, world: int, methods) -> list[tuple[str, st
     rows = s * b
     spec = [("fc1_fprop", "ag", h, w), ("fc2_fprop", "rs", w, h), ("qkv_fprop", "ag", h, 3 * w),
             ("proj_fprop", "rs", w, h)]
-    return [choose_site(name, side, rows, k, n, shard, probes, world, methods) for name, side, k, n in spec]
+    return [choose_site(name, side, (rows, k, n), shard, probes, world, methods) for name, side, k, n in spec]
 
 
 def calibrate(probes: dict, kind: str, shape: Shape, world: int, compute_s: float, comm_s: float) -> dict:

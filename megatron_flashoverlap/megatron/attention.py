@@ -36,8 +36,9 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ENV_VARS
-from ..ops.attention.core import attention_rows, make_spec
+from ..ops.attention.core import Attend, attention_rows, make_spec
 from ..ops.attention.query_split import query_split_attention
+from ..ops.registry import OpPlan
 from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
 from ..runtime import group_info
 from .linear import FlashRowParallelLinear, layer_context
@@ -107,10 +108,10 @@ class UlyssesDotProductAttention(MegatronModule):
             raise ValueError("UlyssesDotProductAttention: packed sequences and attention bias are not supported")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         causal = attention_mask is None and mask_type == AttnMaskType.causal  # as Megatron: a mask wins
-        p = self.dropout_p if self.training else 0.0
-        return ulysses_attention(query, key, value, self.cp_group, causal=causal, zigzag=True,
-                                 attn_mask=attention_mask, softmax_scale=self.softmax_scale, dropout_p=p,
-                                 seed=self._seed(), algo=self.algo, context=layer_context())
+        attend = Attend(causal=causal, mask=attention_mask, softmax_scale=self.softmax_scale,
+                        dropout_p=self.dropout_p if self.training else 0.0, seed=self._seed(), zigzag=True)
+        return ulysses_attention(query, key, value, self.cp_group, attend=attend, algo=self.algo,
+                                 context=layer_context())
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         return {}  # no parameters (softmax_type 'vanilla' only)
@@ -125,7 +126,7 @@ class PendingAttention(torch.Tensor):
     _SHAPE_OPS = ("size", "dim", "numel", "__get__", "__repr__", "__format__")
 
     @staticmethod
-    def __new__(cls, q, k, v, attend: dict):
+    def __new__(cls, q, k, v, attend: Attend):
         shape = (q.shape[0], q.shape[1], q.shape[2] * q.shape[3])
         t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=q.dtype, device=q.device)
         t.qkv, t.attend = (q, k, v), attend
@@ -181,14 +182,12 @@ class QuerySplitDotProductAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("QuerySplitDotProductAttention: packed sequences and attention bias are not supported")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
-        attend = dict(causal=attention_mask is None and mask_type == AttnMaskType.causal, attn_mask=attention_mask,
-                      softmax_scale=self.softmax_scale, dropout_p=self.dropout_p if self.training else 0.0,
-                      seed=self._seed())
+        attend = Attend(causal=attention_mask is None and mask_type == AttnMaskType.causal, mask=attention_mask,
+                        softmax_scale=self.softmax_scale, dropout_p=self.dropout_p if self.training else 0.0,
+                        seed=self._seed())
         if self.config.sequence_parallel and group_info(self.tp_group)[1] > 1:
             return PendingAttention(query, key, value, attend)
-        spec = make_spec(query, attend["causal"], attention_mask, self.softmax_scale, attend["dropout_p"],
-                         attend["seed"])
-        return attention_rows(query, key, value, spec, 0)
+        return attention_rows(query, key, value, make_spec(query, attend, attention_mask), 0)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         return {}
@@ -197,16 +196,20 @@ class QuerySplitDotProductAttention(MegatronModule):
 class QuerySplitRowParallelLinear(FlashRowParallelLinear):
     """linear_proj for QuerySplitDotProductAttention: given its stand-in, runs query_split_attention with
     this layer's weight (same parameters, checkpoint keys and (output, bias) return as RowParallelLinear);
-    given a real tensor, it is FlashRowParallelLinear."""
+    given a real tensor, it is FlashRowParallelLinear. Its query-split OpPlan (the site's algo and slicing's
+    chunks) is made once, at construction."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        site = self.flash_plan
+        self.query_split_plan = OpPlan("reference") if site is None else OpPlan(site.algo, site.num_chunks)
 
     def forward(self, input_):
         if not isinstance(input_, PendingAttention):
             return super().forward(input_)
         q, k, v = input_.qkv
-        plan = self.flash_plan
-        algo, chunks = ("reference", None) if plan is None else (plan.algo, plan.num_chunks)
-        output = query_split_attention(q, k, v, self.weight, self.tp_group, algo=algo, num_chunks=chunks,
-                                       context=self.flash_context, **input_.attend)
+        output = query_split_attention(q, k, v, self.weight, self.tp_group, attend=input_.attend,
+                                       plan=self.query_split_plan, context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

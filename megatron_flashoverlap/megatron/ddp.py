@@ -38,7 +38,7 @@ import torch
 
 from ..runtime import OverlapContext, default_context
 from ..ops.checks import peers_agree
-from ..ops.dp.wgrad_rs import OP as DP_OP, matmul_wgrad_reduce_scatter
+from ..ops.dp.wgrad_rs import OP as DP_OP, DPBucket, matmul_wgrad_reduce_scatter
 from .ddp_async import RingHandle, check_async, no_grad, runs_async, worker, worker_context
 
 log = logging.getLogger(__name__)
@@ -206,9 +206,8 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
         peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, ctx, site.grad_flat.numel(),
                     site.offset, dy.shape[-1], x.shape[-1])
         ctx = worker_context(ctx)
-    run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, site.grad_flat, site.offset, site.group,
-                            scale=site.scale, algo=site.algo, context=ctx,
-                            on_local=local if local.wanted(group_) else None)
+    bucket = DPBucket(site.grad_flat, site.offset, site.scale, local if local.wanted(group_) else None)
+    run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, bucket, site.group, algo=site.algo, context=ctx)
     if site.asynchronous:
         group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(run)), lambda: local.check(group_))
     else:  # in backward, its last hop waited at the next ring on this context or at finish_grad_sync

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops.dp.choice import Param, Rates, choose, worker_pays
-from ..ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+from ..ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from ..runtime import OverlapContext, reduce_scatter_into
 from .ddp_async import runs_async
 from .ddp_layout import last_bucket_weights
@@ -70,10 +70,11 @@ def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates
     x = torch.randn(tokens, side, dtype=dtype, device=device, generator=gen)
     ctx = OverlapContext(check_peers=False)
     comm = _best_of_two(lambda: reduce_scatter_into(out, grad, dp_group))
-    ring = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1], x[:1], grad, 0, dp_group, context=ctx))
+    ring = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1], x[:1], DPBucket(grad, 0), dp_group, context=ctx))
     gemm = _best_of_two(lambda: torch.mm(dy.t(), x))
     tiny = grad[:8 * world]  # one row of 8 per rank: the ring's per-call latency
-    lat = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1, :8], x[:1, :world], tiny, 0, dp_group, context=ctx))
+    lat = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1, :8], x[:1, :world], DPBucket(tiny, 0), dp_group,
+                                                         context=ctx))
     rates = torch.tensor([comm / PROBE, ring / PROBE, gemm / PROBE, lat], dtype=torch.float64)
     dist.all_reduce(rates, op=dist.ReduceOp.MAX, group=dp_group)
     return Rates(*rates.tolist(), hops=world - 1)

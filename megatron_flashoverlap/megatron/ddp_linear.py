@@ -65,13 +65,16 @@ class LinearDPWgrad(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def linear_dp_forward_impl(input, weight, bias=None, gradient_accumulation_fusion=False, allreduce_dgrad=False,
-                           sequence_parallel=False, grad_output_buffer=None, wgrad_deferral_limit=None,
-                           tp_group=None, **kwargs):
-    """Drop-in for Megatron's `linear_with_grad_accumulation_and_async_allreduce` (same keywords)."""
-    if gradient_accumulation_fusion or grad_output_buffer is not None or kwargs.get("gtp_remat_size", 1) > 1:
+def linear_dp_forward_impl(input, weight, bias=None, **megatron):
+    """Drop-in for Megatron's `linear_with_grad_accumulation_and_async_allreduce`: Megatron's `_forward_impl`
+    calls it by keyword (gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, grad_output_buffer,
+    wgrad_deferral_limit, tp_group, gtp_remat_size, ...); this path reads the ones it honours or refuses."""
+    if (megatron.get("gradient_accumulation_fusion") or megatron.get("grad_output_buffer") is not None
+            or megatron.get("gtp_remat_size", 1) > 1):
         raise ValueError("flash DP overlap: gradient_accumulation_fusion, deferred embedding wgrad and "
                          "gtp_remat are not supported on this path; turn them off or leave this layer stock")
+    allreduce_dgrad, sequence_parallel = bool(megatron.get("allreduce_dgrad")), bool(megatron.get("sequence_parallel"))
+    tp_group = megatron.get("tp_group")
     if tp_group is None and (allreduce_dgrad or sequence_parallel):
         from megatron.core import parallel_state
         tp_group = parallel_state.get_tensor_model_parallel_group()

@@ -11,7 +11,10 @@
 
 Same constructor, parameters, attributes, sharded_state_dict, backward_dw and (output, bias) return as
 the stock classes (they ARE the stock classes, only `forward` differs). The site (`tp_comm_buffer_name`:
-qkv, proj, fc1, fc2) picks its LayerPlan from the `flash_config` the spec passes in (None: `config.active()`).
+qkv, proj, fc1, fc2) picks its LayerPlan from the `flash_config` the spec passes in (None: `config.active()`),
+and the layer resolves it ONCE, at construction, into the OpPlan its operator runs (ops/registry.py): one for the
+SP operator, one for the all-reduce operator without SP; a forward hands that object down with a WgradRoute
+(where this call's dW goes: main_grad, the fused DP reduce-scatter, or returned).
 Where the overlap does not apply (TP=1, algo `reference`, another buffer name, gather_output, an explicit
 weight, experts) the stock forward runs, logged once per layer kind and reason. Without SP the all-reduce
 runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `all_reduce.num_chunks`
@@ -48,6 +51,7 @@ from ..ops.all_reduce.select import set_calibration
 from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from ..ops.checks import check_peers_agree
+from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import OverlapContext, group_info
 from .ddp import dp_wgrad
 from .structure import refuse_low_precision
@@ -104,6 +108,17 @@ def _site_plan(flash_config: FlashOverlapConfig, buffer_name: str | None) -> Lay
     return flash_config.plan(buffer_name) if buffer_name in LAYERS else None
 
 
+def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: bool):
+    """(the SP operator's OpPlan, the all-reduce operator's OpPlan) of a layer, made once; None where the site
+    runs stock (no site, or algo 'reference'). Without SP the flash algos take the config's all_reduce.num_chunks
+    (the all-reduce operators have no hop sub-chunks and keep nothing gathered); keep_gathered is a column's."""
+    if site is None or site.is_reference:
+        return None, None
+    sp = OpPlan(site.algo, site.num_chunks, site.hop_chunks, site.keep_gathered and column)
+    chunks = site.num_chunks if site.num_chunks is not None else flash_config.all_reduce.num_chunks
+    return sp, OpPlan(site.algo, chunks)
+
+
 class _FlashMixin:
     """Shared set-up and the stock/overlap decision; the subclasses keep Megatron's own ctor."""
 
@@ -115,6 +130,8 @@ class _FlashMixin:
         self.flash_config = active() if flash_config is None else flash_config
         self.flash_site = tp_comm_buffer_name
         self.flash_plan = _site_plan(self.flash_config, tp_comm_buffer_name)
+        self.flash_sp_plan, self.flash_nosp_plan = _op_plans(self.flash_plan, self.flash_config,
+                                                             isinstance(self, ColumnParallelLinear))
         self.flash_context = layer_context(self.flash_config.timeout_s)
         _load_table(self.flash_config.all_reduce.table)
         self._flash_checked: set = set()
@@ -167,22 +184,17 @@ class _FlashMixin:
             return f"stock ({why})"
         return self.flash_plan.algo if self.sequence_parallel else f"{self.flash_plan.algo} (all-reduce, no SP)"
 
-    def _ops_kwargs(self, input_, all_reduce: bool = False) -> dict:
-        """The site's operator arguments; checks once per input shape that all TP peers agree on it.
-        all_reduce: the non-SP operators, whose flash algos take the config's all_reduce.num_chunks."""
+    def _flash_route(self, input_) -> WgradRoute:
+        """Where this call's dW goes (the fused DP reduce-scatter, main_grad, or returned); checks once per input
+        shape that all TP peers agree on it."""
         shape = tuple(input_.shape)
         if shape not in self._flash_checked:
             world = group_info(self.tp_group)[1]
             check_peers_agree(f"{type(self).__name__}({self.flash_site})", self.tp_group, world, input_.device,
                               *shape, *self.weight.shape)
             self._flash_checked.add(shape)
-        plan = self.flash_plan
-        chunks = plan.num_chunks  # slicing's own; the flash algos of the all-reduce take the config's
-        if all_reduce and chunks is None:
-            chunks = self.flash_config.all_reduce.num_chunks
-        kwargs = {"algo": plan.algo, "num_chunks": chunks, "context": self.flash_context}
         fused = self._dp_wgrad_fn()
-        return {**kwargs, "wgrad_fn": fused} if fused is not None else {**kwargs, "wgrad_into": self._wgrad_into()}
+        return WgradRoute(fn=fused) if fused is not None else WgradRoute(into=self._wgrad_into())
 
     def _dp_wgrad_fn(self):
         """The fused DP reduce-scatter of dW (ddp.dp_wgrad) for a weight marked by wrap_with_dp_overlap, on the
@@ -215,9 +227,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         if not self.sequence_parallel:
             return self._forward_without_sp(input_)
         bias = None if self.skip_bias_add else self.bias
-        output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias,
-                                   keep_gathered=self.flash_plan.keep_gathered, hop_chunks=self.flash_plan.hop_chunks,
-                                   **self._ops_kwargs(input_))
+        output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias, plan=self.flash_sp_plan,
+                                   wgrad=self._flash_route(input_), context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
     def _no_sp_reason(self) -> str | None:
@@ -228,8 +239,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         """No SP: identity forward; the dgrad all-reduce runs decomposed (Flash-RS + Flash-AG, wgrad in its
         tail) by matmul_allreduce_dgrad."""
         bias = None if self.skip_bias_add else self.bias
-        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias,
-                                        **self._ops_kwargs(input_, all_reduce=True))
+        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=self.flash_nosp_plan,
+                                        wgrad=self._flash_route(input_), context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
 
@@ -257,8 +268,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
             return super().forward(input_)
         if not self.sequence_parallel:
             return self._forward_without_sp(input_)
-        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, hop_chunks=self.flash_plan.hop_chunks,
-                                       **self._ops_kwargs(input_))
+        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, plan=self.flash_sp_plan,
+                                       wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
@@ -270,7 +281,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
     def _forward_without_sp(self, input_):
         """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce;
         the bias is added after it, as in the stock layer."""
-        output = matmul_all_reduce(input_, self.weight, self.tp_group, **self._ops_kwargs(input_, all_reduce=True))
+        output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=self.flash_nosp_plan,
+                                   wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.moe.experts import SequentialMLP
 
-from ..ops.moe import expert_pipeline
+from ..ops.moe import LocalExperts, expert_pipeline
 
 
 def fusion_blocker(layer) -> str | None:
@@ -57,4 +57,5 @@ def fused_experts(layer, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Ten
         return out
 
     params = [p for p in layer.experts.parameters() if p.requires_grad]
-    return expert_pipeline(tokens, probs, experts, params, counts, ins, d.ep_group, d.flash_ctx, algo="flash")
+    return expert_pipeline(tokens, probs, LocalExperts(experts, params), counts, ins, d.ep_group, d.flash_ctx,
+                           algo="flash")

@@ -109,14 +109,9 @@ def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_
     attention.core_attention = core_attention_for(core, *flags)
 
 
-def _spec(flash_config: FlashOverlapConfig, *, qk_layernorm, normalization, qk_l2_norm, context_parallel_size,
-          sequence_parallel, attention_backend="auto", num_experts=None,
-          moe_grouped_gemm=False, transformer_impl="local") -> ModuleSpec:
-    """The one builder behind every spec function: layer_spec + the core attention the config asks for."""
-    spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
-                      qk_l2_norm=bool(qk_l2_norm), attention_backend=attention_backend or "auto",
-                      num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm),
-                      transformer_impl=transformer_impl)
+def _with_attention(spec: ModuleSpec, flash_config: FlashOverlapConfig, context_parallel_size,
+                    sequence_parallel) -> ModuleSpec:
+    """What every spec function returns: layer_spec's spec with the core attention the config asks for."""
     select_attention(submodules_of(spec.submodules.self_attention), flash_config,
                      context_parallel_size=context_parallel_size, sequence_parallel=sequence_parallel)
     return spec
@@ -151,13 +146,14 @@ def _layer_for(config, flash_config: FlashOverlapConfig | None = None) -> Module
     check_structure(config, "flashoverlap_layer_spec")
     if getattr(config, "num_moe_experts", None):
         check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
-    return _spec(active() if flash_config is None else flash_config,
-                 qk_layernorm=getattr(config, "qk_layernorm", False),
-                 normalization=getattr(config, "normalization", None), qk_l2_norm=getattr(config, "qk_l2_norm", False),
-                 context_parallel_size=getattr(config, "context_parallel_size", 1) or 1,
-                 sequence_parallel=bool(getattr(config, "sequence_parallel", False)),
-                 attention_backend=getattr(config, "attention_backend", None),  # --attention-backend, honoured
-                 transformer_impl=getattr(config, "transformer_impl", "local"))  # stock: TE's spec or local
+    flash_config = active() if flash_config is None else flash_config
+    spec = layer_spec(flash_config, qk_layernorm=bool(getattr(config, "qk_layernorm", False)),
+                      normalization=getattr(config, "normalization", None),
+                      qk_l2_norm=bool(getattr(config, "qk_l2_norm", False)),
+                      attention_backend=getattr(config, "attention_backend", None) or "auto",  # honoured
+                      transformer_impl=getattr(config, "transformer_impl", "local"))  # stock: TE's spec or local
+    return _with_attention(spec, flash_config, getattr(config, "context_parallel_size", 1) or 1,
+                           bool(getattr(config, "sequence_parallel", False)))
 
 
 def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
@@ -183,9 +179,10 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     if context_parallel_size is None:
         initialized = parallel_state.model_parallel_is_initialized()
         context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
-    return _spec(active() if flash_config is None else flash_config, qk_layernorm=qk_layernorm,
-                 normalization=normalization, qk_l2_norm=qk_l2_norm, context_parallel_size=context_parallel_size,
-                 sequence_parallel=sequence_parallel, num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm)
+    flash_config = active() if flash_config is None else flash_config
+    spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
+                      qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
+    return _with_attention(spec, flash_config, context_parallel_size, sequence_parallel)
 
 
 class FlashOverlapTransformerLayer(TransformerLayer):

@@ -1,16 +1,19 @@
 """Overlap operators by family (tp_sp, tp_nosp, all_reduce, attention, dp, moe): in each family folder its plain
 functions (one per algorithm, one signature), reference, autograd.Function and public wrapper side by side;
-`registry` holds the algorithm words per operator, the dispatch tables and `force_reference()`."""
-from .registry import ALGOS, force_reference
+`registry` holds the algorithm words per operator, the dispatch tables, `force_reference()` and the settings
+objects of the GEMM operators (OpPlan: the algorithm and its knobs; WgradRoute: where dW goes)."""
+from .registry import ALGOS, OpPlan, WgradRoute, force_reference
+from .attention.core import Attend
 from .all_reduce.all_reduce import AR_ALGOS, all_reduce
 from .attention.query_split import query_split_attention
 from .attention.ulysses import ulysses_attention
 from .attention.ulysses_fused import ulysses_fused_attention
-from .dp.wgrad_rs import matmul_wgrad_reduce_scatter
+from .dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from .moe.exchange import expert_all_to_all
 from .tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from .tp_sp.functions import all_gather_matmul, matmul_reduce_scatter
 
-__all__ = ["ALGOS", "AR_ALGOS", "all_gather_matmul", "all_reduce", "expert_all_to_all", "force_reference", "matmul_all_reduce",
-           "matmul_allreduce_dgrad", "matmul_reduce_scatter", "matmul_wgrad_reduce_scatter", "query_split_attention",
-           "ulysses_attention", "ulysses_fused_attention"]
+__all__ = ["ALGOS", "AR_ALGOS", "Attend", "DPBucket", "OpPlan", "WgradRoute", "all_gather_matmul", "all_reduce",
+           "expert_all_to_all", "force_reference", "matmul_all_reduce", "matmul_allreduce_dgrad",
+           "matmul_reduce_scatter", "matmul_wgrad_reduce_scatter", "query_split_attention", "ulysses_attention",
+           "ulysses_fused_attention"]

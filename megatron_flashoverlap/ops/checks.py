@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..runtime import OverlapContext, check_wire, default_context, group_info
+from ..runtime import OverlapContext, default_context, group_info
 from ..runtime.accumulate import check_wgrad_into
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -72,13 +72,12 @@ def peers_agree(op: str, group, world: int, device: torch.device, ctx: OverlapCo
 
 
 def checked_context(op: str, x: torch.Tensor, weight: torch.Tensor, bias, group, context: OverlapContext | None,
-                    divisible: bool = False, *, wire_dtype: str = "input", wgrad_into=None,
-                    wgrad_fn=None) -> OverlapContext | None:
-    """The checks every GEMM wrapper runs first (wire dtype, operands, the weight-gradient target, divisibility,
-    peers). -> the context to run with, or None for a group of size 1 (the caller then runs the plain GEMM)."""
-    check_wire(op, wire_dtype)
+                    route, divisible: bool = False) -> OverlapContext | None:
+    """The checks every GEMM wrapper runs first (operands, where dW goes: `route`, a WgradRoute, divisibility,
+    peers; the plan's knobs were checked when it was made). -> the context to run with, or None for a group of
+    size 1 (the caller then runs the plain GEMM)."""
     check_operands(op, x, weight, bias)
-    check_wgrad_into(op, weight, wgrad_into, wgrad_fn)
+    check_wgrad_into(op, weight, route.into, route.fn)
     ctx = context or default_context()
     rank, world = group_info(group)
     if world == 1:

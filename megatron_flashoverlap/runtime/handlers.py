@@ -1,15 +1,18 @@
 """Executor handlers: the data side of one ring or exchange pass (see runtime/executor.py).
 
 A handler owns the tensors of one collective and turns the executor's slice callbacks into views
-(the all-to-all handlers live in runtime/alltoall.py; runtime/pipeline.py builds and walks them):
+(the all-to-all handlers live in runtime/alltoall.py; runtime/pipeline.py builds and walks them). Each is
+built from its pass's schedule (rank, group size, parts) and option objects (runtime/options.py: `Ring`
+names its buffers and tags its slices; `Producer` and `Sums` say how a reduce-scatter makes and adds):
 - `GatherPass` (consume): shard `x_shard [s/P, ...]`; slice (b, k) is part k of rank b's shard. Arrivals
   land in `gathered [s, ...]` (kept for reuse) or in two ring slots per direction (memory-lean).
   `consume(rows, x_slice)` is the GEMM of the arrived rows; rows index the gathered dim 0.
-- `ScatterPass` (produce, accumulate): `produce(rows) -> partial [rows, ...]` for output rows of the
-  full [s, ...] tensor (or, with `into=True`, `produce(rows, out)` writes it into the fp32 slot); partials accumulate in `acc_dtype` (fp32 for bf16/fp16 inputs) and travel in
-  `wire_dtype` (by default `out_dtype`, the input's: stock's bytes): a sum is rounded to it only to be
-  sent, an arrival is upcast-added into the accumulator; `result()` is this rank's block [s/P, ...] in
-  `out_dtype`, rounded once from the accumulator (numerics.py).
+- `ScatterPass` (produce, accumulate): `producer.fn(rows) -> partial [rows, ...]` for output rows of the
+  full [s, ...] tensor (or, with `into`, `producer.fn(rows, out)` writes it into the fp32 slot); partials
+  accumulate in `sums.acc` (fp32 for bf16/fp16 inputs) and travel in `sums.wire` (by default the input
+  dtype: stock's bytes): a sum is rounded to it only to be sent, an arrival is upcast-added into the
+  accumulator; `result()` is this rank's block [s/P, ...] in `sums.out`, rounded once from the accumulator
+  (numerics.py).
 - `ExchangePass` (all-reduce): `flat [blocks * size]` cut in equal blocks; arrivals add (or copy).
 - `TailPass` (compute only): piece i of independent work runs as slice (i, 0); no transfers of its own.
 """
@@ -20,7 +23,8 @@ from typing import Callable
 import torch
 
 from .context import OverlapContext
-from ..schedules import Slice, Transfer
+from .options import Producer, Ring, Sums
+from ..schedules import Schedule, Slice, Transfer
 
 
 def part_bounds(n: int, parts: int, k: int) -> tuple[int, int]:
@@ -42,10 +46,10 @@ def slice_rows(x: Slice, block_rows: int, parts: int) -> tuple[int, int]:
 
 
 class GatherPass:
-    def __init__(self, x_shard: torch.Tensor, rank: int, world: int, parts: int,
-                 consume: Callable[[tuple[int, int], torch.Tensor], None], ctx: OverlapContext,
-                 keep_gathered: bool = False, name: str = "ag", tag: int = 0):
-        self.tag = tag
+    def __init__(self, x_shard: torch.Tensor, consume: Callable[[tuple[int, int], torch.Tensor], None],
+                 sched: Schedule, ctx: OverlapContext, ring: Ring, keep_gathered: bool = False):
+        rank, world, parts, name = sched.rank, sched.world_size, sched.parts, ring.name
+        self.tag = ring.tag
         self.x, self.rank, self.parts, self.consume = x_shard.contiguous(), rank, parts, consume
         self.rows = x_shard.shape[0]
         full = (self.rows * world,) + tuple(x_shard.shape[1:])
@@ -89,19 +93,18 @@ class GatherPass:
 
 
 class ScatterPass:
-    def __init__(self, block_rows: int, rank: int, parts: int, produce: Callable[[tuple[int, int]], torch.Tensor],
-                 tail_shape: tuple, acc_dtype: torch.dtype, out_dtype: torch.dtype, device, ctx: OverlapContext,
-                 name: str = "rs", tag: int = 0, into: bool = False, wire_dtype: torch.dtype | None = None,
-                 own_into: torch.Tensor | None = None):
-        self.tag, self.into = tag, into
-        self.own_into = own_into  # [block_rows, *tail] in acc_dtype: the own block is made and summed in place
-        self.wire_dtype = out_dtype if wire_dtype is None else wire_dtype
-        self.rows, self.rank, self.parts, self.produce = block_rows, rank, parts, produce
-        self.tail, self.acc_dtype, self.out_dtype, self.device = tuple(tail_shape), acc_dtype, out_dtype, device
+    def __init__(self, producer: Producer, block: tuple, sums: Sums, sched: Schedule, ctx: OverlapContext,
+                 ring: Ring):
+        rank, parts, name = sched.rank, sched.parts, ring.name
+        self.tag, self.into, self.produce = ring.tag, producer.into, producer.fn
+        self.own_into = producer.own_into  # [block_rows, *tail] in acc dtype: the own block is made and summed in place
+        self.wire_dtype = sums.wire
+        self.rows, self.rank, self.parts = block[0], rank, parts
+        self.tail, self.acc_dtype, self.out_dtype, self.device = tuple(block[1:]), sums.acc, sums.out, sums.device
         self.ctx, self.name = ctx, name
         self.acc: dict[Slice, torch.Tensor] = {}
         self.turn = [0] * parts
-        self.bounds = [part_bounds(block_rows, parts, k) for k in range(parts)]
+        self.bounds = [part_bounds(self.rows, parts, k) for k in range(parts)]
         self.shapes = [(b - a,) + self.tail for a, b in self.bounds]
         self.slots = [(f"{name}.acc.{k}.0", f"{name}.acc.{k}.1") for k in range(parts)]
         self.recv_names = [f"{name}.recv.{k}" for k in range(parts)]

@@ -4,6 +4,7 @@ the weight-gradient kernel.
     acc_dtype(dtype)           fp32 for bf16/fp16 (partial sums are KEPT in it), the input dtype otherwise
     wire_dtype(dtype, wire)    the dtype reduce-scatter partials TRAVEL in: wire="input" (the default) the
                                input dtype, stock's bytes; wire="fp32" acc_dtype(dtype), twice stock's bytes
+    sums(dtype, device, wire)  the three as one runtime.options.Sums (acc, out = dtype, wire) for the pipeline
     partial_linear(x, w)       x [n, ..., k] @ w [h, k]^T -> [n, ..., h], the local partial of a reduce-scatter:
                                fp32 straight out of the GEMM for bf16/fp16 on CUDA (torch.mm(out_dtype=)),
                                the input dtype elsewhere (torch 2.13 has no CPU kernel for mm's out_dtype)
@@ -15,7 +16,7 @@ the weight-gradient kernel.
     wgrad_result(weight, target, into)  what the plain backward returns for dw: None when it went into `into`
     wgrad_by_rows(dy or x, ...)     part(span, rows): the wgrad of a row span, as wgrad computes it
     rows_writer(out, w, b)          write(span, x_rows): out[span] = x_rows @ w^T + b in place (GEMM slices)
-    partial_producer(x, w)          the Flash-RS producer of partials x[rows] @ w^T (in place where it can)
+    partial_producer(x, w)          the Flash-RS Producer of partials x[rows] @ w^T (in place where it can)
 
 Reduce-scatter numerics, per hop of the ring: the received partial (wire dtype) is upcast-added to the
 local partial in the fp32 accumulator; the sum is rounded to the wire dtype only to be sent on, and the own
@@ -37,10 +38,13 @@ exact in fp32 (24-bit), so either way dw is the fp32 sum of exact products; only
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
+
+from .options import Producer, Sums
 
 _LOW = (torch.bfloat16, torch.float16)
 WIRE_DTYPES = ("input", "fp32")  # the words of every reduce-scattering operator's wire_dtype=
@@ -62,6 +66,13 @@ def wire_dtype(dtype: torch.dtype, wire: str = "input") -> torch.dtype:
     """The dtype reduce-scatter partials of `dtype` inputs travel in: "input" -> dtype, "fp32" -> acc_dtype."""
     check_wire("wire_dtype", wire)
     return dtype if wire == "input" else acc_dtype(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def sums(dtype: torch.dtype, device, wire: str = "input") -> Sums:
+    """How reduce-scatter partials of `dtype` inputs add up: kept in acc_dtype, sent in wire_dtype, out in dtype
+    (made once per dtype, device and wire word: a per-call lookup)."""
+    return Sums(acc_dtype(dtype), dtype, wire_dtype(dtype, wire), device)
 
 
 def _gemm_writes_fp32(x: torch.Tensor) -> bool:
@@ -158,15 +169,15 @@ def rows_writer(out: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return write
 
 
-def partial_producer(x: torch.Tensor, weight: torch.Tensor, offset: int = 0):
-    """The Flash-RS producer of partials x[offset + rows] @ w^T for x [s, b, k] and whether it writes into the
-    ring slot: `produce(span, out)` in place where partials keep the input dtype, else `produce(span)` returns
-    it (the handler casts it into its fp32 slot)."""
+def partial_producer(x: torch.Tensor, weight: torch.Tensor, offset: int = 0) -> Producer:
+    """The Flash-RS Producer of partials x[offset + rows] @ w^T for x [s, b, k]: `fn(span, out)` writes into the
+    ring slot where partials keep the input dtype (into=True), else `fn(span)` returns it (the handler casts
+    it into its fp32 slot)."""
     if acc_dtype(x.dtype) != x.dtype:  # bf16/fp16: fp32 straight from the GEMM where torch can (partial_linear)
-        return (lambda span: partial_linear(x[offset + span[0]:offset + span[1]], weight)), False
+        return Producer(lambda span: partial_linear(x[offset + span[0]:offset + span[1]], weight))
     per = math.prod(x.shape[1:-1])
     x2, wt = x.reshape(-1, x.shape[-1]), weight.t()  # [s * b, k], [k, m]
 
     def produce(span, out: torch.Tensor) -> None:
         torch.mm(x2[(offset + span[0]) * per:(offset + span[1]) * per], wt, out=out.view(-1, out.shape[-1]))
-    return produce, True
+    return Producer(produce, into=True)

@@ -1,16 +1,19 @@
 """The pipeline API: an operator writes only its compute closure; building the schedule and the handler
 and walking them is done here, once.
 
-    gather_and_consume(x_shard, consume, group, ctx)   Flash-AG: consume(rows, x_slice) per arrived slice
-    produce_and_scatter(produce, block_rows, tail, group, ctx, acc_dtype=, out_dtype=, device=, wire_dtype=)
-                                                       Flash-RS: produce(rows) -> partial; -> own block;
-                                                       sums kept in acc_dtype, sent in wire_dtype
-                                                       (None: out_dtype, stock's bytes)
-    exchange(x, algo, group, ctx)                      all-reduce on the P2P steps of schedules.allreduce
-    walk(group, ctx, pass_a, pass_b, ...)              several passes in ONE merged walk, e.g.
+    gather_and_consume(x_shard, consume, group, ctx, ring)   Flash-AG: consume(rows, x_slice) per arrived slice
+    produce_and_scatter(producer, block, sums, group, ctx, ring)
+                                            Flash-RS: producer.fn(rows) -> partial; -> own block [*block];
+                                            sums kept in sums.acc, sent in sums.wire, returned in sums.out
+    exchange(x, algo, group, ctx)           all-reduce on the P2P steps of schedules.allreduce
+    walk(group, ctx, pass_a, pass_b, ...)   several passes in ONE merged walk, e.g.
 
-        rs = scatter(produce_dx, ..., tag=0); ag = gather(x_shard, consume_dw, ..., tag=1)
+        rs = scatter(producer_dx, block, sums, group, ctx, Ring(name="bwd.rs", tag=0))
+        ag = gather(x_shard, consume_dw, group, ctx, Ring(name="bwd.ag", tag=1))
         walk(group, ctx, rs, ag)        # step i: RS hop i + AG hop i in flight, one dx and one dw slice
+
+The options are objects (runtime/options.py): `ring` is what the transfers need (direction, sub-chunks per
+hop, buffer name, tag), `producer` what the compute closure is, `sums` how partials add up.
 
 `gather`, `scatter` and `tail` build the passes (a schedule of one rank + its data-side handler) that
 `walk` merges; rows are (start, stop) of the gathered / pre-scatter dim 0. The all-to-all pipeline
@@ -32,6 +35,7 @@ from .context import OverlapContext
 from .executor import Deferred, execute
 from .group import group_info
 from .handlers import ExchangePass, GatherPass, ScatterPass, TailPass
+from .options import AG, RS, Producer, Ring, Sums
 
 Rows = tuple[int, int]
 
@@ -80,34 +84,31 @@ def walk(group, ctx: OverlapContext, *passes: Pass | None, defer_last: bool = Fa
     return execute(merged(*(p.schedule for p in passes)), group, handlers, ctx, defer_last=defer_last)
 
 
-def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group, ctx: OverlapContext, *,
-           bidirectional: bool = False, keep_gathered: bool = False, name: str = "ag", tag: int = 0,
-           hop_chunks: int = 1) -> Pass:
+def gather(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group, ctx: OverlapContext,
+           ring: Ring = AG, *, keep_gathered: bool = False) -> Pass:
     """The Flash-AG pass of x_shard [s/P, ...]: local shard first; `handler.gathered` [s, ...] if kept.
-    hop_chunks: each hop cut in that many row sub-chunks, posted ahead, each consumed as it arrives."""
+    ring.hop_chunks: each hop cut in that many row sub-chunks, posted ahead, each consumed as it arrives."""
     rank, world = group_info(group)
-    sched = schedule(all_gather_ring, rank, world, bidirectional=bidirectional, chunks=hop_chunks, tag=tag)
-    return Pass(sched, GatherPass(x_shard, rank, world, sched.parts, consume, ctx, keep_gathered, name, tag))
+    sched = schedule(all_gather_ring, rank, world, bidirectional=ring.bidirectional, chunks=ring.hop_chunks,
+                     tag=ring.tag)
+    return Pass(sched, GatherPass(x_shard, consume, sched, ctx, ring, keep_gathered))
 
 
-def scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
-            ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
-            wire_dtype: torch.dtype | None = None, bidirectional: bool = False, name: str = "rs",
-            tag: int = 0, into: bool = False, hop_chunks: int = 1, own_into: torch.Tensor | None = None) -> Pass:
-    """The Flash-RS pass of partials [block_rows * P, *tail_shape]: own block last; `handler.result()`.
-    hop_chunks: each block made and sent in that many row sub-chunks (each sent as soon as it is made).
-    Sums are kept in acc_dtype and travel in wire_dtype (None: out_dtype, the bytes of stock's collective).
-    into: `produce(rows, out)` writes the partial into the ring slot `out` (acc_dtype) instead of returning it.
-    own_into [block_rows, *tail_shape] (acc_dtype == out_dtype): the own block is made, summed and returned
-    there (no ring slot, no copy; with into=True, `produce` may be handed a view of it)."""
-    if own_into is not None and (own_into.dtype != acc_dtype or acc_dtype != out_dtype):
-        raise ValueError(f"scatter: own_into is {own_into.dtype}; it holds the sum, so acc_dtype ({acc_dtype}) and "
-                         f"out_dtype ({out_dtype}) must both be its dtype")
+def scatter(producer: Producer, block: tuple, sums: Sums, group, ctx: OverlapContext, ring: Ring = RS) -> Pass:
+    """The Flash-RS pass of partials [block[0] * P, *block[1:]]: own block last; `handler.result()` [*block].
+    ring.hop_chunks: each block made and sent in that many row sub-chunks (each sent as soon as it is made).
+    Sums are kept in sums.acc and travel in sums.wire. producer.into: `fn(rows, out)` writes the partial into
+    the ring slot `out` (sums.acc) instead of returning it. producer.own_into [*block] (sums.acc == sums.out):
+    the own block is made, summed and returned there (no ring slot, no copy; with into, `fn` may be handed a
+    view of it)."""
+    own = producer.own_into
+    if own is not None and (own.dtype != sums.acc or sums.acc != sums.out):
+        raise ValueError(f"scatter: own_into is {own.dtype}; it holds the sum, so the acc dtype ({sums.acc}) and "
+                         f"the out dtype ({sums.out}) must both be its dtype")
     rank, world = group_info(group)
-    sched = schedule(reduce_scatter_ring, rank, world, bidirectional=bidirectional, chunks=hop_chunks, tag=tag)
-    handler = ScatterPass(block_rows, rank, sched.parts, produce, tail_shape, acc_dtype, out_dtype, device, ctx,
-                          name, tag, into, wire_dtype, own_into)
-    return Pass(sched, handler)
+    sched = schedule(reduce_scatter_ring, rank, world, bidirectional=ring.bidirectional, chunks=ring.hop_chunks,
+                     tag=ring.tag)
+    return Pass(sched, ScatterPass(producer, block, sums, sched, ctx, ring))
 
 
 def tail(pieces: int, fn: Callable[[int], None], group, *, tag: int) -> Pass | None:
@@ -125,28 +126,21 @@ def _tail_schedule(rank: int, world: int, *, pieces: int, tag: int) -> Schedule:
 
 
 def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group,
-                       ctx: OverlapContext, *, bidirectional: bool = False, keep_gathered: bool = False,
-                       name: str = "ag", hop_chunks: int = 1) -> torch.Tensor | None:
+                       ctx: OverlapContext, ring: Ring = AG, *, keep_gathered: bool = False) -> torch.Tensor | None:
     """Flash-AG of x_shard [s/P, ...], each slice consumed as it arrives. -> AG(x) [s, ...] if kept, else None."""
-    p = gather(x_shard, consume, group, ctx, bidirectional=bidirectional, keep_gathered=keep_gathered, name=name,
-               hop_chunks=hop_chunks)
+    p = gather(x_shard, consume, group, ctx, ring, keep_gathered=keep_gathered)
     walk(group, ctx, p)
     return p.handler.gathered
 
 
-def produce_and_scatter(produce: Callable[[Rows], torch.Tensor], block_rows: int, tail_shape: tuple, group,
-                        ctx: OverlapContext, *, acc_dtype: torch.dtype, out_dtype: torch.dtype, device,
-                        wire_dtype: torch.dtype | None = None, bidirectional: bool = False,
-                        name: str = "rs", into: bool = False, hop_chunks: int = 1, defer_last: bool = False,
-                        own_into: torch.Tensor | None = None):
-    """Flash-RS: produce(rows) -> partial [rows, *tail_shape] (into: produce(rows, out) fills it), summed over
-    the group in acc_dtype, sent in wire_dtype (None: out_dtype). -> this rank's block [block_rows, *tail_shape]
-    in out_dtype (own_into: that tensor, the sum made in it: `scatter`); defer_last: -> finish, a callable
-    that waits on the last hop and returns that block (every GEMM slice has run; the ring's buffers in ctx
-    stay in use until finish: runtime/executor.py)."""
-    p = scatter(produce, block_rows, tail_shape, group, ctx, acc_dtype=acc_dtype, out_dtype=out_dtype,
-                device=device, wire_dtype=wire_dtype, bidirectional=bidirectional, name=name, into=into,
-                hop_chunks=hop_chunks, own_into=own_into)
+def produce_and_scatter(producer: Producer, block: tuple, sums: Sums, group, ctx: OverlapContext,
+                        ring: Ring = RS, *, defer_last: bool = False):
+    """Flash-RS: producer.fn(rows) -> partial [rows, *block[1:]] (or written into the ring slot: `scatter`),
+    summed over the group in sums.acc, sent in sums.wire. -> this rank's block [*block] in sums.out
+    (producer.own_into: that tensor, the sum made in it); defer_last: -> finish, a callable that waits on the
+    last hop and returns that block (every GEMM slice has run; the ring's buffers in ctx stay in use until
+    finish: runtime/executor.py)."""
+    p = scatter(producer, block, sums, group, ctx, ring)
     pending = walk(group, ctx, p, defer_last=defer_last)
     if not defer_last:
         return p.handler.result()

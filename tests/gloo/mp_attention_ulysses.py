@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows
+from megatron_flashoverlap.ops.attention.core import Attend, AttnSpec, attention_rows
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -42,7 +42,8 @@ def vs_full(rank, world, algo="flash", zigzag=True, padding=False, groups=4, dty
     idx = shard_rows(s, rank, world, zigzag)
     loc = [t[idx].clone().requires_grad_() for t in (q, k, v)]
     mask_rows = pad[:, :, idx, :] if padding else None  # Megatron slices the mask rows only
-    y = ulysses_attention(*loc, dist.group.WORLD, causal=True, zigzag=zigzag if op_zigzag is None else op_zigzag, attn_mask=mask_rows, algo=algo)
+    attend = Attend(causal=True, mask=mask_rows, zigzag=zigzag if op_zigzag is None else op_zigzag)
+    y = ulysses_attention(*loc, dist.group.WORLD, attend=attend, algo=algo)
     y.backward(dy[idx])
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     ref = attention_rows(*full, AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None), 0)
@@ -71,8 +72,8 @@ def fused_vs_reference(rank, world, s=16, b=2, h=16, heads=4, groups=2, hn=4, dt
     res = {}
     for algo in ("flash", "reference"):
         leaves = [t.clone().requires_grad_() if t is not None else None for t in (x[idx], wq, bq, wp)]
-        y = ulysses_fused_attention(leaves[0], leaves[1], leaves[3], dist.group.WORLD, heads=heads,
-                                    groups=groups, b_qkv=leaves[2], algo=algo)
+        y = ulysses_fused_attention(leaves[0], leaves[1], leaves[3], dist.group.WORLD, b_qkv=leaves[2],
+                                    attend=Attend(heads=heads), algo=algo)
         y.backward(dy[idx])
         grads = [t.grad for t in leaves if t is not None]
         for gr in grads[1:]:

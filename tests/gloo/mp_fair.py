@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import megatron_flashoverlap  # noqa: F401  (registers every plain function)
-from megatron_flashoverlap.ops.registry import plain
+from megatron_flashoverlap.ops.registry import OpPlan, plain
 from megatron_flashoverlap.runtime.context import OverlapContext
 
 GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
@@ -55,10 +55,10 @@ def record(rank, world, op, s, b, k, n, num_chunks, strided=False):
     """Run `op`'s slicing baseline once under the recorder: x [s(/P), b, k], w [n, k] (x strided: a
     transposed [b, s, k] tensor). -> the counts."""
     x, w = _inputs(op, s, b, k, n, world, strided)
-    ctx, fn = OverlapContext(check_peers=False), plain(op, "slicing")
+    ctx, fn, plan = OverlapContext(check_peers=False), plain(op, "slicing"), OpPlan("slicing", num_chunks=num_chunks)
     with torch.no_grad(), Recorder() as rec:
         if op == "all_gather_matmul":
-            fn(x, w, None, None, ctx, num_chunks=num_chunks)
+            fn(x, w, None, None, ctx, plan)
         else:
-            fn(x, w, None, ctx, num_chunks=num_chunks)
+            fn(x, w, None, ctx, plan)
     return {"flops": rec.flops, "strided": rec.strided, "batched": rec.batched, "copied": rec.copied}

@@ -35,13 +35,13 @@ def _rs(algo):
     return _grads(fo.matmul_reduce_scatter(x, w, algo=algo, context=CTX), [x, w])
 
 
-def _ar(algo, s=4, **kw):
+def _ar(algo, s=4, decode="auto"):
     x, w = _leaves(2, (s, 2, 8), (6, 8))
-    return _grads(fo.matmul_all_reduce(x, w, algo=algo, context=CTX, **kw), [x, w])
+    return _grads(fo.matmul_all_reduce(x, w, plan=fo.OpPlan(algo, decode_all_reduce=decode), context=CTX), [x, w])
 
 
 def _ar_decode(algo):  # decode-shaped x [1, b, k/P] with an explicit P2P choice for decode
-    return _ar(algo, s=1, decode_all_reduce="ring")
+    return _ar(algo, s=1, decode="ring")
 
 
 def _ar_dgrad(algo):
@@ -57,7 +57,7 @@ def _all_reduce(algo):
 
 def _qsa(algo):
     q, k, v, w = _leaves(5, (4, 2, 2, 4), (4, 2, 2, 4), (4, 2, 2, 4), (8, 8))
-    return _grads(fo.query_split_attention(q, k, v, w, algo=algo, context=CTX), [q, k, v, w])
+    return _grads(fo.query_split_attention(q, k, v, w, plan=fo.OpPlan(algo), context=CTX), [q, k, v, w])
 
 
 def _ulysses(algo):
@@ -67,13 +67,14 @@ def _ulysses(algo):
 
 def _ulysses_fused(algo):
     x, wq, wp = _leaves(7, (2, 2, 8), (24, 8), (8, 8))  # heads = groups = 2, hn = 4: w_qkv [2*(1+2)*4, 8]
-    return _grads(fo.ulysses_fused_attention(x, wq, wp, heads=2, algo=algo, context=CTX), [x, wq, wp])
+    y = fo.ulysses_fused_attention(x, wq, wp, attend=fo.Attend(heads=2), algo=algo, context=CTX)
+    return _grads(y, [x, wq, wp])
 
 
 def _dp(algo):
     dy, x = (t.detach() for t in _leaves(8, (2, 2, 3), (2, 2, 4)))
     grad = torch.zeros(12)
-    fo.matmul_wgrad_reduce_scatter(dy, x, grad, 0, dist.group.WORLD, algo=algo, context=CTX)
+    fo.matmul_wgrad_reduce_scatter(dy, x, fo.DPBucket(grad, 0), dist.group.WORLD, algo=algo, context=CTX)
     return [grad]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.ops.moe import expert_pipeline
+from megatron_flashoverlap.ops.moe import LocalExperts, expert_pipeline
 from megatron_flashoverlap.runtime import OverlapContext
 from tests.support import profile
 
@@ -122,7 +122,7 @@ def _run(rank, world, counts, algo, ctx, fused=False):
     ins = counts[rank].sum(dim=1).tolist()
     held = {}
     fwd = profile.comm_ops(lambda: held.setdefault("y", expert_pipeline(
-        x, p, experts, experts.params, counts[:, rank], ins, None, ctx, algo=algo)))
+        x, p, LocalExperts(experts, experts.params), counts[:, rank], ins, None, ctx, algo=algo)))
     y = held["y"]
     bwd = profile.comm_ops(lambda: (y * _dout(rank, y.shape[0])).sum().backward())
     return experts, x, p, y, {"fwd": fwd, "bwd": bwd}
@@ -159,7 +159,8 @@ def walk_order(rank, world, seed=1):
     ctx = OverlapContext(check_peers=False, trace=[])
     experts = Experts(rank, world)
     x, p = _tokens(rank, counts)
-    expert_pipeline(x, p, experts, experts.params, counts[:, rank], counts[rank].sum(dim=1).tolist(), None, ctx)
+    expert_pipeline(x, p, LocalExperts(experts, experts.params), counts[:, rank], counts[rank].sum(dim=1).tolist(),
+                    None, ctx)
     return [(ev.what, int(ev.label.split("#")[0].split(".")[0]) if ev.what == "compute" else None)
             for ev in ctx.trace]
 
@@ -170,7 +171,7 @@ def bad_counts(rank, world):
     msgs = []
     for counts, ins in (([[1, 1]] * (world + 1), [4] + [0] * (world - 1)), ([[2, 2]] * world, [3] * world)):
         try:
-            expert_pipeline(x, p, None, [], counts, ins, None, OverlapContext())
+            expert_pipeline(x, p, LocalExperts(None, []), counts, ins, None, OverlapContext())
         except ValueError as err:
             msgs.append(str(err))
     dist.barrier()
@@ -183,6 +184,6 @@ def no_grad_forward(rank, world, seed=3):
     experts = Experts(rank, world)
     x, p = _tokens(rank, counts)
     with torch.no_grad():
-        y = expert_pipeline(x, p, experts, experts.params, counts[:, rank], counts[rank].sum(dim=1).tolist(), None,
-                            OverlapContext(check_peers=False))
+        y = expert_pipeline(x, p, LocalExperts(experts, experts.params), counts[:, rank],
+                            counts[rank].sum(dim=1).tolist(), None, OverlapContext(check_peers=False))
     return {"y": _rel(y, _expected(rank, world, counts)[0]), "requires_grad": y.requires_grad}

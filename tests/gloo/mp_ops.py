@@ -21,6 +21,11 @@ def _globals(seed, s, b, h, n, dtype):
     return x, w, bias, dy
 
 
+def _plan(algo, num_chunks=None, **knobs):
+    """The OpPlan of one case: num_chunks is slicing's knob (the tests sweep it for every algo)."""
+    return fo.OpPlan(algo, num_chunks=num_chunks if algo == "slicing" else None, **knobs)
+
+
 def _err(a, b):
     """Max abs error relative to the reference's max magnitude."""
     if not a.numel():
@@ -38,7 +43,7 @@ def ag_matmul(rank, world, algo, s, b, h, n, dtype="float32", seed=0, num_chunks
     xs = x[rank * sl:(rank + 1) * sl].clone().requires_grad_()
     ws = w[rank * nl:(rank + 1) * nl].clone().requires_grad_()
     bs = bb[rank * nl:(rank + 1) * nl].clone().requires_grad_() if bias else None
-    y = fo.all_gather_matmul(xs, ws, bias=bs, algo=algo, num_chunks=num_chunks, keep_gathered=keep)
+    y = fo.all_gather_matmul(xs, ws, bias=bs, plan=_plan(algo, num_chunks, keep_gathered=keep))
     dys = dy[:, :, rank * nl:(rank + 1) * nl]
     y.backward(dys)
     with torch.no_grad():
@@ -64,7 +69,7 @@ def matmul_rs(rank, world, algo, s, b, k, h, dtype="float32", seed=0, num_chunks
     kl, sl = k // world, s // world
     xs = x[:, :, rank * kl:(rank + 1) * kl].clone().requires_grad_()
     ws = w[:, rank * kl:(rank + 1) * kl].clone().requires_grad_()
-    y = fo.matmul_reduce_scatter(xs, ws, algo=algo, num_chunks=num_chunks)
+    y = fo.matmul_reduce_scatter(xs, ws, plan=_plan(algo, num_chunks))
     y.backward(dy[rank * sl:(rank + 1) * sl])
     with torch.no_grad():
         y_ref = fo.matmul_reduce_scatter(xs, ws, algo="reference")
@@ -143,7 +148,7 @@ def _column_run(rank, world, x, w, dy, hop_chunks, algo="flash"):
     sl, nl = x.shape[0] // world, w.shape[0] // world
     xs = x[rank * sl:(rank + 1) * sl].clone().requires_grad_()
     ws = w[rank * nl:(rank + 1) * nl].clone().requires_grad_()
-    y = fo.all_gather_matmul(xs, ws, algo=algo, hop_chunks=hop_chunks)
+    y = fo.all_gather_matmul(xs, ws, plan=fo.OpPlan(algo, hop_chunks=hop_chunks))
     y.backward(dy[:, :, rank * nl:(rank + 1) * nl])
     return y.detach(), xs.grad, ws.grad
 
@@ -153,7 +158,7 @@ def _row_run(rank, world, x, w, dy, hop_chunks, algo="flash"):
     kl, sl = x.shape[-1] // world, x.shape[0] // world
     xs = x[:, :, rank * kl:(rank + 1) * kl].clone().requires_grad_()
     ws = w[:, rank * kl:(rank + 1) * kl].clone().requires_grad_()
-    y = fo.matmul_reduce_scatter(xs, ws, algo=algo, hop_chunks=hop_chunks)
+    y = fo.matmul_reduce_scatter(xs, ws, plan=fo.OpPlan(algo, hop_chunks=hop_chunks))
     y.backward(dy[rank * sl:(rank + 1) * sl])
     return y.detach(), xs.grad, ws.grad
 
@@ -183,7 +188,8 @@ def hop_chunks_vs_one(rank, world, s, b, h, n, c, dtype="float32", seed=0):
     out["col.y.same_as_reference"] = bool(torch.equal(col[0], col_ref[0]))
     ctx = fo.OverlapContext(trace=[])
     with torch.no_grad():
-        fo.all_gather_matmul(x[rank * sl:(rank + 1) * sl], w[rank * nl:(rank + 1) * nl], hop_chunks=c, context=ctx)
+        fo.all_gather_matmul(x[rank * sl:(rank + 1) * sl], w[rank * nl:(rank + 1) * nl], plan=fo.OpPlan(hop_chunks=c),
+                             context=ctx)
     out["ag_slices"] = sum(e.what == "compute" for e in ctx.trace)  # GEMM slices the forward ring ran
     return out
 
@@ -192,15 +198,16 @@ def hop_chunks_errors(rank, world):
     """Each bad hop_chunks request: the ValueError text (None if nothing raised)."""
     x, w = torch.randn(4, 2, 8), torch.randn(6, 8)
     return {
-        "zero": _raises(lambda: fo.all_gather_matmul(x, w, hop_chunks=0)),
-        "float": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w, hop_chunks=2.0)),
-        "slicing": _raises(lambda: fo.all_gather_matmul(x, w, algo="slicing", num_chunks=2, hop_chunks=2)),
-        "bidir": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w, algo="flash_bidir",
-                                                          hop_chunks=2)),
+        "zero": _raises(lambda: fo.all_gather_matmul(x, w, plan=fo.OpPlan(hop_chunks=0))),
+        "float": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w,
+                                                          plan=fo.OpPlan(hop_chunks=2.0))),
+        "slicing": _raises(lambda: fo.all_gather_matmul(x, w, plan=fo.OpPlan("slicing", num_chunks=2, hop_chunks=2))),
+        "bidir": _raises(lambda: fo.matmul_reduce_scatter(torch.randn(world * 2, 2, 8), w,
+                                                          plan=fo.OpPlan("flash_bidir", hop_chunks=2))),
         "forced_ok": _raises(lambda: _forced(x, w)),
     }
 
 
 def _forced(x, w):
     with fo.force_reference():
-        fo.all_gather_matmul(x, w, hop_chunks=3)
+        fo.all_gather_matmul(x, w, plan=fo.OpPlan(hop_chunks=3))

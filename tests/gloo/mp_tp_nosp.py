@@ -9,6 +9,7 @@ import logging
 
 import torch
 
+from megatron_flashoverlap.ops import OpPlan
 from megatron_flashoverlap.ops.tp_nosp import all_reduce_matmul as arm
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -33,7 +34,7 @@ def row(rank, world, algo, s, b, k, h, dtype="float32", seed=0, num_chunks=None)
     kl = k // world
     xs = x[:, :, rank * kl:(rank + 1) * kl].clone().requires_grad_()
     ws = w[:, rank * kl:(rank + 1) * kl].clone().requires_grad_()
-    y = arm.matmul_all_reduce(xs, ws, algo=algo, num_chunks=num_chunks)
+    y = arm.matmul_all_reduce(xs, ws, plan=OpPlan(algo, num_chunks=num_chunks))
     y.backward(dy)
     with torch.no_grad():
         y_ref = arm.matmul_all_reduce(xs, ws, algo="reference")
@@ -53,7 +54,7 @@ def column(rank, world, algo, s, b, h, n, dtype="float32", seed=0, num_chunks=No
     ws = w[rank * nl:(rank + 1) * nl].clone().requires_grad_()
     g = torch.Generator().manual_seed(seed + 1)
     bs = torch.randn(nl * world, generator=g).to(DT[dtype])[rank * nl:(rank + 1) * nl].clone().requires_grad_()
-    y = arm.matmul_allreduce_dgrad(xs, ws, bias=bs, algo=algo, num_chunks=num_chunks)
+    y = arm.matmul_allreduce_dgrad(xs, ws, bias=bs, plan=OpPlan(algo, num_chunks=num_chunks))
     dys = dy[:, :, rank * nl:(rank + 1) * nl]
     y.backward(dys)
     xd, wd, dyd = x.double(), w.double(), dy.double()

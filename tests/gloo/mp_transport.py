@@ -35,8 +35,8 @@ def _attempt(fn) -> dict:
 
 def _ag(group, algo="flash", timeout_s=2.0):
     ctx = fo.OverlapContext(timeout=timedelta(seconds=timeout_s), check_peers="never")
-    return lambda: fo.all_gather_matmul(torch.randn(4, 2, 8), torch.randn(6, 8), group, algo=algo,
-                                        num_chunks=2 if algo == "slicing" else None, context=ctx)
+    plan = fo.OpPlan(algo, num_chunks=2 if algo == "slicing" else None)
+    return lambda: fo.all_gather_matmul(torch.randn(4, 2, 8), torch.randn(6, 8), group, plan=plan, context=ctx)
 
 
 def _deferred_rs(group, timeout_s=2.0):
@@ -44,8 +44,8 @@ def _deferred_rs(group, timeout_s=2.0):
     ctx = fo.OverlapContext(timeout=timedelta(seconds=timeout_s), check_peers="never")
 
     def run():
-        finish = fo.matmul_wgrad_reduce_scatter(torch.randn(3, 2, 4), torch.randn(3, 2, 4), torch.zeros(16), 0,
-                                                group, context=ctx, defer_last=True)
+        finish = fo.matmul_wgrad_reduce_scatter(torch.randn(3, 2, 4), torch.randn(3, 2, 4),
+                                                fo.DPBucket(torch.zeros(16), 0), group, context=ctx, defer_last=True)
         finish()
     return run
 
@@ -87,13 +87,14 @@ def _ops_on(t, ctx=None):
         fo.matmul_allreduce_dgrad(t(2 * world, 2, 8), w, bias=t(6), **kw),
         fo.query_split_attention(q, q, q, t(5, 8), **kw),
         fo.ulysses_attention(q_s, q_s, q_s, **kw),
-        fo.ulysses_fused_attention(x_s, t(3 * 2 * world * 4, 8), t(5, 2 * world * 4), heads=2 * world, **kw),
+        fo.ulysses_fused_attention(x_s, t(3 * 2 * world * 4, 8), t(5, 2 * world * 4),
+                                   attend=fo.Attend(heads=2 * world), **kw),
     ]
     sum(g.sum() for g in grads).backward()
     fo.all_reduce(t(16), algo="ring", **kw)
     fo.all_reduce(t(16), **kw)  # "auto" without a calibration table: the stock all-reduce, its own traffic
     dy = t(2 * world, 2, 4)
-    fo.matmul_wgrad_reduce_scatter(dy, t(2 * world, 2, 3), torch.zeros(world * 12), 0, None, **kw)
+    fo.matmul_wgrad_reduce_scatter(dy, t(2 * world, 2, 3), fo.DPBucket(torch.zeros(world * 12), 0), None, **kw)
 
 
 def steady_state_traffic(rank, world):

@@ -29,24 +29,34 @@ def _operands(op, rank, world, dtype, seed):
         x_full, w = _rand(g, s, B, H, dtype=dtype), _rand(g, world, N, H, dtype=dtype)[rank]
         dy = _rand(g, world, s, B, N, dtype=dtype)[rank]
         x, wx = x_full[rank * rows:(rank + 1) * rows], x_full
-        run = lambda x, w, into, algo, keep: fo.all_gather_matmul(x, w, algo=algo, num_chunks=3, keep_gathered=keep,
-                                                                  wgrad_into=into)
+        run = lambda x, w, into, algo, keep: fo.all_gather_matmul(x, w, plan=_plan(algo, 3, keep), wgrad=_into(into))
         return run, x, w, dy, _dw64(dy, wx)
     if op == "matmul_reduce_scatter":  # x [s, b, k/P], w [h, k/P], dy_s [s/P, b, h]
         x, w = _rand(g, world, s, B, N, dtype=dtype)[rank], _rand(g, world, H, N, dtype=dtype)[rank]
         dy_full = _rand(g, s, B, H, dtype=dtype)
-        run = lambda x, w, into, algo, keep: fo.matmul_reduce_scatter(x, w, algo=algo, num_chunks=3, wgrad_into=into)
+        run = lambda x, w, into, algo, keep: fo.matmul_reduce_scatter(x, w, plan=_plan(algo, 3), wgrad=_into(into))
         return run, x, w, dy_full[rank * rows:(rank + 1) * rows], _dw64(dy_full, x)
     if op == "matmul_all_reduce":  # x [s, b, k/P], w [h, k/P], dy [s, b, h] replicated
         x, w = _rand(g, world, s, B, N, dtype=dtype)[rank], _rand(g, world, H, N, dtype=dtype)[rank]
         dy = _rand(g, s, B, H, dtype=dtype)
-        run = lambda x, w, into, algo, keep: matmul_all_reduce(x, w, algo=algo, num_chunks=2, wgrad_into=into)
+        run = lambda x, w, into, algo, keep: matmul_all_reduce(x, w, plan=_plan(algo, 2, rings=True), wgrad=_into(into))
         return run, x, w, dy, _dw64(dy, x)
     # matmul_allreduce_dgrad: x [s, b, h] replicated, w [n/P, h], dy [s, b, n/P]
     x, w = _rand(g, s, B, H, dtype=dtype), _rand(g, world, N, H, dtype=dtype)[rank]
     dy = _rand(g, world, s, B, N, dtype=dtype)[rank]
-    run = lambda x, w, into, algo, keep: matmul_allreduce_dgrad(x, w, algo=algo, num_chunks=2, wgrad_into=into)
+    run = lambda x, w, into, algo, keep: matmul_allreduce_dgrad(x, w, plan=_plan(algo, 2, rings=True),
+                                                                wgrad=_into(into))
     return run, x, w, dy, _dw64(dy, x)
+
+
+def _plan(algo, chunks, keep=False, rings=False):
+    """The case's OpPlan: `chunks` for slicing (and for the rings of the all-reduce operators: rings=True)."""
+    chunked = algo == "slicing" or (rings and algo != "reference")
+    return fo.OpPlan(algo, num_chunks=chunks if chunked else None, keep_gathered=keep)
+
+
+def _into(buf):
+    return None if buf is None else fo.WgradRoute(into=buf)
 
 
 def _dw64(dy, x):
@@ -93,7 +103,7 @@ def size_one_group(rank, world, dtype="float32"):
     into = torch.zeros(N, H)
     wl = torch.nn.Parameter(w.clone())
     wl.grad_added_to_main_grad = False
-    fo.all_gather_matmul(x, wl, groups[rank], wgrad_into=into).backward(dy)
+    fo.all_gather_matmul(x, wl, groups[rank], wgrad=fo.WgradRoute(into=into)).backward(dy)
     dw64 = _dw64(dy, x)
     return {"err": _rel(into, dw64, dw64.abs().max().item()), "flag": wl.grad_added_to_main_grad,
             "grad_shape": tuple(wl.grad.shape)}
@@ -103,7 +113,7 @@ def bad_into(rank, world):
     """A wgrad_into of the wrong shape -> the ValueError text (before any transfer)."""
     x, w = torch.randn(S, B, H), torch.nn.Parameter(torch.randn(N, H))
     try:
-        fo.all_gather_matmul(x, w, wgrad_into=torch.zeros(H, N))
+        fo.all_gather_matmul(x, w, wgrad=fo.WgradRoute(into=torch.zeros(H, N)))
     except ValueError as err:
         return str(err)
     return None

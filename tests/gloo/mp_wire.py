@@ -54,7 +54,8 @@ def rs_errors(rank, world, s, b, k, h, seeds):
         w = (torch.randn(h, k, generator=g) / k ** 0.5).to(BF16)
         xk, wk = x[..., rank * kl:(rank + 1) * kl].contiguous(), w[:, rank * kl:(rank + 1) * kl].contiguous()
         y64 = (x.double() @ w.double().t())[rank * sl:(rank + 1) * sl]
-        got = {wire: fo.matmul_reduce_scatter(xk, wk, algo="flash", wire_dtype=wire) for wire in ("input", "fp32")}
+        got = {wire: fo.matmul_reduce_scatter(xk, wk, plan=fo.OpPlan("flash", wire_dtype=wire))
+               for wire in ("input", "fp32")}
         got["stock"] = _stock_rs(F.linear(xk, wk), world)
         got["reference"] = fo.matmul_reduce_scatter(xk, wk, algo="reference")
         got["floor"] = y64.to(BF16)
@@ -82,7 +83,7 @@ def _run_rs(rank, world, wire, algo):
     kl = 4
     xk, wk = x[..., rank * kl:(rank + 1) * kl].contiguous(), w[:, rank * kl:(rank + 1) * kl].contiguous()
     with Sends() as m:
-        y = fo.matmul_reduce_scatter(xk, wk, algo=algo, wire_dtype=wire)
+        y = fo.matmul_reduce_scatter(xk, wk, plan=fo.OpPlan(algo, wire_dtype=wire))
     return y, m.sent, (world - 1) * y.numel() * 2  # a ring RS sends P-1 blocks of the output per rank
 
 
@@ -90,7 +91,7 @@ def _run_column_dgrad(rank, world, wire, algo):
     """all_gather_matmul backward (dgrad RS + wgrad AG of x in one walk): bytes of backward only."""
     xs, w, dy = _globals(2, (4, 2, 16), (3, 16), (4 * world, 2, 3))
     xs.requires_grad_(), w.requires_grad_()  # need_dw: the wgrad AG of x rides in the dgrad walk
-    y = fo.all_gather_matmul(xs, w, algo=algo, wire_dtype=wire)
+    y = fo.all_gather_matmul(xs, w, plan=fo.OpPlan(algo, wire_dtype=wire))
     with Sends() as m:
         y.backward(dy)
     return xs.grad, m.sent, (world - 1) * (xs.grad.numel() + xs.numel()) * 2  # RS of dx + AG of x
@@ -100,7 +101,7 @@ def _run_tp_nosp(rank, world, wire, algo):
     """matmul_all_reduce forward: Flash-RS + Flash-AG = one all-reduce of y."""
     x, w = _globals(3, (4 * world, 2, 8), (16, 8))
     with Sends() as m:
-        y = fo.matmul_all_reduce(x, w, algo=algo, wire_dtype=wire, decode_all_reduce=None)
+        y = fo.matmul_all_reduce(x, w, plan=fo.OpPlan(algo, wire_dtype=wire, decode_all_reduce=None))
     return y, m.sent, 2 * (world - 1) * y.numel() // world * 2  # a ring AR: RS + AG, P-1 blocks each
 
 
@@ -108,7 +109,7 @@ def _run_allreduce_dgrad(rank, world, wire, algo):
     """matmul_allreduce_dgrad backward: the all-reduce of dx (its wgrad fills the tail, no bytes)."""
     x, w, dy = _globals(4, (4 * world, 2, 16), (3, 16), (4 * world, 2, 3))
     x.requires_grad_()
-    y = fo.matmul_allreduce_dgrad(x, w, algo=algo, wire_dtype=wire)
+    y = fo.matmul_allreduce_dgrad(x, w, plan=fo.OpPlan(algo, wire_dtype=wire))
     with Sends() as m:
         y.backward(dy)
     return x.grad, m.sent, 2 * (world - 1) * x.grad.numel() // world * 2
@@ -118,7 +119,7 @@ def _run_query_split(rank, world, wire, algo):
     """query_split_attention forward: attention + projection + Flash-RS of y."""
     q, k, v, w = _globals(5, (4 * world, 2, 2, 8), (4 * world, 2, 2, 8), (4 * world, 2, 2, 8), (16, 16))
     with Sends() as m:
-        y = fo.query_split_attention(q, k, v, w, algo=algo, wire_dtype=wire)
+        y = fo.query_split_attention(q, k, v, w, plan=fo.OpPlan(algo, wire_dtype=wire))
     return y, m.sent, (world - 1) * y.numel() * 2
 
 
@@ -127,7 +128,7 @@ def _run_dp(rank, world, wire, algo):
     dy, x = _globals(6 + rank, (8, 2, 6), (8, 2, 5))
     grad = _globals(7 + rank, (8 * world * 5,))[0]
     with Sends() as m:
-        fo.matmul_wgrad_reduce_scatter(dy, x, grad, 3, None, algo=algo, wire_dtype=wire)
+        fo.matmul_wgrad_reduce_scatter(dy, x, fo.DPBucket(grad, 3), None, plan=fo.OpPlan(algo, wire_dtype=wire))
     shard = grad.numel() // world
     return grad[rank * shard:(rank + 1) * shard].clone(), m.sent, (world - 1) * shard * 2
 

@@ -69,7 +69,8 @@ def test_ulysses_fused_bf16(pools):
 def test_ulysses_fused_bad_weight_layout():
     import torch
 
+    from megatron_flashoverlap.ops.attention.core import Attend
     from megatron_flashoverlap.ops.attention.ulysses_fused import ulysses_fused_attention
 
     with pytest.raises(ValueError, match="linear_qkv layout"):
-        ulysses_fused_attention(torch.randn(4, 1, 8), torch.randn(10, 8), torch.randn(8, 8), heads=2)
+        ulysses_fused_attention(torch.randn(4, 1, 8), torch.randn(10, 8), torch.randn(8, 8), attend=Attend(heads=2))

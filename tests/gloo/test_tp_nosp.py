@@ -63,6 +63,7 @@ def test_sequence_not_divisible_falls_back_with_one_log_line(pools):
 
 
 def test_bad_num_chunks_names_the_fix():
+    from megatron_flashoverlap.ops import OpPlan
     from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduce
     with pytest.raises(ValueError, match="num_chunks"):
-        matmul_all_reduce(torch.zeros(4, 1, 2), torch.zeros(3, 2), algo="flash", num_chunks=0)
+        matmul_all_reduce(torch.zeros(4, 1, 2), torch.zeros(3, 2), plan=OpPlan("flash", num_chunks=0))

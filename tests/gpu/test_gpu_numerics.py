@@ -65,10 +65,11 @@ def test_wgrad_writes_fp32_from_bf16():
 @pytest.mark.parametrize("algo", ["flash", "flash_bidir", "slicing", "reference"])
 def test_rs_plain_functions_at_p1_match_the_gemm(world1, algo, wire):
     from megatron_flashoverlap import OverlapContext
-    from megatron_flashoverlap.ops.registry import plain
+    from megatron_flashoverlap.ops.registry import OpPlan, plain
 
     x, w = _bf16(64, 2, 256), _bf16(128, 256, seed=1)
-    y = plain("matmul_reduce_scatter", algo)(x, w, None, OverlapContext(), num_chunks=2, wire=wire)
+    plan = OpPlan(algo, num_chunks=2 if algo == "slicing" else None, wire_dtype=wire)
+    y = plain("matmul_reduce_scatter", algo)(x, w, None, OverlapContext(), plan)
     ref = F.linear(x, w)
     assert y.dtype == torch.bfloat16 and y.is_cuda and y.shape == ref.shape
     assert (y.double() - ref.double()).abs().max().item() <= BF16_ULP * ref.double().abs().max().item()

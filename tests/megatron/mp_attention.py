@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from megatron_flashoverlap.ops.attention.core import Attend
 from megatron_flashoverlap.ops.attention.query_split import query_split_attention
+from megatron_flashoverlap.ops.registry import OpPlan
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -76,8 +78,8 @@ def vs_megatron(rank, world, dtype="float32", s=12, b=2, heads=12, groups=12, hn
         y_m, g_m = _megatron(world, heads, groups, hn, h, dt, loc_m, dy_s, (causal | pad) if padding else causal)
         loc, _ = _shards(rank, world, q, k, v, w, dy)
         group = parallel_state.get_tensor_model_parallel_group()
-        y = query_split_attention(*loc, group, causal=True, attn_mask=pad if padding else None, algo=algo,
-                                  num_chunks=num_chunks)
+        y = query_split_attention(*loc, group, attend=Attend(causal=True, mask=pad if padding else None),
+                                  plan=OpPlan(algo, num_chunks=num_chunks))
         y.backward(dy_s)
         names = ("dq", "dk", "dv", "dw")
         out = {"y": _err(y, y_m), "y_scale": y_m.abs().max().item(), "dtype_ok": y.dtype == dt}
@@ -97,18 +99,19 @@ def dropout_vs_reference(rank, world, p=0.25, s=8, b=2, heads=4, hn=4, h=8, seed
     res = {}
     for algo in ("flash", "reference"):
         loc, dy_s = _shards(rank, world, q, k, v, w, dy)
-        y = query_split_attention(*loc, dist.group.WORLD, causal=False, dropout_p=p, seed=11, algo=algo)
+        y = query_split_attention(*loc, dist.group.WORLD, attend=Attend(causal=False, dropout_p=p, seed=11),
+                                  plan=OpPlan(algo))
         y.backward(dy_s)
         res[algo] = (y.detach(), [t.grad for t in loc])
     loc, _ = _shards(rank, world, q, k, v, w, dy)
-    y0 = query_split_attention(*loc, dist.group.WORLD, causal=False, dropout_p=0.0, algo="reference")
+    y0 = query_split_attention(*loc, dist.group.WORLD, attend=Attend(causal=False), plan=OpPlan("reference"))
     (yf, gf), (yr, gr) = res["flash"], res["reference"]
     return {"y": _err(yf, yr), "grads": max(_err(a, c) for a, c in zip(gf, gr)),
             "changed": _err(yf, y0.detach())}
 
 
 def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, padding=True, seed=4):
-    """query_split_attention(zigzag=True): rank d's output rows are chunks (d, 2P-1-d) of 2P; errors vs
+    """query_split_attention(attend=Attend(zigzag=True)): rank d's output rows are chunks (d, 2P-1-d) of 2P; errors vs
     the float64 dense formula on the global tensors (one process), output and input gradients."""
     import torch.distributed as dist
 
@@ -118,8 +121,7 @@ def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, paddi
     c = s // (2 * world)
     idx = torch.cat([torch.arange(j * c, (j + 1) * c) for j in (rank, 2 * world - 1 - rank)])
     loc, _ = _shards(rank, world, q, k, v, w, dy)
-    y = query_split_attention(*loc, dist.group.WORLD, causal=True, attn_mask=pad if padding else None,
-                              zigzag=True)
+    y = query_split_attention(*loc, dist.group.WORLD, attend=Attend(mask=pad if padding else None, zigzag=True))
     y.backward(dy[idx])
     full = [t.double().requires_grad_() for t in (q, k, v, w)]
     spec = AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_reference, attention_rows
+from megatron_flashoverlap.ops.attention.core import Attend, AttnSpec, attention_reference, attention_rows
 from megatron_flashoverlap.ops.attention.query_split import query_split_attention
+from megatron_flashoverlap.ops.registry import OpPlan
 
 
 def _probe(s, b, heads):
@@ -35,7 +36,8 @@ def query_split_masks(rank, world, p=0.5, s=8, b=2, heads=4, seed=11):
     w_loc = w[:, rank * hl * s:(rank + 1) * hl * s].contiguous()
     out = {}
     for algo in ("flash", "reference"):
-        y = query_split_attention(*loc, w_loc, dist.group.WORLD, causal=False, dropout_p=p, seed=seed, algo=algo)
+        y = query_split_attention(*loc, w_loc, dist.group.WORLD, attend=Attend(causal=False, dropout_p=p, seed=seed),
+                                  plan=OpPlan(algo))
         out[algo] = _gather(y.detach(), 0)  # [s, b, heads*s]: every rank's heads, every row
     dense = attention_reference(*loc, AttnSpec(scale=s ** -0.5, causal=False, dropout_p=p, seed=seed))
     full = _gather(dense, 2)  # [s, b, heads*s]: rank r's heads side by side, as W = I places them

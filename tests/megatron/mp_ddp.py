@@ -135,7 +135,8 @@ def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, 
     """The bare operator on a flat bucket [offset pad | W n*k | tail pad] vs stock (add, scale, RS).
     defer: the ring's last hop deferred (defer_last=True): "final_before" = the own shard held the result
     before finish(), "same" = the result equals the undeferred ring's bitwise (the same operations)."""
-    from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
+    from megatron_flashoverlap.ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
+    from megatron_flashoverlap.ops.registry import OpPlan
     import torch.distributed as dist
 
     dt = DT[dtype]
@@ -144,21 +145,22 @@ def operator(rank, world, n, k, pad, s=3, b=2, algo="flash", seed=0, scale=0.5, 
     length = -(-(pad + n * k) // world) * world + world  # padded, divisible by the group size
     base = torch.randn(length, generator=g).to(dt)  # gradient accumulated by earlier micro-batches
     ref, got = base.clone(), base.clone()
-    matmul_wgrad_reduce_scatter(dy, x, ref, pad, dist.group.WORLD, scale=scale, algo="reference")
+    matmul_wgrad_reduce_scatter(dy, x, DPBucket(ref, pad, scale), dist.group.WORLD, algo="reference")
+    plan = OpPlan(algo, hop_chunks=hop_chunks if algo == "flash" else None)
     shard = length // world
     own = slice(rank * shard, (rank + 1) * shard)
     out = {}
     if defer:
         now = base.clone()
-        matmul_wgrad_reduce_scatter(dy, x, now, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
-        finish = matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo,
-                                             hop_chunks=hop_chunks, defer_last=True)
+        matmul_wgrad_reduce_scatter(dy, x, DPBucket(now, pad, scale), dist.group.WORLD, plan=plan)
+        finish = matmul_wgrad_reduce_scatter(dy, x, DPBucket(got, pad, scale), dist.group.WORLD, plan=plan,
+                                             defer_last=True)
         out["final_before"] = torch.equal(got[own], now[own])  # the last hop's add not yet made
         finish()
         finish()  # a second call does nothing
         out["same"] = torch.equal(got[own], now[own])
     else:
-        matmul_wgrad_reduce_scatter(dy, x, got, pad, dist.group.WORLD, scale=scale, algo=algo, hop_chunks=hop_chunks)
+        matmul_wgrad_reduce_scatter(dy, x, DPBucket(got, pad, scale), dist.group.WORLD, plan=plan)
     return {"err": (got[own].double() - ref[own].double()).abs().max().item(),
             "scale": ref[own].abs().max().item(), **out}
 

@@ -6,7 +6,7 @@ run in-process; the cost model (benchmarks/overlap/costmodel.py) is tested in te
 import pytest
 import torch
 
-from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows, zigzag_positions
+from megatron_flashoverlap.ops.attention.core import Attend, AttnSpec, attention_rows, zigzag_positions
 from megatron_flashoverlap.ops.attention.query_split import query_split_attention
 
 BODY = "tests.megatron.mp_attention:"
@@ -73,9 +73,9 @@ def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="num_query_groups"):
         query_split_attention(q, kv, kv, torch.randn(5, 6))
     with pytest.raises(ValueError, match="bool"):
-        query_split_attention(q, q, q, torch.randn(5, 6), attn_mask=torch.zeros(1, 1, 4, 4))
+        query_split_attention(q, q, q, torch.randn(5, 6), attend=Attend(mask=torch.zeros(1, 1, 4, 4)))
     with pytest.raises(ValueError, match="dropout_p"):
-        query_split_attention(q, q, q, torch.randn(5, 6), dropout_p=1.0)
+        query_split_attention(q, q, q, torch.randn(5, 6), attend=Attend(dropout_p=1.0))
 
 
 @pytest.mark.parametrize("world", [2, 4])

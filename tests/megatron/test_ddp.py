@@ -46,9 +46,11 @@ def test_operator_last_hop_deferred_until_finish(pools, world, algo, chunks):
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_operator_refuses_bad_hop_chunks(bad):
+    from megatron_flashoverlap.ops import DPBucket, OpPlan
     from megatron_flashoverlap.ops.dp.wgrad_rs import matmul_wgrad_reduce_scatter
-    with pytest.raises(ValueError, match="hop_chunks must be an int >= 1"):
-        matmul_wgrad_reduce_scatter(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(12), 0, None, hop_chunks=bad)
+    with pytest.raises(ValueError, match="hop_chunks .*must be an integer >= 1"):
+        matmul_wgrad_reduce_scatter(torch.zeros(2, 3), torch.zeros(2, 4), DPBucket(torch.zeros(12), 0), None,
+                                    plan=OpPlan(hop_chunks=bad))
 
 
 def _check_same(res, steps, weights_per_rank):

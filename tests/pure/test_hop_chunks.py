@@ -1,9 +1,8 @@
 """Tier: pure (no processes). The sub-chunks-per-hop rule of the TP/SP flash operators (ops/tp_sp/hops.py)."""
 import pytest
 
-from megatron_flashoverlap.ops.tp_sp.hops import (
-    AUTO_P2_CHUNKS, MIN_GEMM_ROWS, _auto_hop_chunks, check_hop_chunks, hop_chunks_for,
-)
+from megatron_flashoverlap.ops.registry import OpPlan
+from megatron_flashoverlap.ops.tp_sp.hops import AUTO_P2_CHUNKS, MIN_GEMM_ROWS, _auto_hop_chunks, hop_chunks_for, sized
 
 
 def test_automatic_is_one_hop_one_transfer_as_measured():
@@ -29,10 +28,18 @@ def test_explicit_counts_are_capped_at_the_rows_and_other_algos_run_one():
         assert hop_chunks_for(algo, None, 2, 1000, 8) == 1
 
 
+def test_the_plan_is_sized_once_per_group_and_shard():
+    assert sized(OpPlan("flash", hop_chunks=4), 3, 3, 1).hop_chunks == 3  # capped at the shard's rows
+    assert sized(OpPlan("flash"), 2, 1000, 8).hop_chunks == 1  # automatic: 1 (measured)
+    assert sized(OpPlan("flash"), 2, 1000, 8) is sized(OpPlan("flash"), 2, 1000, 8)  # resolved once, then cached
+    for plan in (OpPlan("reference"), OpPlan("slicing", num_chunks=2), OpPlan("flash_bidir")):
+        assert sized(plan, 2, 1000, 8) is plan and plan.hops == 1
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "2"])
 def test_bad_requests_name_the_fix(bad):
     with pytest.raises(ValueError, match="integer >= 1"):
-        check_hop_chunks("all_gather_matmul", "flash", bad)
+        OpPlan("flash", hop_chunks=bad)
     with pytest.raises(ValueError, match="knob of algo 'flash' only"):
-        check_hop_chunks("all_gather_matmul", "slicing", 2)
-    check_hop_chunks("all_gather_matmul", "slicing", None)
+        OpPlan("slicing", num_chunks=2, hop_chunks=2)
+    OpPlan("slicing", num_chunks=2, hop_chunks=None)

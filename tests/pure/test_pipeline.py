@@ -4,15 +4,15 @@ its pieces over the hop steps of a ring, and the shared numerics keep bf16/fp16 
 import pytest
 import torch
 
-from megatron_flashoverlap.runtime import (OverlapContext, acc_dtype, gather, gather_and_consume, produce_and_scatter,
-                                          scatter, tail, walk, wgrad)
+from megatron_flashoverlap.runtime import (OverlapContext, Producer, Ring, Sums, acc_dtype, gather, gather_and_consume,
+                                          produce_and_scatter, scatter, tail, walk, wgrad)
 
 
 def test_walk_refuses_two_passes_with_one_tag():
     ctx = OverlapContext()
     x = torch.zeros(2, 3)
-    a = gather(x, lambda rows, xs: None, None, ctx, tag=0)
-    b = gather(x, lambda rows, xs: None, None, ctx, tag=0)
+    a = gather(x, lambda rows, xs: None, None, ctx, Ring(tag=0))
+    b = gather(x, lambda rows, xs: None, None, ctx, Ring(tag=0))
     with pytest.raises(ValueError, match="own tag"):
         walk(None, ctx, a, b)
 
@@ -46,14 +46,15 @@ def test_own_block_summed_in_place_and_deferred_finish():
     # group of one: the own block is the whole scatter; own_into receives it with no ring slot (the same
     # storage comes back), and with defer_last the walk hands back a finish that returns it
     own = torch.full((3, 2), -1.0)
-    finish = produce_and_scatter(lambda rows, out: out.copy_(torch.arange(6.0).view(3, 2)[rows[0]:rows[1]]), 3,
-                                 (2,), None, OverlapContext(), acc_dtype=torch.float32, out_dtype=torch.float32,
-                                 device="cpu", into=True, own_into=own, defer_last=True)
+    producer = Producer(lambda rows, out: out.copy_(torch.arange(6.0).view(3, 2)[rows[0]:rows[1]]), into=True,
+                        own_into=own)
+    f32 = Sums(torch.float32, torch.float32, torch.float32, "cpu")
+    finish = produce_and_scatter(producer, (3, 2), f32, None, OverlapContext(), defer_last=True)
     got = finish()
     assert got.data_ptr() == own.data_ptr() and torch.equal(own, torch.arange(6.0).view(3, 2))
 
 
 def test_own_into_must_hold_the_sum_dtype():
     with pytest.raises(ValueError, match="own_into is torch.bfloat16"):
-        scatter(lambda rows: None, 3, (2,), None, OverlapContext(), acc_dtype=torch.float32,
-                out_dtype=torch.bfloat16, device="cpu", own_into=torch.zeros(3, 2, dtype=torch.bfloat16))
+        scatter(Producer(lambda rows: None, own_into=torch.zeros(3, 2, dtype=torch.bfloat16)), (3, 2),
+                Sums(torch.float32, torch.bfloat16, torch.bfloat16, "cpu"), None, OverlapContext())

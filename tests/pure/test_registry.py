@@ -38,9 +38,16 @@ def test_every_word_has_a_plain_function(op):
 @pytest.mark.parametrize("op", sorted(TABLE_OF))
 def test_forced_reference_wins(op):
     word = "auto" if op == "all_reduce" else "flash"
-    assert registry.resolve(op, word, 2)[0] == word
+    assert registry.resolve_algo(op, word) == word
+    gemm = op in registry.KNOBS  # the GEMM operators resolve an OpPlan
+    chunks = 2 if op in registry.CHUNKED else None
+    if gemm:
+        assert registry.resolve(op, registry.OpPlan(word, num_chunks=chunks)).algo == word
     with registry.force_reference():
-        assert registry.resolve(op, word, 2) == ("reference", 1)
+        assert registry.resolve_algo(op, word) == "reference"
+        if gemm:
+            forced = registry.resolve(op, registry.OpPlan(word, num_chunks=chunks, wire_dtype="fp32"))
+            assert forced == registry.OpPlan("reference", wire_dtype="fp32")  # the ring knobs go, the wire dtype stays
         with registry.force_reference():
             pass
         assert registry.forced()  # nested blocks restore the outer state
@@ -51,18 +58,44 @@ def test_forced_reference_wins(op):
                                     ("ulysses_fused_attention", "stock"), ("all_gather_matmul", "off")])
 def test_old_unfused_words_name_reference(op, old):
     with pytest.raises(ValueError, match="now called 'reference'"):
-        registry.resolve(op, old)
+        registry.resolve_algo(op, old)
+    if op in registry.KNOBS:
+        with pytest.raises(ValueError, match="now called 'reference'"):
+            registry.OpPlan(old)
 
 
 def test_chunk_rules():
-    assert registry.resolve("matmul_reduce_scatter", "slicing", 3) == ("slicing", 3)
-    assert registry.resolve("matmul_all_reduce", "flash", None, default_chunks=2) == ("flash", 2)
-    assert registry.resolve("matmul_all_reduce", "flash_bidir", 4, default_chunks=2) == ("flash_bidir", 4)
-    for bad in (None, 0):
-        with pytest.raises(ValueError, match="num_chunks >= 1"):
-            registry.resolve("matmul_reduce_scatter", "slicing", bad)
+    assert registry.resolve("matmul_reduce_scatter", registry.OpPlan("slicing", num_chunks=3)).num_chunks == 3
+    assert registry.resolve("matmul_all_reduce", registry.OpPlan("flash"), default_chunks=2).num_chunks == 2
+    bidir = registry.OpPlan("flash_bidir", num_chunks=4)
+    assert registry.resolve("matmul_all_reduce", bidir, default_chunks=2).num_chunks == 4
     with pytest.raises(ValueError, match="num_chunks >= 1"):
-        registry.resolve("matmul_all_reduce", "flash", 0, default_chunks=2)
+        registry.OpPlan("slicing")
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="num_chunks must be an integer >= 1"):
+            registry.OpPlan("flash", num_chunks=bad)
+
+
+@pytest.mark.parametrize("op,knobs", [
+    ("matmul_reduce_scatter", {"keep_gathered": True}), ("matmul_all_reduce", {"hop_chunks": 2}),
+    ("matmul_allreduce_dgrad", {"decode_all_reduce": None}), ("query_split_attention", {"hop_chunks": 2}),
+    ("matmul_wgrad_reduce_scatter", {"keep_gathered": True}), ("all_gather_matmul", {"num_chunks": 2}),
+    ("matmul_wgrad_reduce_scatter", {"num_chunks": 2})])
+def test_a_knob_the_operator_does_not_read_is_refused(op, knobs):
+    with pytest.raises(ValueError, match=f"{op}: .*(not a knob of this operator|knob of algo)"):
+        registry.resolve(op, registry.OpPlan("flash", **knobs))
+
+
+def test_the_shorthand_and_the_plan_agree_or_are_refused():
+    assert registry.plan_of("all_gather_matmul", None, None) == registry.OpPlan("flash")
+    ref = registry.plan_of("all_gather_matmul", "reference", None)
+    assert ref is registry.plan_of("all_gather_matmul", "reference", None)  # the shorthand is made once
+    p = registry.OpPlan("slicing", num_chunks=2)
+    assert registry.plan_of("all_gather_matmul", "slicing", p) is p
+    with pytest.raises(ValueError, match="disagree"):
+        registry.plan_of("all_gather_matmul", "flash", p)
+    with pytest.raises(ValueError, match="all_gather_matmul: algo 'slicing' needs num_chunks"):
+        registry.plan_of("all_gather_matmul", "slicing", None)
 
 
 def test_a_word_registered_twice_is_refused():

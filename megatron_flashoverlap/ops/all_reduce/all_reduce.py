@@ -24,7 +24,7 @@ from ...config import ALL_REDUCE_ALGOS
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info
 from .select import choose, node_layout, warn_once
 from ..checks import peers_agree
-from ..registry import plain, register, resolve
+from ..registry import plain, register, resolve_algo
 
 AR_ALGOS = ALL_REDUCE_ALGOS  # the public name of the all-reduce words
 OP = "all_reduce"
@@ -111,7 +111,7 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
     see ops/all_reduce/select.py), "reference" (torch.distributed.all_reduce), "ring", "recursive_doubling",
     "hierarchical". `force_reference()` makes every call the reference.
     """
-    algo = resolve(OP, algo)[0]
+    algo = resolve_algo(OP, algo)
     if tensor.dtype not in _FLOATS:
         raise ValueError(f"all_reduce: dtype {tensor.dtype} is not supported; use float32, bfloat16 or float16")
     rank, world = group_info(group)

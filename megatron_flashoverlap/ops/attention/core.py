@@ -8,6 +8,8 @@ The numerics follow Megatron's local `DotProductAttention`: scores = baddbmm(q, 
 input dtype, masked with -10000 (not -inf: a fully masked row becomes uniform, as in Megatron), softmax
 in fp32 for bf16/fp16 inputs, probs cast back, ctx = probs @ v.
 
+`Attend` is what a caller asks (the operators' `attend=`: causal, mask, softmax scale, dropout, seed, zigzag,
+heads), checked when it is made; `make_spec` resolves it per call into the `AttnSpec` the math runs.
 `AttnSpec` carries everything that decides which keys a query row sees, so any row block can be computed
 alone (the query-split operator) and the whole sequence gives the same rows (the reference):
 - `causal`: key j is masked for query i when pos[j] > pos[i]; `positions` [s] gives pos (Megatron's
@@ -45,6 +47,40 @@ class AttnSpec:
             c = kp[None, :] > qp[:, None]  # [b-a, sk]
             out = c if out is None else (out | c)
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class Attend:
+    """What a query attends to, as the attention operators' callers say it (`attend=`), checked once when made.
+
+    causal         key j is masked for query i when it comes later in the sequence
+    mask           bool [b|1, np|1, sq, sk], True = masked out (Megatron's convention), OR-ed with causal
+    softmax_scale  None: 1/sqrt(head dim)
+    dropout_p      on the probs, in [0, 1); `seed` (an int or a 0-dim int64 tensor) draws the keep-masks
+    zigzag         the sequence in Megatron's zigzag split (ulysses_attention: the shards' layout, default True;
+                   query_split_attention: balance causal blocks, default False); None: the operator's default
+    heads          query heads of packed QKV projections (ulysses_fused_attention only; elsewhere q says)
+    """
+    causal: bool = True
+    mask: torch.Tensor | None = None
+    softmax_scale: float | None = None
+    dropout_p: float = 0.0
+    seed: int | torch.Tensor = 0
+    zigzag: bool | None = None
+    heads: int | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.dropout_p < 1.0:
+            raise ValueError(f"attention dropout_p must be in [0, 1); got {self.dropout_p}")
+        if self.mask is not None and self.mask.dtype != torch.bool:
+            raise ValueError("attn_mask must be a bool tensor (True = masked out, Megatron's convention); "
+                             "convert with mask < 0.5 or mask.bool()")
+
+    def zigzagged(self, default: bool) -> bool:
+        return default if self.zigzag is None else self.zigzag
+
+
+CAUSAL = Attend()  # the default rule: causal, nothing else
 
 
 def zigzag_positions(seq: int, world: int, device=None) -> torch.Tensor:
@@ -145,12 +181,9 @@ def check_attention_operands(op: str, q, k, v, weight=None) -> None:
                          f"of linear_proj.weight, [out, in]); got {tuple(weight.shape)}")
 
 
-def make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions=None) -> AttnSpec:
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"attention dropout_p must be in [0, 1); got {dropout_p}")
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        raise ValueError("attn_mask must be a bool tensor (True = masked out, Megatron's convention); "
-                         "convert with mask < 0.5 or mask.bool()")
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return AttnSpec(scale=scale, causal=causal, mask=attn_mask, positions=positions, dropout_p=dropout_p,
-                    seed=seed)
+def make_spec(q, attend: Attend, mask: torch.Tensor | None, positions: torch.Tensor | None = None) -> AttnSpec:
+    """The AttnSpec of one call: `attend`'s rule for q [s, b, np, hn] (scale default 1/sqrt(hn)), with `mask`
+    (attend.mask as the operator lays it out: gathered, permuted) and the rows' `positions`."""
+    scale = attend.softmax_scale if attend.softmax_scale is not None else q.shape[-1] ** -0.5
+    return AttnSpec(scale=scale, causal=attend.causal, mask=mask, positions=positions, dropout_p=attend.dropout_p,
+                    seed=attend.seed)

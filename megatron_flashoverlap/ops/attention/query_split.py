@@ -16,44 +16,53 @@
 Causal cost: block d sees (d + 1/2) * s/P keys on average, so step costs differ (block 0 is the cheapest);
 a hop is exposed where it is slower than the block computed beside it. `exposed_hops` is the cost model:
 for P = 4 and block costs 1, 3, 5, 7 (unit = cost of block 0), a hop of 2 units leaves 1 unit exposed, a hop
-of 4 units 4 units (uniform blocks of 4 would hide both entirely). `zigzag=True` makes the blocks uniform:
-block d = chunks (d, 2P-1-d) of 2P, each costing 4 units, so a hop is exposed only once it exceeds the
-average block, as for non-causal attention.
+of 4 units 4 units (uniform blocks of 4 would hide both entirely). `Attend(zigzag=True)` makes the blocks
+uniform: block d = chunks (d, 2P-1-d) of 2P, each costing 4 units, so a hop is exposed only once it exceeds
+the average block, as for non-causal attention.
 dk, dv and dw are summed across blocks in fp32 for bf16/fp16. The RS sums are kept in fp32 and travel in
-the wire dtype (`wire_dtype`: "input", stock's bytes, or "fp32"; runtime/numerics.py).
+the wire dtype (OpPlan.wire: "input", stock's bytes, or "fp32"; runtime/numerics.py).
 Registered as "query_split_attention" in ops/registry.py: the differentiable entry of each algo (the fused
-autograd.Function for flash/flash_bidir; attention, then `matmul_reduce_scatter` for slicing/reference).
+autograd.Function for flash/flash_bidir; attention, then `matmul_reduce_scatter` for slicing/reference),
+each given the call's `QSPlan`: the attention rule (AttnSpec) and the OpPlan (algo, wire_dtype, slicing's chunks).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ...runtime import OverlapContext, acc_dtype, default_context, gather_and_consume, group_info
-from ...runtime import check_wire, partial_linear, produce_and_scatter, wgrad, wire_dtype
+from ...runtime import OverlapContext, Producer, default_context, gather_and_consume, group_info
+from ...runtime import partial_linear, produce_and_scatter, sums, wgrad
 from ...runtime.numerics import zeros_acc
 from ..checks import check_divisible, peers_agree
-from ..registry import plain, register, resolve
+from ..registry import OpPlan, plain, plan_of, register, resolve
 from ..tp_sp.functions import matmul_reduce_scatter
-from .core import AttnSpec, attention_reference, attention_rows, check_attention_operands, make_spec
-from .core import zigzag_positions
+from .core import CAUSAL, Attend, AttnSpec, attention_reference, attention_rows, check_attention_operands
+from .core import make_spec, zigzag_positions
 
 OP = "query_split_attention"
 
 
-def query_split_ring(q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False, wire="input"):
+class QSPlan(NamedTuple):
+    """One query-split call as its Function carries it: which keys each row sees (spec), how it runs (plan)."""
+    spec: AttnSpec
+    plan: OpPlan
+
+
+def query_split_ring(q, k, v, weight, group, ctx, qs: QSPlan):
     """Plain forward (no autograd): y_s [s/P, b, h] with attention computed per RS block."""
     world = group_info(group)[1]
 
     def produce(span):
-        return partial_linear(attention_rows(q[span[0]:span[1]], k, v, spec, span[0]), weight)  # [n, b, h]
+        return partial_linear(attention_rows(q[span[0]:span[1]], k, v, qs.spec, span[0]), weight)  # [n, b, h]
 
-    return produce_and_scatter(produce, q.shape[0] // world, (q.shape[1], weight.shape[0]), group, ctx,
-                               acc_dtype=acc_dtype(q.dtype), out_dtype=q.dtype, device=q.device,
-                               wire_dtype=wire_dtype(q.dtype, wire), bidirectional=bidirectional, name="qsa.rs")
+    block = (q.shape[0] // world, q.shape[1], weight.shape[0])  # [s/P, b, h]
+    return produce_and_scatter(Producer(produce), block, sums(q.dtype, q.device, qs.plan.wire_dtype), group, ctx,
+                               qs.plan.ring("qsa.rs"))
 
 
-def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec, bidirectional=False):
+def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, qs: QSPlan):
     """-> (dq, dk, dv, dw): Flash-AG of dy_s [s/P, b, h], attention recomputed per arrived block."""
     dq = torch.empty_like(q)
     dk, dv, dw = zeros_acc(k), zeros_acc(v), zeros_acc(weight)
@@ -63,76 +72,72 @@ def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, spec: AttnSpec,
         a, b = span
         q_ = q[a:b].detach().requires_grad_()
         with torch.enable_grad():
-            c = attention_rows(q_, k_, v_, spec, a)  # recompute: [n, b, np*hn]
+            c = attention_rows(q_, k_, v_, qs.spec, a)  # recompute: [n, b, np*hn]
         dw.add_(wgrad(dys, c.detach()))
         gq, gk, gv = torch.autograd.grad(c, (q_, k_, v_), F.linear(dys, weight.t()))
         dq[a:b] = gq
         dk.add_(gk)
         dv.add_(gv)
 
-    gather_and_consume(dy_s.contiguous(), consume, group, ctx, bidirectional=bidirectional, name="qsa.ag")
+    gather_and_consume(dy_s.contiguous(), consume, group, ctx, qs.plan.ring("qsa.ag"))
     return dq, dk.to(k.dtype), dv.to(v.dtype), dw.to(weight.dtype)
 
 
 class QuerySplitAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, weight, group, octx, spec, bidirectional, wire):
+    def forward(ctx, q, k, v, weight, qs, group, octx):
         ctx.save_for_backward(q, k, v, weight)
-        ctx.group, ctx.octx, ctx.spec, ctx.bidir = group, octx, spec, bidirectional
-        return query_split_ring(q, k, v, weight, group, octx, spec, bidirectional, wire)
+        ctx.qs, ctx.group, ctx.octx = qs, group, octx
+        return query_split_ring(q, k, v, weight, group, octx, qs)
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v, weight = ctx.saved_tensors
-        dq, dk, dv, dw = query_split_backward_ring(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.spec, ctx.bidir)
-        return dq, dk, dv, dw, None, None, None, None, None
+        dq, dk, dv, dw = query_split_backward_ring(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.qs)
+        return dq, dk, dv, dw, None, None, None
 
 
 @register(OP, "flash")
-@register(OP, "flash_bidir", bidirectional=True)
-def _fused(q, k, v, weight, group, octx, spec, *, num_chunks=1, wire="input", bidirectional=False):
-    return QuerySplitAttention.apply(q, k, v, weight, group, octx, spec, bidirectional, wire)
+@register(OP, "flash_bidir")
+def _fused(q, k, v, weight, group, octx, qs: QSPlan):
+    return QuerySplitAttention.apply(q, k, v, weight, qs, group, octx)
 
 
-@register(OP, "slicing", algo="slicing")
-@register(OP, "reference", algo="reference")
-def _unfused(q, k, v, weight, group, octx, spec, *, num_chunks=1, wire="input", algo="reference"):
-    """Full attention (plain autograd), then the GEMM + RS operator running `algo`."""
-    ctx_full = attention_reference(q, k, v, spec)
-    return matmul_reduce_scatter(ctx_full, weight, group, algo=algo, num_chunks=num_chunks, wire_dtype=wire,
-                                 context=octx)
+@register(OP, "slicing")
+@register(OP, "reference")
+def _unfused(q, k, v, weight, group, octx, qs: QSPlan):
+    """Full attention (plain autograd), then the GEMM + RS operator running the plan's algo."""
+    ctx_full = attention_reference(q, k, v, qs.spec)
+    return matmul_reduce_scatter(ctx_full, weight, group, plan=qs.plan, context=octx)
 
 
 def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor, group=None, *,
-                          causal: bool = True, attn_mask: torch.Tensor | None = None,
-                          softmax_scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
-                          algo: str = "flash", num_chunks: int | None = None, zigzag: bool = False,
-                          wire_dtype: str = "input", context: OverlapContext | None = None) -> torch.Tensor:
+                          attend: Attend | None = None, plan: OpPlan | None = None,
+                          context: OverlapContext | None = None) -> torch.Tensor:
     """y_s [s/P, b, h] = RS(attention(q, k, v) @ weight^T), with autograd.
 
-    zigzag: balance causal work: the sequence is cut in 2P chunks and output block d is chunks (d, 2P-1-d)
-    (every block then costs the same, see `causal_block_costs`), so y_s holds those rows: the layout of a
-    model whose sequence-parallel shards are zigzag (tokens are permuted once at the input, positions kept).
-
     q [s, b, np/P, hn], k/v [s, b, ng/P, hn] (the full sequence, this rank's heads), weight [h, np/P*hn]
-    (linear_proj's local shard), attn_mask bool [b|1, 1|np, s, s] (True = masked) OR-ed with `causal`.
-    algo: "flash"/"flash_bidir" (query split in Flash-RS order), "slicing" (attention, then the sliced
-    GEMM+RS baseline), "reference" (attention, GEMM, stock RS). Dropout masks are drawn per query row from
-    (seed, row), so every algo and every P gives the same mask. wire_dtype: of the RS partials, "input" | "fp32"."""
-    algo, num_chunks = resolve(OP, algo, num_chunks)
-    check_wire(OP, wire_dtype)
+    (linear_proj's local shard). attend (core.Attend; default causal): the mask, bool [b|1, 1|np, s, s]
+    (True = masked) OR-ed with `causal`, the softmax scale, dropout (masks drawn per query row from
+    (seed, row), so every algo and every P gives the same mask) and zigzag: balance causal work: the sequence
+    is cut in 2P chunks and output block d is chunks (d, 2P-1-d) (every block then costs the same, see
+    `causal_block_costs`), so y_s holds those rows: the layout of a model whose sequence-parallel shards are
+    zigzag (tokens are permuted once at the input, positions kept); default off.
+    plan (ops/registry.py; default OpPlan("flash")): algo "flash"/"flash_bidir" (query split in Flash-RS order),
+    "slicing" (attention, then the sliced GEMM+RS baseline, num_chunks), "reference" (attention, GEMM,
+    stock RS); wire_dtype: of the RS partials, "input" | "fp32"."""
+    plan = resolve(OP, plan_of(OP, None, plan))
+    attend = CAUSAL if attend is None else attend
     check_attention_operands(OP, q, k, v, weight)
     octx = context or default_context()
     rank, world = group_info(group)
     check_divisible(OP, q.shape[0], world)
-    positions = None
-    if zigzag and world > 1:  # rows in zigzag order; the causal rule and the mask follow the true positions
-        positions = zigzag_positions(q.shape[0], world, q.device)
+    positions, mask = None, attend.mask
+    if attend.zigzagged(False) and world > 1:  # rows in zigzag order; the causal rule and the mask follow
+        positions = zigzag_positions(q.shape[0], world, q.device)  # the true positions
         q, k, v = (t.index_select(0, positions) for t in (q, k, v))
-        if attn_mask is not None:
-            attn_mask = attn_mask.index_select(-2, positions).index_select(-1, positions)
-    spec = make_spec(q, causal, attn_mask, softmax_scale, dropout_p, seed, positions)
+        if mask is not None:
+            mask = mask.index_select(-2, positions).index_select(-1, positions)
+    qs = QSPlan(make_spec(q, attend, mask, positions), plan)
     peers_agree(OP, group, world, q.device, octx, *q.shape, *k.shape, *weight.shape)
-    return plain(OP, algo if world > 1 else "reference")(q, k, v, weight, group, octx, spec, num_chunks=num_chunks,
-                                                         wire=wire_dtype)
-
+    return plain(OP, plan.algo if world > 1 else "reference")(q, k, v, weight, group, octx, qs)

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from ...config import ULYSSES_ALGOS
 from ...runtime import OverlapContext, default_context, group_info
 from ..checks import peers_agree
-from ..registry import resolve
-from .core import attention_rows, check_attention_operands, make_spec, zigzag_positions
+from ..registry import resolve_algo
+from .core import CAUSAL, Attend, attention_rows, check_attention_operands, make_spec, zigzag_positions
 from .ulysses_a2a import HeadsToSeq, SeqToHeads
 
 __all__ = ["ULYSSES_ALGOS", "check_ulysses_heads", "gather_mask", "ulysses_attention"]
@@ -56,23 +56,23 @@ def gather_mask(mask: torch.Tensor | None, s_local: int, group, positions: torch
 
 
 def ulysses_attention(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, group=None, *,
-                      causal: bool = True, zigzag: bool = True, attn_mask: torch.Tensor | None = None,
-                      softmax_scale: float | None = None, dropout_p: float = 0.0, seed: int = 0,
-                      algo: str = "flash", context: OverlapContext | None = None) -> torch.Tensor:
+                      attend: Attend | None = None, algo: str = "flash",
+                      context: OverlapContext | None = None) -> torch.Tensor:
     """ctx_s [s/P, b, np*hn] of Ulysses attention over `group` (the context-parallel group), with autograd.
 
-    zigzag: the shards follow Megatron's zigzag CP split (True) or are contiguous (False).
+    attend (core.Attend; default causal): mask, softmax scale, dropout and zigzag: the shards follow
+    Megatron's zigzag CP split (True, the default) or are contiguous (False).
     algo: "flash" (pairwise steps on the executor, q/k/v in one walk), "reference" (all_to_all_single)."""
-    algo = resolve("ulysses_attention", algo)[0]
+    algo = resolve_algo("ulysses_attention", algo)
+    attend = CAUSAL if attend is None else attend
     check_attention_operands("ulysses_attention", q_s, k_s, v_s)
     rank, world = group_info(group)
     check_ulysses_heads("ulysses_attention", q_s.shape[2], k_s.shape[2], world)
     octx = context or default_context()
     peers_agree("ulysses_attention", group, world, q_s.device, octx, *q_s.shape, *k_s.shape)
     s = q_s.shape[0] * world
-    positions = zigzag_positions(s, world, q_s.device) if zigzag and world > 1 else None
-    spec = make_spec(q_s, causal, gather_mask(attn_mask, q_s.shape[0], group, positions), softmax_scale,
-                     dropout_p, seed, positions)
+    positions = zigzag_positions(s, world, q_s.device) if attend.zigzagged(True) and world > 1 else None
+    spec = make_spec(q_s, attend, gather_mask(attend.mask, q_s.shape[0], group, positions), positions)
     if world == 1:
         return attention_rows(q_s, k_s, v_s, spec, 0)
     q, k, v = SeqToHeads.apply(group, octx, algo, q_s, k_s, v_s)
@@ -80,4 +80,3 @@ def ulysses_attention(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, g
     ctx_h = ctx_h.view(s, q.shape[1], q.shape[2], q.shape[3])  # [s, b, np/P, hn]
     (ctx_s,) = HeadsToSeq.apply(group, octx, algo, ctx_h)
     return ctx_s.reshape(ctx_s.shape[0], ctx_s.shape[1], -1)  # [s/P, b, np*hn]
-

@@ -18,11 +18,14 @@
              attention backward of head group r (graph kept from forward)
              consume: each arrived d(qkv) piece of group src gives dx += piece @ W_src, dW_src, db_src
 Registered as "ulysses_fused_attention" in ops/registry.py: "flash" (UlyssesFused) and "reference"
-(QKV GEMM, stock all_to_all, attention, stock all_to_all, proj GEMM), one signature.
+(QKV GEMM, stock all_to_all, attention, stock all_to_all, proj GEMM), one signature, each given the call's
+`FusedPlan`: the attention rule (AttnSpec) and the head layout of w_qkv (np query heads, ng kv groups).
 RoPE is not applied inside (the fused path is for models whose positions enter elsewhere); the
 Megatron-facing UlyssesDotProductAttention covers RoPE models (projections unfused).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +34,18 @@ from ...runtime import OverlapContext, acc_dtype, consume_all_to_all, default_co
 from ...runtime import produce_all_to_all, wgrad
 from ...runtime.numerics import zeros_acc
 from ..checks import peers_agree
-from ..registry import plain, register, resolve
-from .core import AttnSpec, attention_rows, make_spec, zigzag_positions
+from ..registry import plain, register, resolve_algo
+from .core import CAUSAL, Attend, AttnSpec, attention_rows, make_spec, zigzag_positions
 from .ulysses import check_ulysses_heads, ulysses_attention
 
 OP = "ulysses_fused_attention"
+
+
+class FusedPlan(NamedTuple):
+    """One fused Ulysses call: which keys each row sees (spec), and this rank's np query heads / ng kv groups."""
+    spec: AttnSpec
+    heads: int
+    groups: int
 
 
 def _rows(n_rows: int, d: int, world: int) -> slice:
@@ -56,8 +66,9 @@ def join_mixed(dq, dk, dv, per_group: int) -> torch.Tensor:
     return torch.cat([dq.reshape(s, b, g, per_group * hn), dk, dv], dim=3)
 
 
-def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
+def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, fp: FusedPlan):
     rank, world = group_info(group)
+    heads, groups = fp.heads, fp.groups
     hn = w_proj.shape[1] // heads
     per_group, gl = heads // groups, groups // world
 
@@ -70,7 +81,7 @@ def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
     (mixed,) = produce_all_to_all([make], [shape], x_s.dtype, x_s.device, group, octx)  # [s, b, ng/P, .]
     q, k, v = (t.detach().requires_grad_() for t in split_mixed(mixed, per_group, hn))
     with torch.enable_grad():
-        ctx_h = attention_rows(q, k, v, spec, 0)  # [s, b, np/P*hn]
+        ctx_h = attention_rows(q, k, v, fp.spec, 0)  # [s, b, np/P*hn]
     ctx_pieces = ctx_h.detach().view(ctx_h.shape[0], ctx_h.shape[1], heads // world, hn)
     acc = torch.zeros(x_s.shape[:2] + (w_proj.shape[0],), dtype=acc_dtype(x_s.dtype), device=x_s.device)
     ctx_s = torch.empty(x_s.shape[:2] + (w_proj.shape[1],), dtype=x_s.dtype, device=x_s.device)
@@ -85,9 +96,12 @@ def _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
     return acc.to(x_s.dtype), (q, k, v, ctx_h, ctx_s)
 
 
-def _backward(dy_s, x_s, w_qkv, w_proj, group, octx, saved, heads, groups, has_bias):
+def _backward(dy_s, inputs, saved, fp: FusedPlan, group, octx, has_bias):
+    """inputs (x_s, w_qkv, w_proj); saved (q, k, v, ctx_h, ctx_s) from _forward."""
     rank, world = group_info(group)
+    x_s, w_qkv, w_proj = inputs
     q, k, v, ctx_h, ctx_s = saved
+    heads, groups = fp.heads, fp.groups
     acc = acc_dtype(x_s.dtype)
     dwp = zeros_acc(w_proj)
 
@@ -117,59 +131,70 @@ def _backward(dy_s, x_s, w_qkv, w_proj, group, octx, saved, heads, groups, has_b
 
 class UlyssesFused(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups):
-        y, saved = _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+    def forward(ctx, x_s, w_qkv, b_qkv, w_proj, fp, group, octx):
+        y, saved = _forward(x_s, w_qkv, b_qkv, w_proj, group, octx, fp)
         ctx.saved = saved  # q, k, v are detached leaves with the attention graph: kept off save_for_backward
         ctx.save_for_backward(x_s, w_qkv, w_proj)
-        ctx.group, ctx.octx, ctx.heads, ctx.groups, ctx.has_bias = group, octx, heads, groups, b_qkv is not None
+        ctx.fp, ctx.group, ctx.octx, ctx.has_bias = fp, group, octx, b_qkv is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x_s, w_qkv, w_proj = ctx.saved_tensors
-        dx, dw, db, dwp = _backward(dy.contiguous(), x_s, w_qkv, w_proj, ctx.group, ctx.octx, ctx.saved,
-                                    ctx.heads, ctx.groups, ctx.has_bias)
+        dx, dw, db, dwp = _backward(dy.contiguous(), ctx.saved_tensors, ctx.saved, ctx.fp, ctx.group, ctx.octx,
+                                    ctx.has_bias)
         ctx.saved = None
-        return dx, dw, db, dwp, None, None, None, None, None
+        return dx, dw, db, dwp, None, None, None
 
 
 @register(OP, "flash")
-def ulysses_fused_flash(x_s, w_qkv, b_qkv, w_proj, group, octx, spec: AttnSpec, heads, groups):
-    return UlyssesFused.apply(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+def ulysses_fused_flash(x_s, w_qkv, b_qkv, w_proj, group, octx, fp: FusedPlan):
+    return UlyssesFused.apply(x_s, w_qkv, b_qkv, w_proj, fp, group, octx)
 
 
 @register(OP, "reference")
-def ulysses_fused_reference(x_s, w_qkv, b_qkv, w_proj, group, octx, spec: AttnSpec, heads, groups):
+def ulysses_fused_reference(x_s, w_qkv, b_qkv, w_proj, group, octx, fp: FusedPlan):
     """Unfused, same signature: QKV GEMM, stock all_to_all, attention, stock all_to_all, proj GEMM."""
-    hn = w_proj.shape[1] // heads
-    mixed = F.linear(x_s, w_qkv, b_qkv).view(x_s.shape[0], x_s.shape[1], groups, -1)
-    q, k, v = split_mixed(mixed, heads // groups, hn)
-    ctx_s = ulysses_attention(q, k, v, group, causal=spec.causal, zigzag=spec.positions is not None,
-                              softmax_scale=spec.scale, algo="reference", context=octx)
-    return F.linear(ctx_s, w_proj)
+    spec, hn = fp.spec, w_proj.shape[1] // fp.heads
+    mixed = F.linear(x_s, w_qkv, b_qkv).view(x_s.shape[0], x_s.shape[1], fp.groups, -1)
+    q, k, v = split_mixed(mixed, fp.heads // fp.groups, hn)
+    attend = Attend(causal=spec.causal, softmax_scale=spec.scale, zigzag=spec.positions is not None)
+    return F.linear(ulysses_attention(q, k, v, group, attend=attend, algo="reference", context=octx), w_proj)
 
 
 def ulysses_fused_attention(x_s: torch.Tensor, w_qkv: torch.Tensor, w_proj: torch.Tensor, group=None, *,
-                            heads: int, groups: int | None = None, b_qkv: torch.Tensor | None = None,
-                            causal: bool = True, zigzag: bool = True, softmax_scale: float | None = None,
-                            algo: str = "flash", context: OverlapContext | None = None) -> torch.Tensor:
+                            b_qkv: torch.Tensor | None = None, attend: Attend | None = None, algo: str = "flash",
+                            context: OverlapContext | None = None) -> torch.Tensor:
     """y_s [s/P, b, h] = proj(Ulysses-attention(QKV(x_s))) over the CP `group`, with autograd.
 
-    heads/groups: query heads and kv groups of w_qkv (this tensor-parallel rank's); both divisible by P.
-    algo: "flash" (projections fused into the pairwise a2a steps) or "reference" (ulysses_fused_reference)."""
-    algo = resolve(OP, algo)[0]
-    groups = groups or heads
+    attend (core.Attend): heads (required): this tensor-parallel rank's query heads of w_qkv, divisible by P
+    (its kv groups, also divisible by P, follow from w_qkv's rows); causal, softmax_scale, zigzag (default on:
+    Megatron's CP split). No mask or dropout here. algo: "flash" (projections fused into the pairwise a2a
+    steps) or "reference" (ulysses_fused_reference)."""
+    algo = resolve_algo(OP, algo)
+    attend = CAUSAL if attend is None else attend
+    heads, groups = _layout(x_s, w_qkv, w_proj, attend)
     rank, world = group_info(group)
-    hn = w_proj.shape[1] // heads
-    if w_qkv.shape != (groups * (heads // groups + 2) * hn, x_s.shape[-1]) or heads % groups:
-        raise ValueError(f"ulysses_fused_attention: w_qkv must be [{groups}*({heads}//{groups}+2)*{hn}, "
-                         f"{x_s.shape[-1]}] (Megatron's linear_qkv layout) and groups must divide heads; got "
-                         f"{tuple(w_qkv.shape)} with heads={heads}, groups={groups}")
     check_ulysses_heads("ulysses_fused_attention", heads, groups, world)
     octx = context or default_context()
     peers_agree(OP, group, world, x_s.device, octx, *x_s.shape, *w_qkv.shape, *w_proj.shape, heads, groups)
-    q_like = x_s.new_empty((1, 1, 1, hn))
-    positions = zigzag_positions(x_s.shape[0] * world, world, x_s.device) if zigzag and world > 1 else None
-    spec = make_spec(q_like, causal, None, softmax_scale, 0.0, 0, positions)
-    fn = plain(OP, algo if world > 1 else "reference")
-    return fn(x_s, w_qkv, b_qkv, w_proj, group, octx, spec, heads, groups)
+    q_like = x_s.new_empty((1, 1, 1, w_proj.shape[1] // heads))
+    positions = zigzag_positions(x_s.shape[0] * world, world, x_s.device) if attend.zigzagged(True) and world > 1 \
+        else None
+    fp = FusedPlan(make_spec(q_like, attend, None, positions), heads, groups)
+    return plain(OP, algo if world > 1 else "reference")(x_s, w_qkv, b_qkv, w_proj, group, octx, fp)
+
+
+def _layout(x_s, w_qkv, w_proj, attend: Attend) -> tuple[int, int]:
+    """(np, ng) of w_qkv [ng*(np/ng+2)*hn, h] for np = attend.heads, hn = w_proj's columns / np; errors name
+    the fix (a mask or dropout, which this operator does not take, too)."""
+    if attend.heads is None or attend.mask is not None or attend.dropout_p:
+        raise ValueError("ulysses_fused_attention: attend must give heads= (this rank's query heads of w_qkv) and "
+                         "no mask or dropout (use ulysses_attention for those), e.g. attend=Attend(heads=8)")
+    heads = attend.heads
+    hn = w_proj.shape[1] // heads
+    groups = (w_qkv.shape[0] // max(hn, 1) - heads) // 2 if heads and hn else 0
+    if groups < 1 or heads % groups or w_qkv.shape != (groups * (heads // groups + 2) * hn, x_s.shape[-1]):
+        raise ValueError(f"ulysses_fused_attention: w_qkv must be [ng*({heads}//ng+2)*{hn}, {x_s.shape[-1]}] "
+                         f"(Megatron's linear_qkv layout) for {heads} query heads with ng kv groups dividing them; "
+                         f"got {tuple(w_qkv.shape)} (w_proj {tuple(w_proj.shape)})")
+    return heads, groups

@@ -1,6 +1,7 @@
 """Weight-gradient GEMM fused with the data-parallel reduce-scatter of a flat gradient bucket.
 
     dy [s, b, n]    x [s, b, k]    dW [n, k] = dy^T x  (the wgrad of a linear whose weight is [n, k])
+    bucket = DPBucket(grad_flat, offset, scale, on_local): where dW goes
     grad_flat [L]   the bucket's gradient buffer, L = D * S (D = DP group size, S = shard size);
                     W's gradient occupies grad_flat[offset : offset + n*k] (row-major); the rest of the
                     bucket is padding (or gradients accumulated earlier: they are reduced too)
@@ -19,26 +20,40 @@ The own shard is made and summed in place in the bucket (an fp32 bucket; a bf16/
 slot and is written once at the end). Only the last add is exposed; the whole bucket's reduce-scatter
 hides under the wgrad GEMM of this layer (stock Megatron starts it after the GEMM and the last bucket of
 the backward stays exposed).
-Partials are summed in fp32 when the buffer is bf16/fp16 and travel in the wire dtype (`wire_dtype`:
-"input", the buffer's dtype, stock's bytes; or "fp32"; runtime/numerics.py). "reference": add dW into the
+Partials are summed in fp32 when the buffer is bf16/fp16 and travel in the wire dtype (OpPlan.wire:
+"input", the buffer's dtype, stock's bytes; or "fp32"; runtime/numerics.py); OpPlan.hop_chunks (flash): the
+pieces each shard is made and sent in (default 1). "reference": add dW into the
 buffer, scale, one stock reduce-scatter (Megatron's own order of operations; in fp32 for wire_dtype="fp32").
-on_local(part, scale) (optional): called with every LOCAL part of (grad_flat + dW) * scale before it leaves
+bucket.on_local(part, scale) (optional): called with every LOCAL part of (grad_flat + dW) * scale before it leaves
 this rank (the ring: one span per shard, scaled already; the reference: the whole bucket, scale 1), e.g. to
 check the local gradient for NaN as Megatron does before its collective (part / scale is the unscaled
 gradient); the parts tile the bucket once.
-Plain functions registered as "matmul_wgrad_reduce_scatter" in ops/registry.py; `force_reference()` reaches this operator too.
+Plain functions registered as "matmul_wgrad_reduce_scatter" in ops/registry.py, (dy, x, bucket, group, ctx,
+plan); `force_reference()` reaches this operator too.
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
-from ...runtime import OverlapContext, acc_dtype, default_context, group_info, produce_and_scatter
-from ...runtime import check_wire, reduce_scatter_into, wgrad, wire_dtype
+from ...runtime import OverlapContext, Producer, default_context, group_info, produce_and_scatter
+from ...runtime import reduce_scatter_into, sums, wgrad, wire_dtype
 from ...runtime.numerics import flat
 from ..checks import peers_agree
-from ..registry import plain, register, resolve
+from ..registry import OpPlan, plain, plan_of, register, resolve
 
 OP = "matmul_wgrad_reduce_scatter"
+_INPUT_WIRE = OpPlan("reference")  # the widened copy's own reduce-scatter: in its (fp32) dtype
+
+
+class DPBucket(NamedTuple):
+    """Where dW goes in a DP gradient bucket: grad_flat [L] holds W's gradient at `offset`; the bucket is
+    scaled by `scale`; on_local(part, scale) sees every local part before it leaves (module docstring)."""
+    grad_flat: torch.Tensor
+    offset: int
+    scale: float = 1.0
+    on_local: Callable | None = None
 
 
 def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> None:
@@ -54,32 +69,34 @@ def wgrad_flat_span(dy, x, offset: int, a: int, b: int, out: torch.Tensor) -> No
 
 
 @register(OP, "reference")
-def wgrad_reduce_scatter_reference(dy, x, grad_flat, offset, scale, group, ctx, wire="input", on_local=None) -> None:
+def wgrad_reduce_scatter_reference(dy, x, bucket: DPBucket, group, ctx, plan: OpPlan) -> None:
     """Megatron's order: grad_flat[W] += dW; grad_flat *= scale; reduce-scatter into the own shard."""
+    grad_flat, offset = bucket.grad_flat, bucket.offset
     rank, world = group_info(group)
-    if wire_dtype(grad_flat.dtype, wire) != grad_flat.dtype:  # fp32 on the wire: reduce a widened copy
-        wide = grad_flat.to(wire_dtype(grad_flat.dtype, wire))
-        wgrad_reduce_scatter_reference(dy, x, wide, offset, scale, group, ctx, on_local=on_local)
+    if wire_dtype(grad_flat.dtype, plan.wire_dtype) != grad_flat.dtype:  # fp32 on the wire: reduce a widened copy
+        wide = grad_flat.to(wire_dtype(grad_flat.dtype, plan.wire_dtype))
+        wgrad_reduce_scatter_reference(dy, x, bucket._replace(grad_flat=wide), group, ctx, _INPUT_WIRE)
         grad_flat.copy_(wide)
         return
     w_view = grad_flat[offset:offset + dy.shape[-1] * x.shape[-1]]
     w_view.add_(wgrad(dy, x).reshape(-1).to(grad_flat.dtype))
-    if on_local is not None:
-        on_local(grad_flat, 1.0)
-    if scale != 1.0:
-        grad_flat.mul_(scale)
+    if bucket.on_local is not None:
+        bucket.on_local(grad_flat, 1.0)
+    if bucket.scale != 1.0:
+        grad_flat.mul_(bucket.scale)
     shard = grad_flat.numel() // world
     out = grad_flat[rank * shard:(rank + 1) * shard]
     if world > 1:
         reduce_scatter_into(out, grad_flat, group)
 
 
-def produce_span_into(dy, x, grad_flat, offset: int, scale: float, a: int, b: int, out: torch.Tensor) -> None:
+def produce_span_into(dy, x, bucket: DPBucket, a: int, b: int, out: torch.Tensor) -> None:
     """out [b-a] (acc dtype) <- (grad_flat[a:b] + dW.flatten()[a-offset : b-offset] where W covers it) * scale.
 
     The whole rows of W in [a, b) are ONE addmm into `out` (beta = alpha = scale: the bucket's earlier
     gradient, the GEMM and the scaling in the GEMM's own pass) where the operands share out's dtype;
     the cut rows at the two ends, and mixed dtypes, go through wgrad_flat_span."""
+    grad_flat, offset, scale = bucket.grad_flat, bucket.offset, bucket.scale
     k = x.shape[-1]
     lo, hi = max(a - offset, 0), min(b - offset, dy.shape[-1] * k)  # W's flat range inside [a, b)
     r0, r1 = -(-lo // k), hi // k  # whole rows of W inside it
@@ -98,32 +115,30 @@ def produce_span_into(dy, x, grad_flat, offset: int, scale: float, a: int, b: in
         torch.addmm(earlier, flat(dy)[:, r0:r1].t(), flat(x), beta=scale, alpha=scale, out=dst)
     for e0, e1 in ((a, m0), (m1, b)):  # the cut rows and the span outside W
         if e1 > e0:
-            produce_span_into(dy, x, grad_flat, offset, scale, e0, e1, out[e0 - a:e1 - a])
+            produce_span_into(dy, x, bucket, e0, e1, out[e0 - a:e1 - a])
 
 
 @register(OP, "flash")
-@register(OP, "flash_bidir", bidirectional=True)
-def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: OverlapContext, wire: str = "input",
-                              on_local=None, bidirectional: bool = False, hop_chunks: int = 1,
+@register(OP, "flash_bidir")
+def wgrad_reduce_scatter_ring(dy, x, bucket: DPBucket, group, ctx: OverlapContext, plan: OpPlan, *,
                               defer_last: bool = False):
     """Flash-RS of (grad_flat + dW) * scale over `group`, dW produced shard by shard into the ring's own
     slot (produce_span_into: no copy of the partial); own shard last.
-    hop_chunks c: each shard made and sent in c pieces (the first piece leaves after 1/c of its GEMM).
+    plan.hops c: each shard made and sent in c pieces (the first piece leaves after 1/c of its GEMM).
     defer_last: every GEMM slice runs now; -> finish(), which waits on the last hop and writes the own shard."""
+    grad_flat, on_local = bucket.grad_flat, bucket.on_local
     rank, world = group_info(group)
     shard = grad_flat.numel() // world
-    acc = acc_dtype(grad_flat.dtype)
+    rule = sums(grad_flat.dtype, grad_flat.device, plan.wire_dtype)
 
     def produce(span, out):
-        produce_span_into(dy, x, grad_flat, offset, scale, span[0], span[1], out)
+        produce_span_into(dy, x, bucket, span[0], span[1], out)
         if on_local is not None:
-            on_local(out, scale)
+            on_local(out, bucket.scale)
 
     mine = grad_flat[rank * shard:(rank + 1) * shard]
-    own = produce_and_scatter(produce, shard, (), group, ctx, acc_dtype=acc, out_dtype=grad_flat.dtype,
-                              device=grad_flat.device, wire_dtype=wire_dtype(grad_flat.dtype, wire),
-                              bidirectional=bidirectional, name="dp.rs", hop_chunks=hop_chunks, into=True,
-                              defer_last=defer_last, own_into=mine if acc == grad_flat.dtype else None)
+    producer = Producer(produce, into=True, own_into=mine if rule.acc == grad_flat.dtype else None)
+    own = produce_and_scatter(producer, (shard,), rule, group, ctx, plan.ring("dp.rs"), defer_last=defer_last)
 
     def finish() -> None:
         result = own() if defer_last else own
@@ -134,38 +149,34 @@ def wgrad_reduce_scatter_ring(dy, x, grad_flat, offset, scale, group, ctx: Overl
     finish()
 
 
-def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, grad_flat: torch.Tensor, offset: int,
-                                group, *, scale: float = 1.0, algo: str = "flash", wire_dtype: str = "input",
-                                context: OverlapContext | None = None, on_local=None, hop_chunks: int = 1,
-                                defer_last: bool = False):
-    """Plain op (no autograd): own shard of grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed at
-    `offset`). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k], n*k <= L - offset.
-    on_local(part, scale): sees every local part (times scale) before it is sent (module docstring).
-    hop_chunks: pieces per shard of the ring (an int >= 1; the reference ignores it: one collective).
+def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, bucket: DPBucket, group, *,
+                                algo: str | None = None, plan: OpPlan | None = None,
+                                context: OverlapContext | None = None, defer_last: bool = False):
+    """Plain op (no autograd): own shard of bucket.grad_flat <- scale * sum_ranks (grad_flat + dy^T x placed
+    at bucket.offset). grad_flat [L] with L divisible by the group size; dy [.., n], x [.., k],
+    n*k <= L - offset. bucket.on_local(part, scale): sees every local part (times scale) before it is sent
+    (module docstring). algo: the shorthand of plan=OpPlan(algo) ("flash", "flash_bidir", "reference");
+    plan.hop_chunks (flash): pieces per shard of the ring (default 1), plan.wire_dtype: the wire dtype.
     defer_last: -> finish(): the ring's last hop is waited (and the own shard written) when it is called; the
     GEMM has run and every local part was seen; finish before the next call on the same `context` (its ring
     buffers). The reference and a group of 1 finish at once (finish() does nothing)."""
-    algo = resolve(OP, algo)[0]
-    check_wire(OP, wire_dtype)
+    plan = resolve(OP, plan_of(OP, algo, plan))
     rank, world = group_info(group)
-    n, k = dy.shape[-1], x.shape[-1]
+    n, k, grad_flat = dy.shape[-1], x.shape[-1], bucket.grad_flat
     if grad_flat.dim() != 1 or grad_flat.numel() % world:
         raise ValueError(f"matmul_wgrad_reduce_scatter: grad_flat must be 1-D with a length divisible by the "
                          f"DP group size {world}; got shape {tuple(grad_flat.shape)} (pad the bucket)")
-    if offset < 0 or offset + n * k > grad_flat.numel():
-        raise ValueError(f"matmul_wgrad_reduce_scatter: W [{n}, {k}] at offset {offset} does not fit in a "
+    if bucket.offset < 0 or bucket.offset + n * k > grad_flat.numel():
+        raise ValueError(f"matmul_wgrad_reduce_scatter: W [{n}, {k}] at offset {bucket.offset} does not fit in a "
                          f"bucket of {grad_flat.numel()} elements; pass the offset of W's main_grad in it")
-    if not isinstance(hop_chunks, int) or isinstance(hop_chunks, bool) or hop_chunks < 1:
-        raise ValueError(f"matmul_wgrad_reduce_scatter: hop_chunks must be an int >= 1; got {hop_chunks!r}")
     ctx = context or default_context()
-    if algo != "reference":
-        peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), offset, n, k)
+    if plan.algo != "reference":
+        peers_agree(OP, group, world, grad_flat.device, ctx, grad_flat.numel(), bucket.offset, n, k)
     with torch.no_grad():  # a plain op into a gradient buffer: nothing to record (inputs may require grad)
-        if world == 1 or algo == "reference":
-            plain(OP, "reference")(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local)
+        if world == 1 or plan.algo == "reference":
+            wgrad_reduce_scatter_reference(dy, x, bucket, group, ctx, plan)
             return _done if defer_last else None
-        return plain(OP, algo)(dy, x, grad_flat, offset, scale, group, ctx, wire_dtype, on_local=on_local,
-                               hop_chunks=hop_chunks, defer_last=defer_last)
+        return plain(OP, plan.algo)(dy, x, bucket, group, ctx, plan, defer_last=defer_last)
 
 
 def _done() -> None:

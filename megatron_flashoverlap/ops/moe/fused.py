@@ -2,7 +2,8 @@
 
     tokens [sum(in_splits), h], probs [sum(in_splits)]  (the dispatcher's permuted order: block d for rank d)
       -> y [sum(in_splits), h]: each row through its expert on the rank that holds it, back in the same place
-    experts(x [n, h], counts [E], p [n]) -> [n, h]: the local experts on rows grouped by local expert
+    experts = LocalExperts(fn, params): fn(x [n, h], counts [E], p [n]) -> [n, h], the local experts on rows
+              grouped by local expert; params: every parameter fn uses (their gradients are returned once)
     counts[s][e]: rows of source rank s for local expert e (stock's num_global_tokens_per_local_expert)
 
 "flash": one walk of schedules.expert_pipeline per pass. The block from source s (laid out by local
@@ -27,7 +28,7 @@ local expert through the experts at once, then the reverse exchange.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -38,6 +39,12 @@ from .walk import Plan, walk
 
 OP = "expert_pipeline"
 WORDS = "expert_all_to_all"  # the MoE words (config.MOE_ALGOS) are the exchange's
+
+
+class LocalExperts(NamedTuple):
+    """This rank's experts: fn(x [n, h], counts [E], p [n]) -> [n, h], and every parameter fn uses."""
+    fn: Callable
+    params: Sequence[torch.Tensor]
 
 
 class _Graphs:
@@ -96,11 +103,11 @@ class _FusedExperts(torch.autograd.Function):
 
 
 @register(OP, "flash")
-def pipeline_flash(tokens, probs, experts, params, plan: Plan, group, ctx):
-    """The fused walk (module docstring), differentiable in tokens, probs and params."""
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (tokens, probs, *params))
-    graphs = _Graphs(experts, params, keep=needs_grad)
-    return _FusedExperts.apply(plan, group, ctx, graphs, tokens, probs, *params)
+def pipeline_flash(tokens, probs, experts: LocalExperts, plan: Plan, group, ctx):
+    """The fused walk (module docstring), differentiable in tokens, probs and the experts' params."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (tokens, probs, *experts.params))
+    graphs = _Graphs(experts.fn, experts.params, keep=needs_grad)
+    return _FusedExperts.apply(plan, group, ctx, graphs, tokens, probs, *experts.params)
 
 
 def _by_expert(plan: Plan) -> torch.Tensor:
@@ -114,26 +121,26 @@ def _by_expert(plan: Plan) -> torch.Tensor:
     return torch.tensor(order, dtype=torch.long)
 
 
-def _unfused(a2a: str, tokens, probs, experts, params, plan: Plan, group, ctx):
+def _unfused(a2a: str, tokens, probs, experts: LocalExperts, plan: Plan, group, ctx):
     """Exchange, all rows through the experts sorted by local expert (stock's sort), reverse exchange."""
     outs, ins = list(plan.out_splits), list(plan.in_splits)
     x = expert_all_to_all(tokens, outs, ins, group, ctx, algo=a2a, order=DISPATCH)
     p = expert_all_to_all(probs.unsqueeze(-1), outs, ins, group, ctx, algo=a2a, order=DISPATCH).squeeze(-1)
     idx = _by_expert(plan).to(x.device)
     totals = [sum(c[e] for c in plan.counts) for e in range(len(plan.counts[0]))]
-    y_sorted = experts(x[idx], totals, p[idx])
+    y_sorted = experts.fn(x[idx], totals, p[idx])
     y = torch.empty_like(y_sorted).index_copy(0, idx, y_sorted)  # back to the exchanged order
     return expert_all_to_all(y, ins, outs, group, ctx, algo=a2a, order=COMBINE)
 
 
 @register(OP, "exchange")
-def pipeline_exchange(tokens, probs, experts, params, plan, group, ctx):
-    return _unfused("exchange", tokens, probs, experts, params, plan, group, ctx)
+def pipeline_exchange(tokens, probs, experts, plan, group, ctx):
+    return _unfused("exchange", tokens, probs, experts, plan, group, ctx)
 
 
 @register(OP, "reference")
-def pipeline_reference(tokens, probs, experts, params, plan, group, ctx):
-    return _unfused("reference", tokens, probs, experts, params, plan, group, ctx)
+def pipeline_reference(tokens, probs, experts, plan, group, ctx):
+    return _unfused("reference", tokens, probs, experts, plan, group, ctx)
 
 
 def _plan(tokens, probs, counts, input_splits, group) -> Plan:
@@ -150,13 +157,13 @@ def _plan(tokens, probs, counts, input_splits, group) -> Plan:
     return Plan(rank, world, tuple(ins), tuple(tuple(c) for c in rows))
 
 
-def expert_pipeline(tokens: torch.Tensor, probs: torch.Tensor, experts: Callable, params: Sequence[torch.Tensor],
-                    counts, input_splits, group, ctx, *, algo: str = "flash") -> torch.Tensor:
+def expert_pipeline(tokens: torch.Tensor, probs: torch.Tensor, experts: LocalExperts, counts, input_splits, group,
+                    ctx, *, algo: str = "flash") -> torch.Tensor:
     """The public wrapper: tokens [sum(input_splits), h], probs [sum(input_splits)] -> y [sum(input_splits), h];
     counts [P][E] (rows from each source rank per local expert; the exchanged row counts are their sums);
-    `params`: every parameter `experts` uses (their gradients are returned once); algo in config.MOE_ALGOS."""
+    experts: LocalExperts(fn, params) (the params' gradients are returned once); algo in config.MOE_ALGOS."""
     check_algo(WORDS, algo)
     plan = _plan(tokens, probs, counts, input_splits, group)
     if plan.world == 1:
-        return experts(tokens, list(plan.counts[0]), probs)
-    return plain(OP, "reference" if forced() else algo)(tokens, probs, experts, params, plan, group, ctx)
+        return experts.fn(tokens, list(plan.counts[0]), probs)
+    return plain(OP, "reference" if forced() else algo)(tokens, probs, experts, plan, group, ctx)

@@ -23,14 +23,14 @@ block then rides in the same ring walk as the GEMM slices of chunk c+1 (merged s
 What stays exposed in forward: the tail, P-1 hops of s/(C*P) * b * h elements (1/C of an all-gather of y),
 plus any hop that outlasts the GEMM slice it rides with, plus the final add of each Flash-RS. In the
 column backward the wgrad GEMM (cut in P-1 slices) hides the tail too. Partial sums are kept in fp32 for
-bf16/fp16 and travel in the wire dtype (`wire`: "input", stock's bytes, rounded once per hop, or "fp32");
+bf16/fp16 and travel in the wire dtype (OpPlan.wire_dtype: "input", stock's bytes, rounded once per hop, or "fp32");
 the reduced block is rounded once before the all-gather, so every rank ends with identical bits. The
-reference and slicing all-reduce in the wire dtype too (wire="input": stock).
+reference and slicing all-reduce in the wire dtype too (wire_dtype="input": stock).
 Sequence not divisible by P: one log line, then the reference (GEMM, then `dist.all_reduce`).
 
 This file: the plain functions (no autograd), one per algorithm, one signature
-(x, weight, group, ctx, *, num_chunks, tail=None, wire="input") -> y, registered as "matmul_all_reduce" in
-ops/registry.py;
+(x, weight, group, ctx, plan, tail=None) -> y, registered as "matmul_all_reduce" in ops/registry.py; each
+reads the OpPlan knobs it uses (plan.wire_dtype; slicing and flash: plan.num_chunks; flash: the ring's direction);
 `tail = (n, fn)`: n independent compute pieces fn(i) that run while the all-reduce's last part flies.
 all_reduce_matmul.py holds the autograd.Functions and the public wrappers.
 """
@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...runtime import acc_dtype, gather, group_info, partial_linear, scatter, tail as tail_pass, wait_collective
+from ...runtime import gather, group_info, partial_linear, scatter, sums, tail as tail_pass, wait_collective
 from ...runtime import walk, wire_dtype
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import partial_producer, rows_writer
@@ -61,10 +61,10 @@ def _run_tail(tail) -> None:
 
 
 @register(OP, "reference")
-def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None, wire="input"):
+def ar_matmul_reference(x, weight, group, ctx, plan, tail=None):
     """Unfused, as stock Megatron: one GEMM, then one `dist.all_reduce` (in the wire dtype); with `tail` (the
     column backward's wgrad) the all-reduce is async and the tail runs while it flies (`allreduce_dgrad`)."""
-    y = partial_linear(x, weight).to(wire_dtype(x.dtype, wire))
+    y = partial_linear(x, weight).to(wire_dtype(x.dtype, plan.wire_dtype))
     world = group_info(group)[1]
     work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
     _run_tail(tail)
@@ -74,13 +74,14 @@ def ar_matmul_reference(x, weight, group, ctx, *, num_chunks=1, tail=None, wire=
 
 
 @register(OP, "slicing")
-def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None, wire="input"):
+def ar_matmul_slicing(x, weight, group, ctx, plan, tail=None):
     """Data slicing: the all-reduce of chunk j in flight while chunk j+1 multiplies; the last is the tail
     (in the column backward the wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
-    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=wire_dtype(x.dtype, wire), device=x.device)
+    wdt = wire_dtype(x.dtype, plan.wire_dtype)
+    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=wdt, device=x.device)
     works = []
     write = rows_writer(y, weight) if y.dtype == x.dtype else None  # in place where the GEMM's dtype is y's
-    for a, b in chunk_bounds(x.shape[0], num_chunks):
+    for a, b in chunk_bounds(x.shape[0], plan.num_chunks):
         if write is not None:
             write((a, b), x[a:b])
         else:
@@ -92,28 +93,26 @@ def ar_matmul_slicing(x, weight, group, ctx, *, num_chunks, tail=None, wire="inp
 
 
 @register(OP, "flash")
-@register(OP, "flash_bidir", bidirectional=True)
-def ar_matmul_ring(x, weight, group, ctx, *, num_chunks=DEFAULT_CHUNKS, tail=None, wire="input",
-                   bidirectional=False):
+@register(OP, "flash_bidir")
+def ar_matmul_ring(x, weight, group, ctx, plan, tail=None):
     """Chunked Flash-RS + Flash-AG (module docstring): chunk c's RS, chunk c-1's AG in one walk; the last
-    AG with the `tail` pieces spread over its hops."""
+    AG with the `tail` pieces spread over its hops. plan.num_chunks: C (the wrapper fills in DEFAULT_CHUNKS)."""
     world = group_info(group)[1]
     y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
+    sum_rule, rs_ring, ag_ring = sums(x.dtype, x.device, plan.wire_dtype), plan.ring("ar.rs"), plan.ring("ar.ag", tag=1)
     pending = None  # the all-gather pass still to run
-    for a, b in chunk_rows(x.shape[0], world, num_chunks):
-        produce, into = partial_producer(x, weight, offset=a)
-        rs = scatter(produce, (b - a) // world, tuple(y.shape[1:]), group, ctx, acc_dtype=acc_dtype(x.dtype),
-                     out_dtype=x.dtype, device=x.device, wire_dtype=wire_dtype(x.dtype, wire),
-                     bidirectional=bidirectional, name="ar.rs", tag=0, into=into)
+    for a, b in chunk_rows(x.shape[0], world, plan.num_chunks or DEFAULT_CHUNKS):
+        block = ((b - a) // world,) + tuple(y.shape[1:])  # [rows of the chunk / P, b, h]
+        rs = scatter(partial_producer(x, weight, offset=a), block, sum_rule, group, ctx, rs_ring)
         walk(group, ctx, rs, pending)
-        pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, bidirectional)
+        pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, ag_ring)
     walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))
     return y
 
 
-def _gather_into(block, y_chunk, group, ctx, bidirectional):
+def _gather_into(block, y_chunk, group, ctx, ring):
     """The all-gather pass of one reduced chunk: every arrived block is copied into its rows of y_chunk."""
     def consume(span, ys):
         y_chunk[span[0]:span[1]].copy_(ys)
 
-    return gather(block, consume, group, ctx, bidirectional=bidirectional, name="ar.ag", tag=1)
+    return gather(block, consume, group, ctx, ring)

@@ -10,9 +10,11 @@
     bgrad    db = sum_{s,b} dy
 
 This file: the forward plain functions (no autograd), one per algorithm, all with one signature
-(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered, hop_chunks) -> (y, AG(x) or None), registered
-in ops/registry.py. hop_chunks (flash only; 1 elsewhere): row sub-chunks per hop, each posted ahead as its own
-transfer and multiplied as soon as it arrived (ops/tp_sp/hops.py). functions.py holds the autograd.Function and the public wrapper; backward.py the backward.
+(x_shard, weight, bias, group, ctx, plan) -> (y, AG(x) or None), registered in ops/registry.py; each reads the
+knobs of the OpPlan it uses (ops/registry.py): plan.keep_gathered; slicing: plan.num_chunks; flash: the ring's
+direction and plan.hops, row sub-chunks per hop, each posted ahead as its own transfer and multiplied as
+soon as it arrived (ops/tp_sp/hops.py). functions.py holds the autograd.Function and the public wrapper;
+backward.py the backward.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def gather_reference(x_shard, group):
 
 
 @register(OP, "reference")
-def ag_matmul_reference(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False, hop_chunks=1):
+def ag_matmul_reference(x_shard, weight, bias, group, ctx, plan):
     """Unfused: one all-gather, then one GEMM. Returns (y, gathered x or None)."""
     t = time.perf_counter()
     full = gather_reference(x_shard, group)
@@ -47,33 +49,31 @@ def ag_matmul_reference(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep
     t = time.perf_counter()
     y = F.linear(full, weight, bias)
     ctx.record("compute", "whole GEMM", t)
-    return y, (full if keep_gathered else None)
+    return y, (full if plan.keep_gathered else None)
 
 
 @register(OP, "flash")
-@register(OP, "flash_bidir", bidirectional=True)
-def ag_matmul_ring(x_shard, weight, bias, group, ctx, *, num_chunks=1, keep_gathered=False, bidirectional=False,
-                   hop_chunks=1):
+@register(OP, "flash_bidir")
+def ag_matmul_ring(x_shard, weight, bias, group, ctx, plan):
     """Flash-AG: the ring of all_gather_ring; each arrived shard is multiplied while the next one flies."""
     rank, world = group_info(group)
     rows = x_shard.shape[0]
     y = torch.empty((rows * world,) + tuple(x_shard.shape[1:-1]) + (weight.shape[0],),
                     dtype=x_shard.dtype, device=x_shard.device)
     consume = rows_writer(y, weight, bias)  # y[span] = xs @ w^T + bias, straight into y's rows
-    gathered = gather_and_consume(x_shard, consume, group, ctx, bidirectional=bidirectional,
-                                  keep_gathered=keep_gathered, hop_chunks=hop_chunks)
+    gathered = gather_and_consume(x_shard, consume, group, ctx, plan.ring("ag"), keep_gathered=plan.keep_gathered)
     return y, gathered
 
 
 @register(OP, "slicing")
-def ag_matmul_slicing(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gathered=False, hop_chunks=1):
+def ag_matmul_slicing(x_shard, weight, bias, group, ctx, plan):
     """Data slicing (the Megatron/TE pipeline baseline): all-gather chunk j+1.. while chunk j multiplies.
     The first gather is exposed (the head); chunks are cut along the local sequence."""
     rank, world = group_info(group)
     rows, tail = x_shard.shape[0], tuple(x_shard.shape[1:])
     y = torch.empty((rows * world,) + tail[:-1] + (weight.shape[0],), dtype=x_shard.dtype, device=x_shard.device)
     y_blocks = y.view(world, rows, *y.shape[1:])  # [P, s/P, b, n/P]
-    chunks = [x_shard[a:b] for a, b in chunk_bounds(rows, num_chunks)]
+    chunks = [x_shard[a:b] for a, b in chunk_bounds(rows, plan.num_chunks)]
     bufs = [torch.empty((world,) + tuple(c.shape), dtype=c.dtype, device=c.device) for c in chunks]
     t = time.perf_counter()
     works = [all_gather_into(b.view(-1, *tail), c.contiguous(), group, async_op=True) for b, c in zip(bufs, chunks)]
@@ -88,6 +88,6 @@ def ag_matmul_slicing(x_shard, weight, bias, group, ctx, *, num_chunks, keep_gat
         y_blocks[:, start:start + c.shape[0]] = F.linear(buf, weight, bias)  # [P, c, b, n/P]
         ctx.record("compute", f"chunk {j}", t)
         start += c.shape[0]
-    if not keep_gathered:
+    if not plan.keep_gathered:
         return y, None
     return y, torch.cat(bufs, dim=1).view(-1, *tail)  # [P, s/P, b, h] -> [s, b, h]

@@ -6,12 +6,13 @@ sub-chunk j starts as soon as it arrived (all-gather), a sub-chunk's partial lea
 what stays above max(compute, comm) is the slice that cannot overlap: the last arrived one (AG) / the
 first made one (RS). Sub-chunks shrink it from C/P to C/(P c), for c - 1 more posts per hop.
 
-    check_hop_chunks(op, algo, requested)   the caller's request: None (automatic) or an int >= 1, and
-                                            only for algo "flash"; else a ValueError naming the fix
+    The request is OpPlan.hop_chunks: None (automatic) or an int >= 1, and only for algo "flash" (checked
+    when the plan is made, ops/registry.py).
     hop_chunks_for(algo, requested, world, shard_rows, row_width) -> c   of the algorithm that runs (1 for
                                             any but "flash", e.g. under force_reference): None -> the
                                             automatic rule, an int capped at shard_rows (every sub-chunk
                                             keeps a row; the same cap on every rank: shapes agree)
+    sized(plan, world, shard_rows, row_width) -> the plan with that c (flash; others unchanged), cached
 
 Automatic rule (`_auto_hop_chunks`): c = 1 for P >= 3: P-1 hops run under P slices and the one slice left
 over is C/P, small already. At P = 2 the slice left over is half the GEMM, the largest it gets, and c > 1
@@ -25,6 +26,11 @@ its slice sets `hop_chunks: 2` in its plan. With AUTO_P2_CHUNKS > 1, each sub-ch
 MIN_GEMM_ROWS GEMM rows (fewer rows run a slower small-M BLAS path).
 """
 from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from ..registry import OpPlan
 
 AUTO_P2_CHUNKS = 1  # measured basis in the module docstring
 MIN_GEMM_ROWS = 64
@@ -40,21 +46,18 @@ def _auto_hop_chunks(world: int, shard_rows: int, row_width: int, p2_chunks: int
     return 1
 
 
-def check_hop_chunks(op: str, algo: str, requested) -> None:
-    """ValueError unless `requested` is None, or an int >= 1 with algo 'flash' (module docstring)."""
-    if requested is None:
-        return
-    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
-        raise ValueError(f"{op}: hop_chunks must be an integer >= 1 (sub-chunks per hop) or None (automatic), "
-                         f"got {requested!r}")
-    if algo != "flash":
-        raise ValueError(f"{op}: hop_chunks is a knob of algo 'flash' only (got algo {algo!r}); remove it or "
-                         f"use algo='flash'")
-
-
 def hop_chunks_for(algo: str, requested, world: int, shard_rows: int, row_width: int) -> int:
     """-> the sub-chunks per hop of the algorithm that runs (module docstring)."""
     if algo != "flash":
         return 1
     c = _auto_hop_chunks(world, shard_rows, row_width) if requested is None else requested
     return max(1, min(c, shard_rows))
+
+
+@functools.lru_cache(maxsize=1024)
+def sized(plan: OpPlan, world: int, shard_rows: int, row_width: int) -> OpPlan:
+    """`plan` with hop_chunks fixed for this group size and shard (flash); any other algo as it is."""
+    if plan.algo != "flash":
+        return plan
+    c = hop_chunks_for(plan.algo, plan.hop_chunks, world, shard_rows, row_width)
+    return plan if c == plan.hop_chunks else replace(plan, hop_chunks=c)

@@ -3,15 +3,16 @@
     x_k [s, b, k/P]    weight_k [h, k/P]    y_s [s/P, b, h]
 
     forward  y = RS(x @ w^T)       partial sums kept in fp32 when x is bf16/fp16; they travel in the
-                                   input dtype (wire="input", stock's bytes: rounded once per hop, the
-                                   arrival upcast-added) or in fp32 (wire="fp32"); the own block is
+                                   input dtype (wire_dtype="input", stock's bytes: rounded once per hop, the
+                                   arrival upcast-added) or in fp32 (wire_dtype="fp32"); the own block is
                                    rounded once to the input dtype at the end (runtime/numerics.py)
     dgrad    dx = AG(dy) @ w       (the dual: Flash-AG of dy, local shard first; backward.py)
     wgrad    dw = AG(dy)^T @ x     (summed slice by slice as dy shards arrive, in the same ring walk)
 
-All plain functions share one signature: (x, weight, group, ctx, *, num_chunks, wire, hop_chunks) -> y_s
-(registered in ops/registry.py; hop_chunks: flash only, row sub-chunks per block, each partial sent as soon as
-it is made, ops/tp_sp/hops.py); the reference and slicing reduce-scatter in the wire dtype too (wire="input": stock).
+All plain functions share one signature: (x, weight, group, ctx, plan) -> y_s (registered in
+ops/registry.py), reading the knobs of the OpPlan they use: plan.wire_dtype; slicing: plan.num_chunks; flash: the
+ring's direction and plan.hops, row sub-chunks per block, each partial sent as soon as it is made
+(ops/tp_sp/hops.py). The reference and slicing reduce-scatter in the wire dtype too (wire_dtype="input": stock).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from ...runtime import acc_dtype, group_info, partial_linear, produce_and_scatter, reduce_scatter_into, wait_collective
+from ...runtime import group_info, partial_linear, produce_and_scatter, reduce_scatter_into, sums, wait_collective
 from ...runtime import wire_dtype
 from ...runtime.numerics import partial_producer
 from ...runtime.handlers import chunk_bounds
@@ -29,11 +30,11 @@ OP = "matmul_reduce_scatter"
 
 
 @register(OP, "reference")
-def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input", hop_chunks=1):
-    """Unfused: one GEMM, then one stock reduce-scatter in the wire dtype (wire="input": stock Megatron)."""
+def rs_matmul_reference(x, weight, group, ctx, plan):
+    """Unfused: one GEMM, then one stock reduce-scatter in the wire dtype (wire_dtype="input": stock Megatron)."""
     rank, world = group_info(group)
     t = time.perf_counter()
-    partial = partial_linear(x, weight).to(wire_dtype(x.dtype, wire))  # [s, b, h]
+    partial = partial_linear(x, weight).to(wire_dtype(x.dtype, plan.wire_dtype))  # [s, b, h]
     ctx.record("compute", "whole GEMM", t)
     out = torch.empty((x.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype, device=x.device)
     t = time.perf_counter()
@@ -44,19 +45,17 @@ def rs_matmul_reference(x, weight, group, ctx, *, num_chunks=1, wire="input", ho
 
 
 @register(OP, "flash")
-@register(OP, "flash_bidir", bidirectional=True)
-def rs_matmul_ring(x, weight, group, ctx, *, num_chunks=1, wire="input", bidirectional=False, hop_chunks=1):
+@register(OP, "flash_bidir")
+def rs_matmul_ring(x, weight, group, ctx, plan):
     """Flash-RS: produce the partial of the block the next hop carries; own block last, no tail."""
     world = group_info(group)[1]
-    produce, into = partial_producer(x, weight)
-    return produce_and_scatter(produce, x.shape[0] // world, tuple(x.shape[1:-1]) + (weight.shape[0],), group, ctx,
-                               acc_dtype=acc_dtype(x.dtype), out_dtype=x.dtype, device=x.device,
-                               wire_dtype=wire_dtype(x.dtype, wire), bidirectional=bidirectional, into=into,
-                               hop_chunks=hop_chunks)
+    block = (x.shape[0] // world,) + tuple(x.shape[1:-1]) + (weight.shape[0],)  # [s/P, b, h]
+    return produce_and_scatter(partial_producer(x, weight), block, sums(x.dtype, x.device, plan.wire_dtype), group, ctx,
+                               plan.ring("rs"))
 
 
 @register(OP, "slicing")
-def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input", hop_chunks=1):
+def rs_matmul_slicing(x, weight, group, ctx, plan):
     """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail.
     Chunk j is rows a:b of every rank-block, copied contiguous first (a copy of the chunk's input, linear
     time) so its GEMM is one BLAS mm: a GEMM on the strided [P, c, b, k/P] view took a batched path
@@ -64,10 +63,10 @@ def rs_matmul_slicing(x, weight, group, ctx, *, num_chunks, wire="input", hop_ch
     rank, world = group_info(group)
     rows = x.shape[0] // world
     xb = x.view(world, rows, *x.shape[1:]) if x.is_contiguous() else x.reshape(world, rows, *x.shape[1:])
-    wdt = wire_dtype(x.dtype, wire)
+    wdt = wire_dtype(x.dtype, plan.wire_dtype)
     out = torch.empty((rows,) + tuple(x.shape[1:-1]) + (weight.shape[0],), dtype=wdt, device=x.device)
     works = []
-    for j, (a, b) in enumerate(chunk_bounds(rows, num_chunks)):
+    for j, (a, b) in enumerate(chunk_bounds(rows, plan.num_chunks)):
         t = time.perf_counter()
         partial = partial_linear(xb[:, a:b].contiguous(), weight).to(wdt)  # [P, c, b, h], contiguous
         ctx.record("compute", f"chunk {j}", t)
