@@ -1,0 +1,68 @@
+"""The comparison as markdown: summary per table, every point's predicted and measured time and error, the
+winner checks (compare.py)."""
+from __future__ import annotations
+
+from benchmarks.planner import compare as C
+from benchmarks.planner import settings as S
+
+SECTIONS = (("overlap", "TP + SP MLP block (benchmarks/overlap)"), ("moe", "MoE layer (benchmarks/moe)"),
+            ("topology", "decode all-reduce, two-level (benchmarks/topology)"))
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f} %"
+
+
+def _summary_lines(rows, checks) -> list[str]:
+    out = ["| table | points x methods | median abs error | max abs error | within 25 % | winners: agree / "
+           "disagree / measured tie |", "|---|---|---|---|---|---|"]
+    for key, title in SECTIONS + (("", "all"),):
+        s = C.summary(rows, key)
+        ws = [w for w in checks if w["point"].startswith(key)]
+        agree = sum(w["agree"] is True for w in ws)
+        disagree = sum(w["agree"] is False for w in ws)
+        ties = sum(w["agree"] is None for w in ws)
+        note = " (medians only)" if key == "topology" else ""
+        out.append(f"| {title} | {s['n']} | {s['median_abs'] * 100:.1f} % | {s['max_abs'] * 100:.0f} % | "
+                   f"{s['within_25']} / {s['n']} | {agree} / {disagree} / {ties}{note} |")
+    return out
+
+
+def _point_label(point: str) -> str:
+    parts = point.split("|")
+    if parts[0] == "overlap":
+        return f"{parts[1]} s={parts[2]} {parts[3]} ({parts[4].split('/')[-1].replace('_raw.json', '')})"
+    if parts[0] == "moe":
+        return f"EP={parts[1]} {parts[2]} {parts[3]}"
+    return f"P={parts[1]} {int(parts[2]) // 1024} KB"
+
+
+def _rows_lines(rows) -> list[str]:
+    out = ["| point | method | predicted ms | measured ms | error |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {_point_label(r['point'])} | {r['method']} | {r['predicted'] * 1e3:.2f} | "
+                   f"{r['measured'] * 1e3:.2f} | {_pct(r['error'])} |")
+    return out
+
+
+def _winner_lines(checks) -> list[str]:
+    out = ["| point | pair | measured [90 % ci of the speedup] | predicted | agree |", "|---|---|---|---|---|"]
+    for w in checks:
+        ci = f" [{w['ci'][0]:.2f}, {w['ci'][1]:.2f}]" if w["ci"] else " (medians)"
+        agree = "-" if w["agree"] is None else ("yes" if w["agree"] else "NO")
+        out.append(f"| {_point_label(w['point'])} | {w['pair']} | {w['measured']}{ci} | {w['predicted']} | "
+                   f"{agree} |")
+    return out
+
+
+def render(pred: dict, meas: dict, command: str) -> str:
+    rows, checks = C.errors(pred, meas), C.winners(pred, meas)
+    lines = ["# Planner on the CPU proxy: predicted vs measured", "",
+             f"`python benchmarks/planner/run.py {command}`".replace("run.py ` ", "run.py`"), "",
+             "Every predicted figure is a PREDICTION of megatron_flashoverlap.plan calibrated on this proxy; every "
+             "measured one is the committed table's median over rounds.", "", "## Summary", ""]
+    lines += _summary_lines(rows, checks)
+    lines += ["", "## Not reproduced", ""] + [f"- {k}: {v}" for k, v in S.NOT_MODELLED.items()]
+    lines += ["", "## Every point", ""] + _rows_lines(rows)
+    lines += ["", "## Winners", ""] + _winner_lines(checks)
+    return "\n".join(lines) + "\n"

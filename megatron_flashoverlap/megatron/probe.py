@@ -1,0 +1,150 @@
+"""The start-up probe on GPUs: a few GEMMs and point-to-point hops timed with CUDA events, the same figures on
+every rank, handed to the planner (plan/choices.py) for the choices the YAML leaves open.
+
+    planned(cfg) -> cfg      where the spec reads the config (spec.model_layer_specs): on CUDA with torch.distributed
+                             initialized, Megatron's args parsed and cfg.planner.probe == "auto": probe once, choose,
+                             apply (the YAML wins), activate the result (the DDP wrapper reads dp.fuse from it),
+                             load the predicted decode all-reduce table unless the YAML names one; log the figures
+                             and choices once. Anything else (CPU, gloo, probe off): cfg unchanged, so the CPU
+                             rules (hops.py, ddp_choice.py, the measured all-reduce table) keep working.
+    measure(shapes, sizes, gpus_per_node, group=None) -> figures   the GPU part (plan/choices.py: Figures)
+        GEMMs: each shape in bf16, median of 3 rounds after a warm-up (tools/rounds.py, cuda_timed)
+        hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
+               call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
+               node (ranks without a pair report nothing)
+        identical on every rank: each figure is all-reduced with MAX over the group
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ..config import activate
+from ..plan.choices import apply, choose, probe_shapes
+from ..plan.model import Layout, Model
+from ..tools.rounds import cuda_timed, interleaved
+
+log = logging.getLogger(__name__)
+HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
+ROUNDS = 3
+
+
+def _gemm_seconds(shapes) -> list[float]:
+    variants = {}
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        variants[(m, k, n)] = (lambda a=a, b=b: cuda_timed(lambda: torch.matmul(a, b)))
+    got = interleaved(variants, ROUNDS)
+    return [statistics.median(got[s]) for s in shapes]
+
+
+def _exchange(peer: int | None, nbytes: int, group) -> float:
+    """Seconds of one exchange of `nbytes` with `peer` (0 without a peer), after a barrier."""
+    dist.barrier(group=group)
+    if peer is None:
+        return 0.0
+    send = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    recv = torch.empty_like(send)
+
+    def run():
+        ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return cuda_timed(run)
+
+
+def partners(rank: int, world: int, gpus_per_node: int) -> tuple[int | None, int | None]:
+    """(intra partner, inter partner) of `rank` (module docstring); None where it has none."""
+    intra = rank ^ 1 if gpus_per_node > 1 and (rank ^ 1) // gpus_per_node == rank // gpus_per_node else None
+    node, nodes = rank // gpus_per_node, world // gpus_per_node
+    pair = node + 1 if node % 2 == 0 else node - 1
+    inter = rank + (pair - node) * gpus_per_node if nodes > 1 and pair < nodes else None
+    return (intra if intra is not None and intra < world else None), inter
+
+
+def _hop_seconds(peer: int | None, group) -> list[float]:
+    out = []
+    for nbytes in HOP_BYTES:
+        got = interleaved({0: lambda: _exchange(peer, nbytes, group)}, ROUNDS)[0]
+        out.append(statistics.median(got))
+    return out
+
+
+def measure(shapes, gpus_per_node: int, group=None) -> dict:
+    """The probe's figures, identical on every rank (module docstring)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    intra, inter = partners(rank, world, gpus_per_node)
+    times = _gemm_seconds(shapes) + _hop_seconds(intra, group) + _hop_seconds(inter, group)
+    t = torch.tensor(times, dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    times = t.tolist()
+    n, h = len(shapes), len(HOP_BYTES)
+    hops = (lambda xs: [[b, s] for b, s in zip(HOP_BYTES, xs) if s > 0])
+    return {"device": torch.cuda.get_device_name(), "dtype": "bf16", "gpus_per_node": gpus_per_node,
+            "nodes": max(1, world // gpus_per_node),
+            "gemm": [[*s, x] for s, x in zip(shapes, times[:n])],
+            "intra": hops(times[n:n + h]), "inter": hops(times[n + h:])}
+
+
+def model_layout(args) -> tuple[Model, Layout]:
+    """Megatron's parsed args -> the planner's Model and Layout."""
+    groups = args.num_query_groups if getattr(args, "group_query_attention", False) else None
+    model = Model(hidden=args.hidden_size, ffn=args.ffn_hidden_size, heads=args.num_attention_heads,
+                  layers=args.num_layers, seq=args.seq_length, micro_batch=args.micro_batch_size,
+                  query_groups=groups, kv_channels=getattr(args, "kv_channels", None),
+                  vocab=getattr(args, "padded_vocab_size", None) or 32000, swiglu=bool(getattr(args, "swiglu", False)),
+                  experts=getattr(args, "num_experts", None) or 0, topk=getattr(args, "moe_router_topk", 2) or 2,
+                  moe_ffn=getattr(args, "moe_ffn_hidden_size", None), global_batch=args.global_batch_size,
+                  recompute=getattr(args, "recompute_granularity", None) == "full")
+    layout = Layout(args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+                    getattr(args, "context_parallel_size", 1), getattr(args, "expert_model_parallel_size", 1),
+                    args.data_parallel_size, bool(args.sequence_parallel))
+    return model, layout
+
+
+def _megatron_args():
+    try:
+        from megatron.training.global_vars import get_args
+        return get_args()
+    except Exception:  # not initialized, or megatron.training absent: no probe
+        return None
+
+
+def _gpus_per_node(world: int) -> int:
+    import os
+    g = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or torch.cuda.device_count()
+    return max(1, min(g, world))
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_and_choose(model: Model, layout: Layout):
+    g = _gpus_per_node(dist.get_world_size())
+    figures = measure(probe_shapes(model, layout), g)
+    return figures, choose(figures, model, layout)
+
+
+def planned(cfg):
+    """cfg with the planner's choices on this GPU cluster, or cfg unchanged (module docstring)."""
+    if cfg.planner.probe != "auto" or not torch.cuda.is_available() or not dist.is_initialized() \
+            or dist.get_backend() != "nccl":
+        return cfg
+    args = _megatron_args()
+    if args is None:
+        return cfg
+    model, layout = model_layout(args)
+    first = _probe_and_choose.cache_info().currsize == 0
+    figures, choices = _probe_and_choose(model, layout)
+    out = apply(choices, cfg)
+    if out.all_reduce.table is None and choices.decode_table is not None:
+        from ..ops.all_reduce.select import set_calibration
+        set_calibration(choices.decode_table)
+    if first:
+        log.info("flash-overlap probe: %s", figures)
+        log.info("flash-overlap %s", choices.log)
+    activate(out)
+    return out
