@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import activate
-from ..plan.choices import apply, choose, probe_shapes
+from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
 from ..tools.rounds import cuda_timed, interleaved
 
@@ -56,15 +56,6 @@ def _exchange(peer: int | None, nbytes: int, group) -> float:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
     return cuda_timed(run)
-
-
-def partners(rank: int, world: int, gpus_per_node: int) -> tuple[int | None, int | None]:
-    """(intra partner, inter partner) of `rank` (module docstring); None where it has none."""
-    intra = rank ^ 1 if gpus_per_node > 1 and (rank ^ 1) // gpus_per_node == rank // gpus_per_node else None
-    node, nodes = rank // gpus_per_node, world // gpus_per_node
-    pair = node + 1 if node % 2 == 0 else node - 1
-    inter = rank + (pair - node) * gpus_per_node if nodes > 1 and pair < nodes else None
-    return (intra if intra is not None and intra < world else None), inter
 
 
 def _hop_seconds(peer: int | None, group) -> list[float]:

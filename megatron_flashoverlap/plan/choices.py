@@ -14,6 +14,7 @@ that measures the figures is megatron/probe.py).
     choose(figures, model, layout) -> Choices: per TP site the plan knobs (algo, num_chunks, hop_chunks), the
         matmul_all_reduce chunk count (TP without SP), the DP fusion (all / none), the decode all-reduce table
         (the calibration format of ops/all_reduce/select.py, predicted), one log line
+    probe_shapes(model, layout), partners(rank, world, G): what the probe times, and with whom each rank exchanges
     apply(choices, cfg) -> FlashOverlapConfig: the YAML wins: a layer the YAML named (its own entry, or
         `default:`) keeps its plan (the planner only fills its hop_chunks where left open under flash); dp.fuse
         "auto" becomes the planner's; all_reduce.num_chunks and all_reduce.table only where the YAML left them
@@ -180,3 +181,13 @@ def probe_shapes(model: Model, layout: Layout) -> list[tuple[int, int, int]]:
         out.add((m, n_r, k_r))  # dgrad
         out.add((k_r, m, n_r))  # wgrad
     return sorted(out)
+
+
+def partners(rank: int, world: int, gpus_per_node: int) -> tuple[int | None, int | None]:
+    """(intra, inter) partner of `rank`: rank ^ 1 inside its node; the same local rank on the paired node (nodes
+    2i and 2i + 1); None where it has none (a node of one GPU, an odd last node)."""
+    intra = rank ^ 1 if gpus_per_node > 1 and (rank ^ 1) // gpus_per_node == rank // gpus_per_node else None
+    node, nodes = rank // gpus_per_node, world // gpus_per_node
+    pair = node + 1 if node % 2 == 0 else node - 1
+    inter = rank + (pair - node) * gpus_per_node if nodes > 1 and pair < nodes else None
+    return (intra if intra is not None and intra < world else None), inter
