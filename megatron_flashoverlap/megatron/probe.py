@@ -8,7 +8,8 @@ every rank, handed to the planner (plan/choices.py) for the choices the YAML lea
                              and choices once. Anything else (CPU, gloo, probe off): cfg unchanged, so the CPU
                              rules (hops.py, ddp_choice.py, the measured all-reduce table) keep working.
     measure(shapes, sizes, gpus_per_node, group=None) -> figures   the GPU part (plan/choices.py: Figures)
-        GEMMs: each shape in bf16, median of 3 rounds after a warm-up (tools/rounds.py, cuda_timed)
+        GEMMs: each shape in bf16, median of 3 calls after a warm-up, CUDA events (the wing may not import
+               tools/rounds.py, a floor above it: tests/pure/test_layering.py; as ddp_choice.py times its probe)
         hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
                call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
                node (ranks without a pair report nothing)
@@ -26,21 +27,34 @@ import torch.distributed as dist
 from ..config import activate
 from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
-from ..tools.rounds import cuda_timed, interleaved
 
 log = logging.getLogger(__name__)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
 ROUNDS = 3
 
 
+def _cuda_seconds(fn) -> float:
+    """Seconds of one fn() between two CUDA events on the current stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _median(call) -> float:
+    call()  # warm-up: kernels chosen, connections made
+    return statistics.median(call() for _ in range(ROUNDS))
+
+
 def _gemm_seconds(shapes) -> list[float]:
-    variants = {}
+    out = []
     for m, k, n in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        variants[(m, k, n)] = (lambda a=a, b=b: cuda_timed(lambda: torch.matmul(a, b)))
-    got = interleaved(variants, ROUNDS)
-    return [statistics.median(got[s]) for s in shapes]
+        out.append(_median(lambda: _cuda_seconds(lambda: torch.matmul(a, b))))
+    return out
 
 
 def _exchange(peer: int | None, nbytes: int, group) -> float:
@@ -55,14 +69,13 @@ def _exchange(peer: int | None, nbytes: int, group) -> float:
         ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    return cuda_timed(run)
+    return _cuda_seconds(run)
 
 
 def _hop_seconds(peer: int | None, group) -> list[float]:
     out = []
     for nbytes in HOP_BYTES:
-        got = interleaved({0: lambda: _exchange(peer, nbytes, group)}, ROUNDS)[0]
-        out.append(statistics.median(got))
+        out.append(_median(lambda: _exchange(peer, nbytes, group)))
     return out
 
 
