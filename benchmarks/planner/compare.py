@@ -101,6 +101,27 @@ def errors(pred: dict, meas: dict) -> list[dict]:
     return rows
 
 
+def _base(methods) -> str:
+    return "stock" if "stock" in methods else "flash"
+
+
+def ratio_errors(pred: dict, meas: dict) -> list[dict]:
+    """Per point and method other than the point's base (stock; flash where only flash rows count): the error of
+    the predicted time ratio method / base against the measured one (the tables' own result form: the machine's
+    overall speed cancels)."""
+    rows = []
+    for point, ms in meas.items():
+        base = _base(ms)
+        for m, v in ms.items():
+            if m == base:
+                continue
+            p = pred[point][m] / pred[point][base]
+            q = v["median"] / ms[base]["median"]
+            rows.append({"point": point, "method": f"{m} / {base}", "predicted": p, "measured": q,
+                         "error": p / q - 1.0})
+    return rows
+
+
 def summary(rows: list[dict], prefix: str = "") -> dict:
     errs = [abs(r["error"]) for r in rows if r["point"].startswith(prefix)]
     if not errs:

@@ -1,7 +1,9 @@
 """The calibration runs (calibrate.py on every rank) and where they run: host loopback for compute, one tbf
 namespace per rate, an unshaped namespace and a two-node htb namespace for the topology's links.
 
-    calibrate(rounds, rates, timeout) -> {"compute_2", "compute_4", "link_<rate>", "link_unshaped", "link_htb"}
+    calibrate(rounds, rates, timeout) -> {"compute_<P>", "link_<rate>_<P>", "link_unshaped_2", "link_htb_<P>"}
+Links are measured on every group size a table uses (tbf: P = 2 at every rate, P = 4 at the MoE's rates;
+htb: the topology's layouts, 2 ranks per node): the per-step host cost grows with processes per core.
 """
 from __future__ import annotations
 
@@ -38,20 +40,24 @@ def calibrate(rounds: int, rates=S.RATES, timeout: float = 3600.0, log=print) ->
                "gelu": need["gelu"] if world == 2 else []}
         out[f"compute_{world}"] = _ranks(world, cfg, timeout=timeout)
     for rate in rates:
-        log(f"link, tbf {rate}")
-        with shaped_namespace(rate) as ns:
-            cfg = {"rounds": rounds, "link": TBF_SIZES, "slowdown": [SLOW_GEMM, _slow_bytes(rate)]}
-            out[f"link_{rate}"] = _ranks(2, cfg, ns, timeout)
-    log("link, unshaped namespace loopback")
+        for world in (2, 4) if rate in {r for _, r in S.MOE["points"]} else (2,):
+            log(f"link, tbf {rate}, {world} ranks")
+            with shaped_namespace(rate) as ns:
+                cfg = {"rounds": rounds, "link": TBF_SIZES,
+                       "slowdown": [SLOW_GEMM, _slow_bytes(rate)] if world == 2 else None}
+                out[f"link_{rate}_{world}"] = _ranks(world, cfg, ns, timeout)
+    log("link, unshaped namespace loopback, 2 ranks")
     with shaped_namespace(None) as ns:
-        out["link_unshaped"] = _ranks(2, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout)
-    log(f"link, htb {S.TOPOLOGY['rate']} between two nodes of one rank")
+        out["link_unshaped_2"] = _ranks(2, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout)
     with shaped_namespace(None) as ns, tempfile.TemporaryDirectory() as tmp:
         shim = build_shim(tmp)
-        add_nodes(ns, 2)
-        shape_inter_node(ns, 2, S.TOPOLOGY["rate"], HTB_BURST)
-        out["link_htb"] = _ranks(2, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout,
-                                 env={"LD_PRELOAD": shim}, rank_env=node_env(1))
+        nodes = max(p // local for p, local in S.TOPOLOGY["layouts"])
+        add_nodes(ns, nodes)
+        for world, local in S.TOPOLOGY["layouts"]:
+            log(f"link, htb {S.TOPOLOGY['rate']} per node, {world} ranks, {local} per node")
+            shape_inter_node(ns, world // local, S.TOPOLOGY["rate"], HTB_BURST)
+            out[f"link_htb_{world}"] = _ranks(world, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout,
+                                              env={"LD_PRELOAD": shim}, rank_env=node_env(local))
     return out
 
 

@@ -19,9 +19,22 @@ from megatron_flashoverlap.plan.proxy import Fit, ProxyNet, fit, proxy_gpu
 from benchmarks.planner import settings as S
 
 
-def _fit(section: dict, prefix: str) -> Fit:
-    pts = [(float(k.split(":")[1]), v["median"]) for k, v in section.items() if k.startswith(prefix + ":")]
+STAT = "lo"  # the statistic of a calibration figure: "lo" (min over rounds) or "median" (predict_all's stat=)
+
+
+def _fig(entry: dict) -> float:
+    return entry[STAT]
+
+
+def _fit(section: dict, prefix: str, per: int = 1) -> Fit:
+    """The (bytes, seconds / per) fit of one probe; a hop probe is a walk of P - 1 hops (per = P - 1)."""
+    pts = [(float(k.split(":")[1]), _fig(v) / per) for k, v in section.items() if k.startswith(prefix + ":")]
     return fit(pts)
+
+
+def _fits(section: dict, p: int) -> dict:
+    return {"hop": _fit(section, "hop", p - 1), "allgather": _fit(section, "allgather"),
+            "allreduce": _fit(section, "allreduce")}
 
 
 def _link(name: str, f: Fit) -> Link:
@@ -31,37 +44,38 @@ def _link(name: str, f: Fit) -> Link:
 
 
 def _gemm_rows(cal: dict, world: int) -> dict:
-    return {tuple(int(v) for v in k.split(",")): s["median"] for k, s in cal[f"compute_{world}"]["gemm"].items()}
+    return {tuple(int(v) for v in k.split(",")): _fig(s) for k, s in cal[f"compute_{world}"]["gemm"].items()}
 
 
 def _add_fit(cal: dict, world: int) -> Fit:
-    return fit([(float(k), v["median"]) for k, v in cal[f"compute_{world}"]["add"].items()])
+    return fit([(float(k), _fig(v)) for k, v in cal[f"compute_{world}"]["add"].items()])
 
 
 def _slowdown(link_cal: dict) -> float:
     s = link_cal["slowdown"]
-    return min(1.9, max(0.0, s["beside"]["median"] / s["alone"]["median"] - 1.0))
+    return min(1.9, max(0.0, _fig(s["beside"]) / _fig(s["alone"]) - 1.0))
 
 
 def shared_env(cal: dict, rate: str, p: int) -> Env:
-    """The P-rank proxy on one tbf at `rate` (calibrated at P = 2 on that rate; compute at P ranks)."""
-    lc = cal[f"link_{rate}"]["link"]
-    fits = {k: _fit(lc, k) for k in ("hop", "allgather", "allreduce")}
+    """The P-rank proxy on one tbf at `rate`: links calibrated on P ranks at that rate, GEMMs on P ranks, the
+    compute slowdown beside a transfer from the P = 2 run at that rate."""
+    fits = _fits(cal[f"link_{rate}_{p}"]["link"], p)
     gpu = proxy_gpu(_add_fit(cal, p))
     link = _link(f"tbf {rate}", fits["hop"])
     cluster = Cluster(gpu, link, link, gpus_per_node=p, nodes=1, nics_per_node=1,
-                      slowdown=_slowdown(cal[f"link_{rate}"]))
-    return Env(cluster, "fp32", TableGemm(gpu, "fp32", _gemm_rows(cal, p)), ProxyNet(cluster, fits, shared_flows=p))
+                      slowdown=_slowdown(cal[f"link_{rate}_2"]))
+    return Env(cluster, "fp32", TableGemm(gpu, "fp32", _gemm_rows(cal, p)), ProxyNet(cluster, fits))
 
 
 def two_level_env(cal: dict, p: int, local: int) -> Env:
-    """P ranks, `local` per node: intra = the unshaped loopback's hop, inter = the htb link's (calibrated)."""
-    intra_c, inter_c = cal["link_unshaped"]["link"], cal["link_htb"]["link"]
-    fits = {k: _fit(inter_c, k) for k in ("hop", "allgather", "allreduce")}
+    """P ranks, `local` per node, htb per node: the P-rank htb run gives the per-step host cost (alpha) and the
+    inter-node rate (a ring step waits for its node-crossing edge), the unshaped 2-rank run the intra rate."""
+    fits = _fits(cal[f"link_htb_{p}"]["link"], p)
+    intra = _fit(cal["link_unshaped_2"]["link"], "hop")
     gpu = proxy_gpu(_add_fit(cal, 2))
-    cluster = Cluster(gpu, _link("loopback", _fit(intra_c, "hop")), _link("htb", fits["hop"]),
+    cluster = Cluster(gpu, _link("loopback", Fit(fits["hop"].alpha, intra.per_byte)), _link("htb", fits["hop"]),
                       gpus_per_node=local, nodes=p // local, nics_per_node=1, slowdown=0.0)
-    return Env(cluster, "bf16", TableGemm(gpu, "bf16", _gemm_rows(cal, 2)), ProxyNet(cluster, fits, None))
+    return Env(cluster, "bf16", TableGemm(gpu, "bf16", _gemm_rows(cal, 2)), ProxyNet(cluster, fits, shared=False))
 
 
 def _gelu(cal_or_none, rows: int, width: int, bwd: bool, record: set | None) -> float:
@@ -69,7 +83,7 @@ def _gelu(cal_or_none, rows: int, width: int, bwd: bool, record: set | None) -> 
         record.add((rows, width))
         return 0.0
     key = f"{rows},{width}" + (",bwd" if bwd else "")
-    return cal_or_none["compute_2"]["gelu"][key]["median"]
+    return _fig(cal_or_none["compute_2"]["gelu"][key])
 
 
 def mlp_block(env: Env, seq: int, hidden: int, width: int, cal=None, record=None) -> dict:
@@ -120,8 +134,15 @@ def predict_topology(cal: dict) -> dict:
     return out
 
 
-def predict_all(cal: dict) -> dict:
-    return {"overlap": predict_overlap(cal), "moe": predict_moe(cal), "topology": predict_topology(cal)}
+def predict_all(cal: dict, stat: str = "lo") -> dict:
+    """Every prediction, each calibration figure taken as `stat` over its rounds ("lo": the minimum, the
+    machine with the least interference from other load; "median")."""
+    global STAT
+    previous, STAT = STAT, stat
+    try:
+        return {"overlap": predict_overlap(cal), "moe": predict_moe(cal), "topology": predict_topology(cal)}
+    finally:
+        STAT = previous
 
 
 class _Recorder(GemmModel):
@@ -146,7 +167,7 @@ def shapes() -> dict:
         link = _link("dummy", dummy)
         cluster = Cluster(gpu, link, link, p, 1, 1, 0.0)
         rec = _Recorder(gpu)
-        env = Env(cluster, "fp32", rec, ProxyNet(cluster, fits, p))
+        env = Env(cluster, "fp32", rec, ProxyNet(cluster, fits))
         if p == 2:
             for _, _, seqs, hidden, width, _ in S.OVERLAP:
                 for seq in seqs:

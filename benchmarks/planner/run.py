@@ -70,13 +70,16 @@ def main(argv=None) -> int:
     if "predict" in steps:
         from benchmarks.planner.predict import predict_all
         with open(cal_path) as f:
-            _dump(pred_path, predict_all(json.load(f)))
+            cal = json.load(f)
+        _dump(pred_path, {stat: predict_all(cal, stat) for stat in ("lo", "median")})
     if "compare" in steps:
         from benchmarks.planner.compare import measured
         with open(pred_path) as f:
-            pred = {k: v for section in json.load(f).values() for k, v in section.items()}
-        text = render(pred, measured(os.path.join(ROOT, "benchmarks")), " ".join(sys.argv[1:] if argv is None
-                                                                                  else argv))
+            preds = {stat: {k: v for section in p.values() for k, v in section.items()}
+                     for stat, p in json.load(f).items()}
+        named = {{"lo": "minimum"}.get(s, s): p for s, p in preds.items()}
+        command = " ".join(sys.argv[1:] if argv is None else argv)
+        text = render(named, measured(os.path.join(ROOT, "benchmarks")), command)
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "comparison.md"), "w") as f:
             f.write(text)

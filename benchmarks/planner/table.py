@@ -17,6 +17,8 @@ def _summary_lines(rows, checks) -> list[str]:
     out = ["| table | points x methods | median abs error | max abs error | within 25 % | winners: agree / "
            "disagree / measured tie |", "|---|---|---|---|---|---|"]
     for key, title in SECTIONS + (("", "all"),):
+        if not any(r["point"].startswith(key) for r in rows):
+            continue
         s = C.summary(rows, key)
         ws = [w for w in checks if w["point"].startswith(key)]
         agree = sum(w["agree"] is True for w in ws)
@@ -55,13 +57,22 @@ def _winner_lines(checks) -> list[str]:
     return out
 
 
-def render(pred: dict, meas: dict, command: str) -> str:
+def render(preds: dict, meas: dict, command: str) -> str:
+    """preds: {statistic: predictions}; the first is the primary one (every point listed)."""
+    stat, pred = next(iter(preds.items()))
     rows, checks = C.errors(pred, meas), C.winners(pred, meas)
     lines = ["# Planner on the CPU proxy: predicted vs measured", "",
              f"`python benchmarks/planner/run.py {command}`".replace("run.py ` ", "run.py`"), "",
              "Every predicted figure is a PREDICTION of megatron_flashoverlap.plan calibrated on this proxy; every "
-             "measured one is the committed table's median over rounds.", "", "## Summary", ""]
-    lines += _summary_lines(rows, checks)
+             "measured one is the committed table's median over rounds.", ""]
+    for name, p in preds.items():
+        lines += [f"## Summary: absolute times, calibration figures at their {name} over rounds", ""]
+        lines += _summary_lines(C.errors(p, meas), C.winners(p, meas))
+        lines += ["", f"## Summary: time relative to the point's baseline (stock; flash in the flash-only runs), "
+                      f"calibration at its {name}", ""]
+        lines += _summary_lines(C.ratio_errors(p, meas), [])
+        lines += [""]
+    lines += [f"Every point below: calibration at its {stat}."]
     lines += ["", "## Not reproduced", ""] + [f"- {k}: {v}" for k, v in S.NOT_MODELLED.items()]
     lines += ["", "## Every point", ""] + _rows_lines(rows)
     lines += ["", "## Winners", ""] + _winner_lines(checks)

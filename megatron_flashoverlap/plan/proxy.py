@@ -2,17 +2,15 @@
 (benchmarks/planner/calibrate.py), not by a catalogue.
 
     Fit(alpha, per_byte)        t = alpha + per_byte * bytes, fitted to measured (bytes, seconds) (`fit`)
-    ProxyNet(cluster, fits, shared_flows)
-        hop         one post of our executor: shared queue (one tbf on lo, every flow of every rank in it):
-                        alpha_hop + max(sent, received) * per_byte_hop * flows / 2
-                    (the fit is measured at P = 2, two flows; `shared_flows` flows run in a step of P ranks);
-                    two-level (htb per node, `shared_flows` None): Net.hop on the cluster's calibrated links
-        collective  gloo's own algorithms, from their P = 2 fits (a step = one alpha; bytes as a ring moves them)
-                    all_gather / all_to_all   (P - 1) * (alpha_ag + per_byte_ag * chunk * P / 2)
-                    reduce_scatter            the benchmarks' line-rate ring = (P - 1) of our hops of one chunk
-                    all_reduce (gloo ring)    2 (P - 1) steps of an n/P chunk, P flows: n bytes through the shared
-                                              queue per step: (P - 1) * (alpha_ar + per_byte_ar * n); two-level:
-                                              2 (P - 1) * (alpha_ar / 2 + chunk / inter rate), the slowest edge
+    ProxyNet(cluster, fits, shared)   every fit measured on a group of the size it prices (no extrapolation
+                                      in P: the per-step host cost grows with processes per core)
+        hop         one post of our executor: shared (one tbf on lo, every flow of every rank in it): the
+                    "hop" fit (a Flash-AG walk's time / (P - 1)); two-level (htb per node, shared False):
+                    Net.hop on the cluster's calibrated links
+        collective  gloo's own, from their fits:  all_gather (total) = allgather(total / P)
+                    all_to_all (buffer) = allgather(buffer / P)   (the same bytes leave each rank)
+                    reduce_scatter = the benchmarks' line-rate ring: (P - 1) of our hops of one chunk
+                    all_reduce (n) = allreduce(n)
     proxy_gpu(add_fit)          a Gpu whose elementwise kernels cost the measured add (kernel_us = alpha,
                                 hbm = 3 * 4 bytes per element / per_byte); its GEMMs come from gemm.TableGemm
 Pure: no torch. The fits carry no GPU meaning; they price the proxy only.
@@ -51,21 +49,20 @@ def fit(points: Sequence[tuple[float, float]]) -> Fit:
 
 
 class ProxyNet(Net):
-    """Hops and gloo collectives on the shaped loopback (module docstring). fits: "hop", "allgather",
-    "allreduce" (each a Fit measured at P = 2)."""
+    """Hops and gloo collectives on the shaped loopback (module docstring). fits: "hop" (one hop of our
+    executor), "allgather" (per-rank bytes), "allreduce" (bytes), each measured on a group of this size."""
 
-    def __init__(self, cluster: Cluster, fits: Mapping[str, Fit], shared_flows: int | None = None):
+    def __init__(self, cluster: Cluster, fits: Mapping[str, Fit], shared: bool = True):
         super().__init__(cluster)
         missing = {"hop", "allgather", "allreduce"} - set(fits)
         if missing:
             raise ValueError(f"ProxyNet needs fits {sorted(missing)}; calibrate them first")
-        self.fits, self.flows = dict(fits), shared_flows
+        self.fits, self.shared = dict(fits), shared
 
     def hop(self, sent: float, received: float, inter: bool, senders: int = 1) -> float:
-        if self.flows is None:
+        if not self.shared:
             return super().hop(sent, received, inter, senders)
-        f = self.fits["hop"]
-        return f.alpha + f.per_byte * max(sent, received) * self.flows / 2
+        return self.fits["hop"](max(sent, received))
 
     def collective(self, kind: str, total: float, group: Group) -> float:
         p = group.size
@@ -74,14 +71,9 @@ class ProxyNet(Net):
         if kind == "reduce_scatter":
             return (p - 1) * self.hop(total / p, total / p, group.spans, self.ring_senders(group))
         if kind in ("all_gather", "all_to_all"):
-            f = self.fits["allgather"]
-            return (p - 1) * (f.alpha + f.per_byte * total / p * (self.flows or p) / 2)
+            return self.fits["allgather"](total / p)
         if kind == "all_reduce":
-            f = self.fits["allreduce"]
-            if self.flows is not None:
-                return (p - 1) * (f.alpha + f.per_byte * total)
-            inter = self.cluster.inter
-            return 2 * (p - 1) * (f.alpha / 2 + total / p / (inter.gbps * 1e9 * inter.p2p_efficiency))
+            return self.fits["allreduce"](total)
         raise ValueError(f"unknown collective {kind!r}")
 
 
