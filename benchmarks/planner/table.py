@@ -57,7 +57,7 @@ def _winner_lines(checks) -> list[str]:
     return out
 
 
-def render(preds: dict, meas: dict, command: str) -> str:
+def render(preds: dict, meas: dict, command: str, cal: dict | None = None) -> str:
     """preds: {statistic: predictions}; the first is the primary one (every point listed)."""
     stat, pred = next(iter(preds.items()))
     rows, checks = C.errors(pred, meas), C.winners(pred, meas)
@@ -72,8 +72,25 @@ def render(preds: dict, meas: dict, command: str) -> str:
                       f"calibration at its {name}", ""]
         lines += _summary_lines(C.ratio_errors(p, meas), [])
         lines += [""]
+    if cal is not None:
+        lines += ["## Calibration spread", ""] + spread_lines(cal) + [""]
     lines += [f"Every point below: calibration at its {stat}."]
     lines += ["", "## Not reproduced", ""] + [f"- {k}: {v}" for k, v in S.NOT_MODELLED.items()]
     lines += ["", "## Every point", ""] + _rows_lines(rows)
     lines += ["", "## Winners", ""] + _winner_lines(checks)
     return "\n".join(lines) + "\n"
+
+
+def spread_lines(cal: dict) -> list[str]:
+    """Per calibration run: its figures' count, rounds, and the spread (max - min) / min over rounds (median and
+    worst over the figures)."""
+    out = ["| calibration run | figures | rounds | spread (max - min) / min: median | worst |", "|---|---|---|---|---|"]
+    for run, sections in cal.items():
+        figs = [f for name, sec in sections.items() if isinstance(sec, dict) for f in sec.values()
+                if isinstance(f, dict) and "lo" in f and f["lo"] > 0]
+        if not figs:
+            continue
+        spreads = sorted((f["hi"] - f["lo"]) / f["lo"] for f in figs)
+        out.append(f"| {run} | {len(figs)} | {figs[0]['n']} | {spreads[len(spreads) // 2] * 100:.0f} % | "
+                   f"{spreads[-1] * 100:.0f} % |")
+    return out
