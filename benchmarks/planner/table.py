@@ -20,14 +20,19 @@ def _summary_lines(rows, checks) -> list[str]:
         if not any(r["point"].startswith(key) for r in rows):
             continue
         s = C.summary(rows, key)
-        ws = [w for w in checks if w["point"].startswith(key)]
-        agree = sum(w["agree"] is True for w in ws)
-        disagree = sum(w["agree"] is False for w in ws)
-        ties = sum(w["agree"] is None for w in ws)
-        note = " (medians only)" if key == "topology" else ""
         out.append(f"| {title} | {s['n']} | {s['median_abs'] * 100:.1f} % | {s['max_abs'] * 100:.0f} % | "
-                   f"{s['within_25']} / {s['n']} | {agree} / {disagree} / {ties}{note} |")
+                   f"{s['within_25']} / {s['n']} | {_winners(checks, key)} |")
     return out
+
+
+def _winners(checks, key: str) -> str:
+    if checks is None:
+        return "-"
+    ws = [w for w in checks if w["point"].startswith(key)]
+    agree = sum(w["agree"] is True for w in ws)
+    disagree = sum(w["agree"] is False for w in ws)
+    ties = sum(w["agree"] is None for w in ws)
+    return f"{agree} / {disagree} / {ties}" + (" (medians only)" if key == "topology" else "")
 
 
 def _point_label(point: str) -> str:
@@ -70,7 +75,7 @@ def render(preds: dict, meas: dict, command: str, cal: dict | None = None) -> st
         lines += _summary_lines(C.errors(p, meas), C.winners(p, meas))
         lines += ["", f"## Summary: time relative to the point's baseline (stock; flash in the flash-only runs), "
                       f"calibration at its {name}", ""]
-        lines += _summary_lines(C.ratio_errors(p, meas), [])
+        lines += _summary_lines(C.ratio_errors(p, meas), None)
         lines += [""]
     if cal is not None:
         lines += ["## Calibration spread", ""] + spread_lines(cal) + [""]
