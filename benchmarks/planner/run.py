@@ -78,12 +78,11 @@ def main(argv=None) -> int:
             preds = {stat: {k: v for section in p.values() for k, v in section.items()}
                      for stat, p in json.load(f).items()}
         named = {{"lo": "minimum"}.get(s, s): p for s, p in preds.items()}
-        command = " ".join(sys.argv[1:] if argv is None else argv)
         cal = None
         if os.path.exists(cal_path):
             with open(cal_path) as f:
                 cal = json.load(f)
-        text = render(named, measured(os.path.join(ROOT, "benchmarks")), command, cal)
+        text = render(named, measured(os.path.join(ROOT, "benchmarks")), cal)
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "comparison.md"), "w") as f:
             f.write(text)

@@ -62,12 +62,17 @@ def _winner_lines(checks) -> list[str]:
     return out
 
 
-def render(preds: dict, meas: dict, command: str, cal: dict | None = None) -> str:
+COMMANDS = ("`python benchmarks/planner/run.py --rounds 5` (as root, with `nice -n -10`: calibrate, predict, compare); "
+            "this file again from the committed calibration: `python benchmarks/planner/run.py --predict --compare "
+            "--calibration benchmarks/planner/data/calibration.json`")
+
+
+def render(preds: dict, meas: dict, cal: dict | None = None) -> str:
     """preds: {statistic: predictions}; the first is the primary one (every point listed)."""
     stat, pred = next(iter(preds.items()))
     rows, checks = C.errors(pred, meas), C.winners(pred, meas)
     lines = ["# Planner on the CPU proxy: predicted vs measured", "",
-             f"`python benchmarks/planner/run.py {command}`".replace("run.py ` ", "run.py`"), "",
+             COMMANDS, "",
              "Every predicted figure is a PREDICTION of megatron_flashoverlap.plan calibrated on this proxy; every "
              "measured one is the committed table's median over rounds.", ""]
     for name, p in preds.items():
