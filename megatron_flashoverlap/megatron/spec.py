@@ -180,7 +180,7 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     if context_parallel_size is None:
         initialized = parallel_state.model_parallel_is_initialized()
         context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
-    flash_config = active() if flash_config is None else flash_config
+    flash_config = planned(active()) if flash_config is None else flash_config  # on CUDA: megatron/probe.py
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
                       qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
     return _with_attention(spec, flash_config, context_parallel_size, sequence_parallel)
