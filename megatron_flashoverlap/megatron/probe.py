@@ -132,6 +132,11 @@ def _probe_and_choose(model: Model, layout: Layout):
     return figures, choose(figures, model, layout)
 
 
+@functools.lru_cache(maxsize=None)
+def _refused(reason: str) -> None:
+    log.warning("flash-overlap planner: %s; the layers keep the YAML's plans and the operators' own rules", reason)
+
+
 def planned(cfg):
     """cfg with the planner's choices on this GPU cluster, or cfg unchanged (module docstring)."""
     if cfg.planner.probe != "auto" or not torch.cuda.is_available() or not dist.is_initialized() \
@@ -140,9 +145,13 @@ def planned(cfg):
     args = _megatron_args()
     if args is None:
         return cfg
-    model, layout = model_layout(args)
-    first = _probe_and_choose.cache_info().currsize == 0
-    figures, choices = _probe_and_choose(model, layout)
+    try:
+        model, layout = model_layout(args)
+        first = _probe_and_choose.cache_info().currsize == 0
+        figures, choices = _probe_and_choose(model, layout)
+    except ValueError as err:  # a layout the planner cannot price: say so once, keep the YAML / CPU rules
+        _refused(str(err))
+        return cfg
     out = apply(choices, cfg)
     if out.all_reduce.table is None and choices.decode_table is not None:
         from ..ops.all_reduce.select import set_calibration
