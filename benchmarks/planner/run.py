@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         if os.path.exists(cal_path):
             with open(cal_path) as f:
                 cal = json.load(f)
-        text = render(named, measured(os.path.join(ROOT, "benchmarks")), cal)
+        text = render(named, measured(os.path.join(ROOT, "benchmarks")), cal, os.path.basename(cal_path))
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "comparison.md"), "w") as f:
             f.write(text)

@@ -64,15 +64,15 @@ def _winner_lines(checks) -> list[str]:
 
 COMMANDS = ("`python benchmarks/planner/run.py --rounds 5` (as root, with `nice -n -10`: calibrate, predict, compare); "
             "this file again from the committed calibration: `python benchmarks/planner/run.py --predict --compare "
-            "--calibration benchmarks/planner/data/calibration.json`")
+            "--calibration benchmarks/planner/data/{name}`")
 
 
-def render(preds: dict, meas: dict, cal: dict | None = None) -> str:
+def render(preds: dict, meas: dict, cal: dict | None = None, name: str = "calibration.json") -> str:
     """preds: {statistic: predictions}; the first is the primary one (every point listed)."""
     stat, pred = next(iter(preds.items()))
     rows, checks = C.errors(pred, meas), C.winners(pred, meas)
     lines = ["# Planner on the CPU proxy: predicted vs measured", "",
-             COMMANDS, "",
+             COMMANDS.format(name=name), "",
              "Every predicted figure is a PREDICTION of megatron_flashoverlap.plan calibrated on this proxy; every "
              "measured one is the committed table's median over rounds.", ""]
     for name, p in preds.items():

@@ -18,10 +18,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "planner" / "data"
 
 
-@pytest.fixture(scope="module")
-def predictions():
-    cal = json.loads((DATA / "calibration.json").read_text())
-    return cal, {stat: predict_all(cal, stat) for stat in ("lo", "median")}
+RUNS = ("", "_2")  # the two committed calibrations: data/calibration.json, data/calibration_2.json
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=["first", "second"])
+def predictions(request):
+    cal = json.loads((DATA / f"calibration{request.param}.json").read_text())
+    return request.param, cal, {stat: predict_all(cal, stat) for stat in ("lo", "median")}
 
 
 def _flat(pred: dict) -> dict:
@@ -29,7 +32,7 @@ def _flat(pred: dict) -> dict:
 
 
 def test_every_committed_point_is_predicted(predictions):
-    _, preds = predictions
+    _, _, preds = predictions
     meas = C.measured(str(ROOT / "benchmarks"))
     pred = _flat(preds["lo"])
     assert set(pred) == set(meas)
@@ -47,10 +50,11 @@ def test_predict_reads_no_file_and_no_comparison():
 
 @pytest.mark.newest_only  # the numbers do not depend on the Megatron version: one lane checks them
 def test_committed_comparison_is_what_the_calibration_gives(predictions):
-    cal, preds = predictions
-    committed = json.loads((DATA / "predictions.json").read_text())
+    run, cal, preds = predictions
+    committed = json.loads((DATA / f"predictions{run}.json").read_text())
     assert json.loads(json.dumps(preds)) == committed
     named = {{"lo": "minimum"}.get(s, s): _flat(p) for s, p in preds.items()}
-    text = render(named, C.measured(str(ROOT / "benchmarks")), cal)
-    assert text == (DATA / "comparison.md").read_text(), (
-        "python benchmarks/planner/run.py --predict --compare --calibration benchmarks/planner/data/calibration.json")
+    text = render(named, C.measured(str(ROOT / "benchmarks")), cal, f"calibration{run}.json")
+    assert text == (DATA / f"comparison{run}.md").read_text(), (
+        f"python benchmarks/planner/run.py --predict --compare --calibration "
+        f"benchmarks/planner/data/calibration{run}.json")
