@@ -128,8 +128,9 @@ def decode_table(env: Env, tp: int, dtype: str) -> dict | None:
         t = all_reduce(env, g, nbytes).times
         rows.append({"bytes": nbytes, "reference_us": t["reference"] * 1e6,
                      **{f"{a.split(':')[1]}_us": s * 1e6 for a, s in t.items() if a.startswith("flash:")}})
-    return {"tables": [{"world_size": tp, "local_world_size": g.per_node, "backend": "nccl",
-                        "dtype": _TORCH_DTYPE.get(dtype, dtype), "source": "planner prediction", "rows": rows}]}
+    dtypes = sorted({_TORCH_DTYPE.get(dtype, dtype), "bfloat16", "float16"})  # a message's time is its bytes'
+    return {"tables": [{"world_size": tp, "local_world_size": g.per_node, "backend": "nccl", "dtype": d,
+                        "source": "planner prediction", "rows": rows} for d in dtypes]}
 
 
 def choose(figures: dict, model: Model, layout: Layout, slowdown: float = 0.10) -> Choices:

@@ -71,6 +71,7 @@ def test_choices_are_valid_plans_and_deterministic():
     assert set(a.sites) == {"qkv", "proj", "fc1", "fc2"}
     for knobs in a.sites.values():
         C.LayerPlan(**{k: v for k, v in knobs.items()}, keep_gathered=False)  # every choice is a valid plan
+    assert sorted(t["dtype"] for t in a.decode_table["tables"]) == ["bfloat16", "float16"]
     table = a.decode_table["tables"][0]
     assert (table["world_size"], table["local_world_size"], table["backend"]) == (2, 2, "nccl")
     assert [r["bytes"] for r in table["rows"]] == [8192 * 2 ** i for i in range(11)]
@@ -138,3 +139,14 @@ def test_partners_pair_symmetrically(world, g, expect):
         for p in partners(r, world, g):
             if p is not None:
                 assert r in partners(p, world, g)
+
+
+def test_the_predicted_decode_table_is_read_by_the_all_reduce_selector():
+    from megatron_flashoverlap.ops.all_reduce.select import best_at
+
+    table = choose(_figures(), MODEL, Layout(tp=2, dp=4, sequence_parallel=True)).decode_table["tables"][0]
+    for row in table["rows"]:
+        ours = {a: row[f"{a}_us"] for a in ("ring", "recursive_doubling", "hierarchical")}
+        fastest = min(ours, key=ours.get)
+        want = fastest if ours[fastest] < row["reference_us"] else None
+        assert best_at(table, row["bytes"]) == want
