@@ -5,7 +5,6 @@ tests/pure/test_plan_choices.py).
 One rank: a NCCL group of one, so the GEMMs are timed and no hop has a partner (both hop lists stay empty:
 the planner then keeps the catalogue's links).
 """
-import os
 
 import pytest
 import torch
@@ -17,7 +16,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def one_rank_nccl(tmp_path_factory):
     import torch.distributed as dist
     store = tmp_path_factory.mktemp("pg") / "store"
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
     yield
