@@ -136,7 +136,8 @@ def test_the_wing_by_function_runs_one_way():
             if other is None or other == room:
                 continue
             if WING_FLOORS[other] >= WING_FLOORS[room]:
-                bad.append(f"{mod} ({room}, floor {WING_FLOORS[room]}) imports {t} ({other}, floor {WING_FLOORS[other]})")
+                bad.append(f"{mod} ({room}, floor {WING_FLOORS[room]}) imports {t} "
+                           f"({other}, floor {WING_FLOORS[other]})")
     assert not bad, "imports against the wing's order:\n" + "\n".join(bad)
 
 

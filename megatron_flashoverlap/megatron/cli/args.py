@@ -93,13 +93,13 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
-    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (megatron/ddp/pretrain.py)
+    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp/pretrain.py)
     install()
     _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
     return args
 
 
-_log_once = LogOnce(print_rank0)  # rank 0 ($RANK: torch.distributed is not up at parse time); Megatron parses up to 3 times
+_log_once = LogOnce(print_rank0)  # rank 0 ($RANK: no process group at parse time); Megatron parses up to 3 times
 
 
 def _check_compatible(args: argparse.Namespace) -> None:

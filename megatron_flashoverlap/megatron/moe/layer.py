@@ -56,8 +56,8 @@ def check_moe_config(config) -> None:
                          "is not composed with our exchange; drop it (ours hides the exchange inside the layer) or "
                          "use the stock spec")
     if kind == "allgather":
-        _LOGGED("allgather", "flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as stock. "
-                    "Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
+        _LOGGED("allgather", "flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as "
+                "stock. Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
 
 
 class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
