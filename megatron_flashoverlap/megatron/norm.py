@@ -39,6 +39,8 @@ from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from ..runtime.once import LogOnce
+
 log = logging.getLogger(__name__)
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 _LOGGED = LogOnce(log)

@@ -65,6 +65,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..config import CORE_ATTENTIONS
+from ..runtime.once import LogOnce
 
 log = logging.getLogger(__name__)
 _LOGGED = LogOnce(log)  # one warning per key and process: a legitimate fallback says what runs and why, once

@@ -33,6 +33,7 @@ from typing import Sequence
 import torch
 
 from ...config import environment
+from ...runtime.once import LogOnce
 from ...schedules import ALL_REDUCE_ALGOS
 
 log = logging.getLogger(__name__)

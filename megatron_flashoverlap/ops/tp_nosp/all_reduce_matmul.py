@@ -32,6 +32,7 @@ from ...runtime import OverlapContext, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ...runtime.accumulate import linear_into, weight_grad
+from ...runtime.once import LogOnce
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import checked_context
