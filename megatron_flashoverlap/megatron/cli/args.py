@@ -22,6 +22,7 @@ import os
 from typing import Callable, Optional
 
 from ...config import ENV_VARS
+from ...runtime.once import LogOnce, print_rank0
 from ..structure import LOW_PRECISION_ARGS, refuse_low_precision
 
 SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
@@ -92,20 +93,13 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
-    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (megatron/ddp/pretrain.py)
+    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp/pretrain.py)
     install()
     _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
     return args
 
 
-_LOGGED: set = set()
-
-
-def _log_once(line: str) -> None:
-    """Rank 0 only (from $RANK: torch.distributed is not up at parse time); Megatron parses up to 3 times."""
-    if line not in _LOGGED and int(os.environ.get("RANK", "0")) == 0:
-        _LOGGED.add(line)
-        print(line, flush=True)
+_log_once = LogOnce(print_rank0)  # rank 0 ($RANK: no process group at parse time); Megatron parses up to 3 times
 
 
 def _check_compatible(args: argparse.Namespace) -> None:
