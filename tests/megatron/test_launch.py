@@ -438,7 +438,8 @@ def test_cpu_defaults_fill_only_what_the_user_left_out():
     assert argv[:5] == ["--num-layers", "2", "--distributed-backend=gloo", "--transformer-impl", "local"]
     assert argv.count("--no-rope-fusion") == 1 and "--distributed-backend" not in argv
     assert argv.count("--transformer-impl") == 1
-    for flag in ("--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion"):
+    for flag in ("--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion",
+                 "--no-masked-softmax-fusion"):
         assert flag in argv
     added = launch.cpu_argv([])
     assert added[added.index("--distributed-backend") + 1] == "gloo"
