@@ -10,6 +10,9 @@
                                                     and make pretrain()'s DDP ours (ddp_entry.install: the
                                                     fused DP reduce-scatter under --use-distributed-optimizer
                                                     --overlap-grad-reduce)
+    stock_from_our_checkpoints()                    under --use-checkpoint-args (installed by the parser): a run
+                                                    without `--flash-overlap` keeps Megatron's own layers when
+                                                    the checkpoint's args.spec is ours, and says so
 
 `args` keeps plain values only (a bool, an absolute path, the spec pair): Megatron saves `args` in every
 checkpoint, so no object of ours ends up there, and the saved `args.spec` names a ModuleSpec that every
