@@ -6,10 +6,10 @@ every rank, handed to the planner (plan/choices.py) for the choices the YAML lea
                              apply (the YAML wins), activate the result (the DDP wrapper reads dp.fuse from it),
                              load the predicted decode all-reduce table unless the YAML names one; log the figures
                              and choices once. Anything else (CPU, gloo, probe off): cfg unchanged, so the CPU
-                             rules (hops.py, ddp_choice.py, the measured all-reduce table) keep working.
+                             rules (hops.py, megatron/ddp/choice.py, the measured all-reduce table) keep working.
     measure(shapes, sizes, gpus_per_node, group=None) -> figures   the GPU part (plan/choices.py: Figures)
         GEMMs: each shape in bf16, median of 3 calls after a warm-up, CUDA events (the wing may not import
-               tools/rounds.py, a floor above it: tests/pure/test_layering.py; as ddp_choice.py times its probe)
+               tools/rounds.py, a floor above it: tests/pure/test_layering.py; as megatron/ddp/choice.py times its probe)
         hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
                call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
                node (ranks without a pair report nothing)
@@ -25,10 +25,13 @@ import torch
 import torch.distributed as dist
 
 from ..config import activate
+from ..runtime.once import LogOnce
 from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
 
 log = logging.getLogger(__name__)
+_SAID = LogOnce(log, logging.INFO)  # the figures and the choices, once per process
+_REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
 ROUNDS = 3
 
@@ -132,11 +135,6 @@ def _probe_and_choose(model: Model, layout: Layout):
     return figures, choose(figures, model, layout)
 
 
-@functools.lru_cache(maxsize=None)
-def _refused(reason: str) -> None:
-    log.warning("flash-overlap planner: %s; the layers keep the YAML's plans and the operators' own rules", reason)
-
-
 def planned(cfg):
     """cfg with the planner's choices on this GPU cluster, or cfg unchanged (module docstring)."""
     if cfg.planner.probe != "auto" or not torch.cuda.is_available() or not dist.is_initialized() \
@@ -147,17 +145,16 @@ def planned(cfg):
         return cfg
     try:
         model, layout = model_layout(args)
-        first = _probe_and_choose.cache_info().currsize == 0
         figures, choices = _probe_and_choose(model, layout)
     except ValueError as err:  # a layout the planner cannot price: say so once, keep the YAML / CPU rules
-        _refused(str(err))
+        _REFUSED(str(err), "flash-overlap planner: %s; the layers keep the YAML's plans and the operators' own "
+                 "rules", err)
         return cfg
     out = apply(choices, cfg)
     if out.all_reduce.table is None and choices.decode_table is not None:
         from ..ops.all_reduce.select import set_calibration
         set_calibration(choices.decode_table)
-    if first:
-        log.info("flash-overlap probe: %s", figures)
-        log.info("flash-overlap %s", choices.log)
+    _SAID(("probe", model, layout), "flash-overlap probe: %s", figures)
+    _SAID(("choices", model, layout), "flash-overlap %s", choices.log)
     activate(out)
     return out
