@@ -38,6 +38,7 @@ import copy
 import functools
 import logging
 import os
+import time
 import types
 
 import torch
@@ -66,7 +67,7 @@ def enable(*, relax_norm: bool = True) -> bool:
         return False
     check_version(_megatron_version())
     for shim in (_shim_current_device, _shim_rng_tracker, _shim_torch_norm, _shim_cuda_devices,
-                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training):
+                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training, _shim_inference):
         if relax_norm or shim is not _shim_torch_norm:
             shim()
     _ENABLED = True
@@ -295,3 +296,36 @@ def _shim_training() -> None:
     if hasattr(arguments, "get_device_arch_version"):
         arguments.get_device_arch_version = lambda: 0
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+
+
+# ------------------------------------------------------------------------------------------- inference
+class _CpuEvent:
+    """10. torch.cuda.Event on the CPU's one stream: `record()` takes the host clock, `elapsed_time` is ms
+    between two records (the text-generation controller's step timings), waiting / querying is immediate."""
+
+    def __init__(self, *args, **kwargs):
+        self._at = None
+
+    def record(self, stream=None) -> None:
+        self._at = time.perf_counter()
+
+    def elapsed_time(self, end: "_CpuEvent") -> float:
+        if self._at is None or end._at is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first (as on CUDA)")
+        return (end._at - self._at) * 1e3
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def _shim_inference() -> None:
+    # 10. Megatron's inference path (text-generation controller, dynamic engine, offline_inference.py):
+    # step timing events and the peak-memory counters it resets and reads.
+    torch.cuda.Event = _CpuEvent
+    torch.cuda.reset_peak_memory_stats = _returning(None)
