@@ -329,3 +329,22 @@ def _shim_inference() -> None:
     # step timing events and the peak-memory counters it resets and reads.
     torch.cuda.Event = _CpuEvent
     torch.cuda.reset_peak_memory_stats = _returning(None)
+    from megatron.core.inference.contexts import dynamic_context
+
+    # the paged K/V cache append: Megatron's own torch path instead of its triton kernel (CUDA only)
+    dynamic_context.triton_append_key_value_cache = None
+    _shim_flash_attn()
+
+
+def _shim_flash_attn() -> None:
+    # 11. the dynamic engine's attention (paged K/V cache) calls flash-attn 2's varlen / kvcache kernels (CUDA
+    # only) and asserts flash-attn >= 2.7.3 first -> the same two functions in torch (cpu_flash_attn.py).
+    from megatron.core.transformer import attention
+
+    from . import cpu_flash_attn
+
+    if attention.flash_attn_varlen_func is not None:
+        return  # a real flash-attn is installed: nothing to stand in for
+    attention.flash_attn_varlen_func = cpu_flash_attn.flash_attn_varlen_func
+    attention.flash_attn_with_kvcache = cpu_flash_attn.flash_attn_with_kvcache
+    attention.is_fa_min_version = lambda version, *args, **kwargs: version == "2.7.3"  # what ours stands in for

@@ -129,3 +129,52 @@ def static_batch_vs_single(rank, world, tp=2, generate=0):
         return out
     finally:
         tm.destroy()
+
+
+def _llm(model, max_requests: int = 8):
+    """Megatron's high-level API in direct mode (every rank drives the engine with the same prompts)."""
+    from megatron.core.inference.apis import MegatronLLM
+    from megatron.core.inference.config import InferenceConfig
+
+    config = InferenceConfig(max_sequence_length=128, buffer_size_gb=0.01, block_size_tokens=16,
+                             max_requests=max_requests, max_tokens=512, unified_memory_level=0,
+                             materialize_only_last_token_logits=False)
+    return MegatronLLM(model=model, tokenizer=_tokenizer(), inference_config=config, use_coordinator=False)
+
+
+def _dynamic_record(req) -> dict:
+    return {"tokens": [int(t) for t in req.generated_tokens],
+            "prompt_log_probs": _floats(req.prompt_log_probs),
+            "generated_log_probs": _floats(req.generated_log_probs)}
+
+
+def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
+    """Megatron's dynamic engine through MegatronLLM.generate, each model: every prompt together, then each
+    alone, then in reverse order -> {model: {"batch" | "single" | "reversed": {id: record}}}."""
+    tm.init_tp(tp)
+    try:
+        prompts, out = _prompts(), {}
+        sampling = _sampling(generate)
+        sampling.top_n_logprobs = 0
+        for name, model in _models(tp).items():
+            with _llm(model) as llm:
+                batch = llm.generate(prompts, sampling)
+                llm.engine.reset()
+                single = {}
+                for i, p in enumerate(prompts):
+                    single[i] = _dynamic_record(llm.generate([p], sampling)[0])
+                    llm.engine.reset()
+                backwards = llm.generate(prompts[::-1], sampling)[::-1]
+            out[name] = {"batch": {i: _dynamic_record(r) for i, r in enumerate(batch)}, "single": single,
+                         "reversed": {i: _dynamic_record(r) for i, r in enumerate(backwards)}}
+        return out
+    finally:
+        tm.destroy()
+
+
+def batch_invariance(rank, world, tp=2, generate=8):
+    """Both paths in one job (one model build): {"static0": Megatron's zero-token case (prompt log-probs, top-n),
+    "static": static batching generating `generate` tokens, "dynamic": the dynamic engine}."""
+    return {"static0": static_batch_vs_single(rank, world, tp, 0),
+            "static": static_batch_vs_single(rank, world, tp, generate),
+            "dynamic": dynamic_batch_vs_single(rank, world, tp, generate)}
