@@ -18,6 +18,8 @@ attention: Hk divides H, each K/V head serves H / Hk query heads.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 
@@ -51,37 +53,59 @@ def _attend(q, k, v, scale: float, causal: bool, window) -> tuple[torch.Tensor, 
     return out.transpose(0, 1).to(q.dtype), lse
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
-                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                           block_table=None, return_attn_probs=False, **_unused):
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """flash-attn's keyword options that Megatron passes; any other is refused (not silently ignored)."""
+
+    softmax_scale: float | None = None
+    causal: bool = False
+    window_size: tuple = (-1, -1)
+    block_table: torch.Tensor | None = None
+    return_attn_probs: bool = False  # varlen: also return lse (Megatron: the softmax-offset correction)
+    return_softmax_lse: bool = False  # kvcache: the same
+    num_splits: int = 0  # a CUDA work split: no meaning here
+    dropout_p: float = 0.0
+
+    @classmethod
+    def of(cls, where: str, options: dict) -> "_Options":
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{where} (CPU): options {unknown} are not implemented by the CPU stand-in; run on a "
+                             f"GPU with flash-attn installed")
+        made = cls(**options)
+        if made.dropout_p:
+            raise ValueError(f"{where} (CPU): dropout_p must be 0 (inference only)")
+        return made
+
+    def scale(self, q: torch.Tensor) -> float:
+        return q.shape[-1] ** -0.5 if self.softmax_scale is None else self.softmax_scale
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, **options):
     """Packed variable-length attention (prefill and mixed steps); see the module docstring."""
-    if dropout_p:
-        raise ValueError("flash_attn_varlen_func (CPU): dropout_p must be 0 (inference only)")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    opt = _Options.of("flash_attn_varlen_func", options)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     out, lse = torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     for b in range(len(cq) - 1):
-        row = None if block_table is None else block_table[b]
-        start = 0 if block_table is not None else ck[b]
+        row = None if opt.block_table is None else opt.block_table[b]
+        start = 0 if row is not None else ck[b]
         kb, vb = _keys(k, row, start, ck[b + 1] - ck[b]), _keys(v, row, start, ck[b + 1] - ck[b])
-        out[cq[b]:cq[b + 1]], lse[:, cq[b]:cq[b + 1]] = _attend(q[cq[b]:cq[b + 1]], kb, vb, scale, causal,
-                                                                window_size)
-    return (out, lse, None) if return_attn_probs else out
+        out[cq[b]:cq[b + 1]], lse[:, cq[b]:cq[b + 1]] = _attend(q[cq[b]:cq[b + 1]], kb, vb, opt.scale(q),
+                                                                opt.causal, opt.window_size)
+    return (out, lse, None) if opt.return_attn_probs else out
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
-                            window_size=(-1, -1), block_table=None, return_softmax_lse=False, **kwargs):
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, **options):
     """Decode steps against the (paged) K/V cache; new K/V (`k=`, `v=`) must already be in it."""
-    if kwargs.get("k") is not None or kwargs.get("v") is not None:
+    if k is not None or v is not None:
         raise ValueError("flash_attn_with_kvcache (CPU): appending k / v is not implemented; write them into "
                          "the cache first (Megatron's dynamic context does)")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    lengths = cache_seqlens.tolist()
+    opt = _Options.of("flash_attn_with_kvcache", options)
     out = torch.empty_like(q)
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    for b, n in enumerate(lengths):
-        row = None if block_table is None else block_table[b]
-        kb, vb = _keys(k_cache[b] if row is None else k_cache, row, 0, n), _keys(
-            v_cache[b] if row is None else v_cache, row, 0, n)
-        out[b], lse[b] = _attend(q[b], kb, vb, scale, causal, window_size)
-    return (out, lse) if return_softmax_lse else out
+    for b, n in enumerate(cache_seqlens.tolist()):
+        row = None if opt.block_table is None else opt.block_table[b]
+        kb = _keys(k_cache if row is not None else k_cache[b], row, 0, n)
+        vb = _keys(v_cache if row is not None else v_cache[b], row, 0, n)
+        out[b], lse[b] = _attend(q[b], kb, vb, opt.scale(q), opt.causal, opt.window_size)
+    return (out, lse) if opt.return_softmax_lse else out
