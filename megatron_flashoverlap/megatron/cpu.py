@@ -329,6 +329,7 @@ def _shim_inference() -> None:
     # step timing events and the peak-memory counters it resets and reads.
     torch.cuda.Event = _CpuEvent
     torch.cuda.reset_peak_memory_stats = _returning(None)
+    torch.cuda.LongTensor = torch.LongTensor  # examples/inference/utils.get_curr_time's legacy constructor
     from megatron.core.inference.contexts import dynamic_context
 
     # the paged K/V cache append: Megatron's own torch path instead of its triton kernel (CUDA only)

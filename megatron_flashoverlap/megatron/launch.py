@@ -51,6 +51,8 @@ CPU_DEFAULTS = (
     ("--no-bias-gelu-fusion", None, "torch.compile: inductor builds C++ at the first call (~10 s each on CPU)"),
     ("--no-bias-swiglu-fusion", None, "torch.compile, as above"),
     ("--no-bias-dropout-fusion", None, "torch.compile, as above"),
+    ("--inference-dynamic-batching-buffer-size-gb", "1", "the dynamic engine's KV cache is host memory on CPU; "
+     "the GPU default (40 GB) gives more request slots than tokens: DynamicInferenceContext asserts"),
 )
 
 
