@@ -111,7 +111,7 @@ def run() -> None:
     args = get_args()
     model = load_model(args)
     line = sites.sites_line([model])
-    results = generate(args, model, prompt_tokens(args, args.padded_vocab_size))
+    results = generate(args, model, prompt_tokens(args, args.vocab_size or args.padded_vocab_size))
     if dist.get_rank() == 0:
         print(line, flush=True)
         report(results, args.output_path)
