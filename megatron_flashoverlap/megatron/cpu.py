@@ -27,6 +27,12 @@ launcher's `--cpu`). Each shim replaces one CUDA-only call, and says which:
                                         model-parallel init and seeding silently -> initialize sees 1 device
                   8. arch version       validate_args reads the GPU's major version (TP > 1)      -> 0 (not
                                         Blackwell: CUDA_DEVICE_MAX_CONNECTIONS=1 is then required, and set)
+    inference    10. events, counters   torch.cuda.Event (the controller's step timing), reset_peak_memory_stats,
+                                        torch.cuda.LongTensor (offline_inference.py's clock) -> host clock,
+                                        no-op, torch.LongTensor; the paged K/V append's triton kernel -> Megatron's
+                                        own torch path
+                 11. flash-attn         the dynamic engine's attention calls flash-attn 2 (varlen, kvcache:
+                                        CUDA) -> the same two functions in torch (cpu_flash_attn.py)
 
 Never applied when CUDA is available: `enable()` then changes nothing and returns False (GPU runs use
 Megatron untouched). Outside 0.16.x - 0.19.x it raises, naming the supported versions. megatron-core 0.19
