@@ -40,6 +40,7 @@ imports `triton` at import time; the lanes install the real wheel (checked, with
 """
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import logging
@@ -248,7 +249,7 @@ def _shim_cuda_runtime() -> None:
     cuda.Stream = _NullStream
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         setattr(cuda, name, _returning(0))
-    cuda.memory_stats = _returning(dict)
+    cuda.memory_stats = _returning(lambda: collections.defaultdict(int))  # every counter 0 (offline_inference.py's peak)
 
 
 def _shim_moe() -> None:
