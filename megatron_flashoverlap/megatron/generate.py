@@ -25,7 +25,7 @@ import random
 import sys
 from typing import Optional, Sequence
 
-from . import launch
+from .cli import launch
 
 
 def add_generate_args(parser):
