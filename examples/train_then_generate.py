@@ -2,8 +2,8 @@
 `--flash-overlap` side by side, TP=2 on 2 CPU ranks (gloo). The generated tokens must be identical.
 
     python -m megatron_flashoverlap.pretrain_gpt --cpu --nproc-per-node 2 <tiny GPT> --save CKPT   (train, stock)
-    python -m megatron_flashoverlap.megatron.generate --cpu --nproc-per-node 2 <tiny GPT> --load CKPT ...     stock
-    python -m megatron_flashoverlap.megatron.generate --cpu --nproc-per-node 2 <tiny GPT> --load CKPT ... \\
+    python -m megatron_flashoverlap.generate --cpu --nproc-per-node 2 <tiny GPT> --load CKPT ...     stock
+    python -m megatron_flashoverlap.generate --cpu --nproc-per-node 2 <tiny GPT> --load CKPT ... \\
         --flash-overlap                                                                                     ours
 
 Generation is Megatron's dynamic inference engine behind its high-level API (MegatronLLM), greedy, on prompts
@@ -57,7 +57,7 @@ def generate(arm: str, ckpt: str, opts: argparse.Namespace, out: str) -> dict:
     args = [*MODEL, "--micro-batch-size", "1", "--load", ckpt, "--num-prompts", str(opts.prompts),
             "--prompt-length-range", "3", "29", "--num-tokens-to-generate", str(opts.tokens), "--output-path", out,
             *(["--flash-overlap"] if arm == "flash" else [])]
-    stdout, seconds = run("megatron_flashoverlap.megatron.generate", args, f"{arm} generation", opts.timeout)
+    stdout, seconds = run("megatron_flashoverlap.generate", args, f"{arm} generation", opts.timeout)
     sites = [ln for ln in stdout.splitlines() if ln.startswith("GEMM sites: ")]
     with open(out) as f:
         return {"requests": json.load(f), "sites": sites[-1] if sites else "GEMM sites: ?", "seconds": seconds}

@@ -10,7 +10,6 @@
     moe/                       MoE layers with our exchange or the fused expert pipeline
     cpu.py                     shims that run Megatron (core and its training loop) on CPU over gloo: enable()
     cpu_flash_attn.py          flash-attn 2's varlen / kvcache entry points in torch (the dynamic engine on CPU)
-    generate.py                the inference entry: offline_inference.py's job through the wheel (MegatronLLM)
     cli/                       the `--flash-overlap` flags, the launcher for Megatron-LM's scripts (`--cpu`), and
                                the project entry (Megatron's pretrain() with our spec on mock data)
     models.py                  small real Megatron GPT models on CPU/gloo ranks, for examples, benchmarks and tests

@@ -1,5 +1,5 @@
 """examples/train_then_generate.py, short: Megatron's pretrain() saves a tiny GPT (TP=2, 2 CPU ranks), then the
-project's inference entry (megatron/generate.py: MegatronLLM, the dynamic engine) generates from it, stock and
+project's inference entry (megatron/cli/generate.py: MegatronLLM, the dynamic engine) generates from it, stock and
 --flash-overlap. Tier 2 (three torchrun subprocesses; newest lane: megatron.training and the high-level
 inference API ship in the 0.19 wheel). Exact: greedy tokens and their log-probs are compared to the bit (same
 weights, same core attention; each TP all-reduce sums two partials, a + b == b + a)."""

@@ -2,7 +2,7 @@
 megatron-core wheel's own API (no Megatron-LM checkout: the wheel ships megatron.core.inference and
 megatron.training, not the checkout's megatron/inference helpers).
 
-    python -m megatron_flashoverlap.megatron.generate [--cpu] [--nproc-per-node N] <megatron model args>
+    python -m megatron_flashoverlap.generate [--cpu] [--nproc-per-node N] <megatron model args>
         --load CKPT [--prompts "0 5 9 17" ...  |  --num-prompts 8 --prompt-length-range 4 24]
         [--num-tokens-to-generate 16] [--output-path out.json] [--flash-overlap [--flash-overlap-config F]]
 
@@ -25,7 +25,7 @@ import random
 import sys
 from typing import Optional, Sequence
 
-from .cli import launch
+from . import launch
 
 
 def add_generate_args(parser):
@@ -103,7 +103,7 @@ def run() -> None:
     from megatron.training import get_args, initialize_megatron
     from megatron.training.arguments import parse_and_validate_args
 
-    from . import sites
+    from .. import sites
 
     parse_and_validate_args(extra_args_provider=add_generate_args,
                             args_defaults={"no_load_rng": True, "no_load_optim": True})
@@ -121,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """`argv` = [--cpu] [--nproc-per-node N] <megatron args and this entry's flags>."""
     cpu, nproc, rest = launch.launcher_options(sys.argv[1:] if argv is None else argv)
     if nproc is not None:
-        raise SystemExit(launch.torchrun("megatron_flashoverlap.megatron.generate", cpu, nproc, rest))
+        raise SystemExit(launch.torchrun("megatron_flashoverlap.generate", cpu, nproc, rest))
     launch.prepare("generate", rest, cpu)
     run()
 
