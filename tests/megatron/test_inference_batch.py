@@ -11,9 +11,8 @@ build per spec.
 
 Tolerances: batch vs alone -- Megatron's own test's (pytest.approx, 1e-6 relative: another batch shape may
 pick another GEMM kernel); ours vs stock -- exact (same core attention, same weights, and each all-reduce
-sums two partials: a + b == b + a); dynamic engine vs static batching -- the greedy tokens (their attention
-kernels differ: the paged one softmaxes in fp32, DotProductAttention in bf16 inputs, so log-probs are close,
-not equal).
+sums two partials: a + b == b + a); dynamic engine vs static batching -- the greedy tokens only (their
+attention kernels differ: the paged CPU one computes in fp32, so log-probs are close, not equal).
 """
 import pytest
 
