@@ -9,6 +9,7 @@
                                pretrain() with --flash-overlap (its DDP class becomes ours)
     moe/                       MoE layers with our exchange or the fused expert pipeline
     cpu.py                     shims that run Megatron (core and its training loop) on CPU over gloo: enable()
+    cpu_flash_attn.py          flash-attn 2's varlen / kvcache entry points in torch (the dynamic engine on CPU)
     cli/                       the `--flash-overlap` flags, the launcher for Megatron-LM's scripts (`--cpu`), and
                                the project entry (Megatron's pretrain() with our spec on mock data)
     models.py                  small real Megatron GPT models on CPU/gloo ranks, for examples, benchmarks and tests

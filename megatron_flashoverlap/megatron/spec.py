@@ -161,11 +161,14 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
                                     multi_latent_attention=False, fp8=None, normalization=None, qk_l2_norm=False,
                                     use_kitchen=False, use_kitchen_attention=False, kitchen_attention_backend="sdpa",
                                     *, moe_use_legacy_grouped_gemm=False, flash_config=None,
-                                    sequence_parallel=None, context_parallel_size=None) -> ModuleSpec:
+                                    sequence_parallel=None, context_parallel_size=None, attention_backend="auto",
+                                    transformer_impl="local") -> ModuleSpec:
     """Drop-in for megatron-core 0.19's `get_gpt_layer_local_spec` (same arguments, same order; 0.16's
     `moe_use_legacy_grouped_gemm` by keyword): the layer `flashoverlap_layer_spec` builds for the same
     settings. Keyword-only extras: flash_config (default: config.active()), sequence_parallel (needed only
-    for query-split attention) and context_parallel_size (default: Megatron's CP group size, else 1).
+    for query-split attention), context_parallel_size (default: Megatron's CP group size, else 1), and
+    attention_backend / transformer_impl (the model config's: which core attention, as `layer_spec`; the stock
+    function takes none and builds DotProductAttention, which the defaults give).
     MLA, Kitchen and the legacy grouped GEMM are a ValueError; fp8 is ignored, as in the stock function."""
     where = "get_gpt_layer_flashoverlap_spec"
     check_structure(SimpleNamespace(multi_latent_attention=multi_latent_attention), where)
@@ -182,7 +185,8 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
         context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
     flash_config = planned(active()) if flash_config is None else flash_config  # on CUDA: megatron/probe.py
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
-                      qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
+                      qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm),
+                      attention_backend=attention_backend, transformer_impl=transformer_impl)
     return _with_attention(spec, flash_config, context_parallel_size, sequence_parallel)
 
 

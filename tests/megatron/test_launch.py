@@ -443,6 +443,10 @@ def test_cpu_defaults_fill_only_what_the_user_left_out():
         assert flag in argv
     added = launch.cpu_argv([])
     assert added[added.index("--distributed-backend") + 1] == "gloo"
+    # the dynamic engine's KV cache in host memory: 1 GB unless the user sizes it
+    assert added[added.index("--inference-dynamic-batching-buffer-size-gb") + 1] == "1"
+    assert launch.cpu_argv(["--inference-dynamic-batching-buffer-size-gb", "4"]).count(
+        "--inference-dynamic-batching-buffer-size-gb") == 1
 
 
 def test_launcher_options_lead_the_script():

@@ -53,6 +53,8 @@ CPU_DEFAULTS = (
     ("--no-bias-dropout-fusion", None, "torch.compile, as above"),
     ("--no-masked-softmax-fusion", None, "the fused (scaled, masked) softmax of bf16 / fp16 attention is a "
                                          "CUDA extension (scaled_masked_softmax_cuda); without it torch's runs"),
+    ("--inference-dynamic-batching-buffer-size-gb", "1", "the dynamic engine's KV cache is host memory on CPU; "
+     "the GPU default (40 GB) gives more request slots than tokens: DynamicInferenceContext asserts"),
 )
 
 
