@@ -1,13 +1,18 @@
 """The README's main job (examples/pretrain_tiny_gpt.py, `make demo`), short: Megatron's pretrain() through the
 project entry, stock vs --flash-overlap, tiny GPT-2-style model, TP=2 + SP on 2 CPU ranks.
-Tier 2 (two torchrun subprocesses; newest lane: megatron.training ships in the 0.19 wheel). Asserts the
-curves match and what the demo prints, never timing."""
+Tier 2 (newest lane: megatron.training ships in the 0.19 wheel). Asserts the curves match and what the demo
+prints, never timing. The demo's two runs are its exact per-rank commands (`megatron_args` + --flash-overlap,
+under the project entry with --cpu) run in the session's shared start-up (the `pretrain` fixture); the demo's
+`run_entry` reads them from there (it checks it asked for exactly those arguments), everything after it (table,
+sites line, plot, JSON) is the demo's own code."""
 import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.pretrain_runs import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -18,10 +23,30 @@ from examples import pretrain_tiny_gpt  # noqa: E402
 RTOL = 1e-5
 ITERS = 8
 SITES = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
+ARGS = {"stock": tuple(pretrain_tiny_gpt.megatron_args(ITERS, "gpt2"))}
+ARGS["flash"] = (*ARGS["stock"], "--flash-overlap")
+JOBS = [Job(f"demo-{arm}", "pretrain_gpt", ("--cpu", *args)) for arm, args in ARGS.items()]
+
+
+def from_batch(pretrain, expected: dict, yaml: dict | None = None):
+    """A stand-in for the examples' `run_entry(args, arm, timeout, nproc=2)`: the batch's run of `arm`, after
+    checking the example asked for the job's arguments (a YAML path in them: the same file content)."""
+    def run_entry(args, arm, timeout, nproc=2):
+        args, want = list(args), list(expected[arm])
+        if yaml and arm in yaml:
+            assert Path(args[-1]).read_text() == yaml[arm][1], arm
+            args, want = args[:-1], want[:-1]
+        assert (args, nproc) == (want, 2), (arm, args)
+        run = pretrain(f"{expected['name']}-{arm}").check()
+        return {"loss": [run.losses[i] for i in sorted(run.losses)], "sites": run.sites or "GEMM sites: ?",
+                "seconds": 0.0}
+    return run_entry
 
 
 @pytest.mark.newest_only
-def test_demo_curves_match(tmp_path, capsys):
+@pytest.mark.pretrain(*JOBS)
+def test_demo_curves_match(tmp_path, capsys, monkeypatch, pretrain):
+    monkeypatch.setattr(pretrain_tiny_gpt, "run_entry", from_batch(pretrain, {"name": "demo", **ARGS}))
     plot, js = tmp_path / "curves.png", tmp_path / "curves.json"
     runs = pretrain_tiny_gpt.main(["--iters", str(ITERS), "--plot", str(plot), "--json", str(js)])
     printed = capsys.readouterr().out

@@ -27,19 +27,23 @@ RUNNER = "tests.support.pretrain_runner"  # -m from the checkout: tests/support/
 LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
 SITES = "GEMM sites: "
 STARTUP_S, JOB_S = 180, 150  # a batch's timeout: start-up plus each job (generous: 2 shared cores)
+FIRST, DEFAULT, AFTER, LAST = 0, 1, 2, 3  # Job.order
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One per-rank user command: entry "pretrain_gpt" (the project entry) or "launch" (the launcher), its argv
     (the launcher options --cpu first, as a user types them; no --nproc-per-node: the batch is already the
-    ranks), the world size, and `late` to run after the others (expected failures: a hang ends the batch)."""
+    ranks), the world size, `order` (a batch runs jobs by order, then as declared: FIRST, ..., LAST; expected
+    failures go LAST, since one that hangs ends the batch) and `files`: (path under {tmp}, text) pairs written
+    before the batch starts (YAMLs the job reads)."""
 
     name: str
     entry: str
     argv: tuple
     world: int = 2
-    late: bool = False
+    order: int = DEFAULT
+    files: tuple = ()
 
 
 @dataclasses.dataclass
@@ -66,6 +70,11 @@ def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
     world = {j.world for j in jobs}
     assert len(world) == 1, f"one world size per batch, got {world}"
     out.mkdir(parents=True, exist_ok=True)
+    for job in jobs:
+        for rel, text in job.files:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+    jobs = sorted(jobs, key=lambda j: j.order)  # stable: declaration order within an order
     spec = [{"name": j.name, "entry": j.entry, "argv": [a.replace("{tmp}", str(tmp)) for a in j.argv]}
             for j in jobs]
     (out / "jobs.json").write_text(json.dumps(spec, indent=1))
