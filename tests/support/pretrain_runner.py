@@ -5,8 +5,10 @@
 Each rank imports torch, Megatron and the plugin once, then for every job of the JSON list JOBS, in order:
     1. `reset()`: Megatron's global state (training/global_vars, the microbatch calculator, parallel_state's
        groups and memory buffer, the rerun machine, the RNG tracker, the MoE loss tracker) and the plugin's
-       (the activated config, pretrain()'s DDP class back to Megatron's, every log-once set), so nothing of
-       one job reaches the next (tests/megatron/test_pretrain_runner.py checks a job run last equals the same
+       (the activated config, pretrain()'s DDP class back to Megatron's, every log-once set), and the
+       environment (Megatron's validate_args writes NVTE_* variables for --attention-backend) back to what it
+       was when the batch started, after the CPU shims (what every job's --cpu installs first, once per
+       process) were installed; so nothing of one job reaches the next (tests/megatron/test_pretrain_runner.py checks a job run last equals the same
        job run first)
     2. fds 1 and 2 -> OUT/<name>.rank<r>.log
     3. the user's per-rank command, in this process: job {"name", "entry", "argv"} with entry
@@ -29,8 +31,11 @@ import traceback
 _LOG_ONCE_SETS = "_LOGGED"  # module-level sets of lines already logged (one per module of the plugin)
 
 
-def reset() -> None:
-    """Megatron's and the plugin's process-global state back to a fresh process's (module docstring)."""
+def reset(environ: dict) -> None:
+    """Megatron's and the plugin's process-global state back to a fresh process's, `os.environ` to `environ`
+    (module docstring)."""
+    os.environ.clear()
+    os.environ.update(environ)
     _reset_megatron()
     _reset_plugin()
 
@@ -103,7 +108,11 @@ class _Redirect:
 
 
 def main(jobs_path: str, out: str) -> None:
+    from megatron_flashoverlap.megatron import cpu
+
     rank = int(os.environ["RANK"])
+    cpu.enable()  # no-op on a GPU machine; sets CUDA_DEVICE_MAX_CONNECTIONS, part of the environment kept
+    environ = dict(os.environ)
     with open(jobs_path) as f:
         jobs = json.load(f)
     for job in jobs:
@@ -111,7 +120,7 @@ def main(jobs_path: str, out: str) -> None:
         status = "ok"
         with _Redirect(stem + ".log"):
             try:
-                reset()
+                reset(environ)
                 run_job(job)
             except BaseException as err:  # SystemExit included (Megatron exits on some argument errors)
                 if isinstance(err, KeyboardInterrupt):
