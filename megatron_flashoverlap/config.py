@@ -57,7 +57,7 @@ CORE_ATTENTIONS = ("auto", "megatron", "sdpa")
 # source block through the experts as it arrives); exchange = the pairwise steps, experts after (the ablation);
 # reference = stock's all_to_all_single. Where flash cannot fuse, it runs exchange (logged once per reason).
 MOE_ALGOS = ("flash", "exchange", "reference")
-DP_FUSE = ("auto", "all", "none")  # megatron/ddp_entry.py
+DP_FUSE = ("auto", "all", "none")  # megatron/ddp/pretrain.py
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")

@@ -21,7 +21,7 @@ runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `
 sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P wait of these layers and
 its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
 
-Data parallel (megatron/ddp_linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
+Data parallel (megatron/ddp/linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
 hands its complete wgrad operands to `ddp.dp_wgrad` from inside the TP walk (`wgrad_fn`), which produces dW
 shard by shard inside the reduce-scatter of its bucket into main_grad, on the last micro-batch.
 
@@ -53,7 +53,7 @@ from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_
 from ..ops.checks import check_peers_agree
 from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import OverlapContext, group_info
-from .ddp import dp_wgrad
+from .ddp.grad_sync import dp_wgrad
 from .structure import refuse_low_precision
 
 log = logging.getLogger(__name__)

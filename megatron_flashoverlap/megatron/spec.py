@@ -44,7 +44,7 @@ from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
-from .moe import check_moe_config, flash_moe_spec
+from .moe.layer import check_moe_config, flash_moe_spec
 from .structure import check_structure, moe_layer_pattern
 
 
@@ -76,7 +76,7 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
     and core attention of `_norms_and_attention` (attention_backend: Megatron's --attention-backend, an
     AttnBackend or its name; transformer_impl: Megatron's --transformer-impl; see sdpa.core_attention_for;
     by default get_gpt_layer_local_spec's DotProductAttention). num_experts: the MLP is Megatron's MoE spec
-    (routed experts Megatron's, shared experts' fc1/fc2 ours) in our FlashMoELayer (megatron/moe.py)."""
+    (routed experts Megatron's, shared experts' fc1/fc2 ours) in our FlashMoELayer (megatron/moe/layer.py)."""
     provider = FlashOverlapSpecProvider(flash_config)
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
                                     qk_layernorm=qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from megatron_flashoverlap import config as fc
-from megatron_flashoverlap.megatron import launch
-from megatron_flashoverlap.megatron.args import SPEC, activate_config, apply_flash_overlap_args, with_flash_overlap_args
+from megatron_flashoverlap.megatron.cli import launch
+from megatron_flashoverlap.megatron.cli.args import SPEC, activate_config, apply_flash_overlap_args, with_flash_overlap_args
 from megatron_flashoverlap.config import FlashOverlapConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -359,7 +359,7 @@ RELOAD_STAND_IN = '''
 import json, os, sys, torch
 from megatron.training.arguments import parse_args, parse_and_validate_args, core_transformer_config_from_args
 from megatron_flashoverlap import config as fc
-from megatron_flashoverlap.megatron.args import with_flash_overlap_args
+from megatron_flashoverlap.megatron.cli.args import with_flash_overlap_args
 ckpt, cfg, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.argv = ["pretrain_gpt.py", *argv, "--flash-overlap", "--flash-overlap-config", cfg]
 saved = parse_args(with_flash_overlap_args(None))
@@ -454,7 +454,7 @@ def test_flag_makes_pretrains_ddp_ours_and_says_when_it_stays_stock(monkeypatch)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.training import training
 
-    from megatron_flashoverlap.megatron.ddp_entry import FlashDistributedDataParallel, why_stock
+    from megatron_flashoverlap.megatron.ddp.pretrain import FlashDistributedDataParallel, why_stock
 
     from megatron.training.models import dist_utils
 

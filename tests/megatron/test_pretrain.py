@@ -39,7 +39,7 @@ def assert_same_curve(stock: dict, flash: dict, iters: int = ITERS) -> None:
 
 
 # TP=1 x DP=2 under the distributed optimizer: the project entry with --flash-overlap builds its DDP through
-# megatron/ddp_entry.py (the fused DP reduce-scatter; each gradient element sums two partials, a+b == b+a)
+# megatron/ddp/pretrain.py (the fused DP reduce-scatter; each gradient element sums two partials, a+b == b+a)
 DP2 = [a for a in TINY if a not in ("--sequence-parallel",)]
 DP2[DP2.index("--tensor-model-parallel-size") + 1] = "1"
 DP2[DP2.index("--global-batch-size") + 1] = "4"

@@ -7,7 +7,7 @@
     apply_flash_overlap_args(args) -> args          if `--flash-overlap`: check the flags, select our spec
                                                     (`--spec megatron_flashoverlap.spec flashoverlap_layer`),
                                                     load the per-site YAML and activate it (config.activate),
-                                                    and make pretrain()'s DDP ours (ddp_entry.install: the
+                                                    and make pretrain()'s DDP ours (megatron/ddp/pretrain.install: the
                                                     fused DP reduce-scatter under --use-distributed-optimizer
                                                     --overlap-grad-reduce)
 
@@ -21,8 +21,8 @@ import argparse
 import os
 from typing import Callable, Optional
 
-from ..config import ENV_VARS
-from .structure import LOW_PRECISION_ARGS, refuse_low_precision
+from ...config import ENV_VARS
+from ..structure import LOW_PRECISION_ARGS, refuse_low_precision
 
 SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
 OUR_SPECS = (SPEC, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"])  # --spec values that are ours
@@ -92,7 +92,7 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
-    from .ddp_entry import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp_entry.py)
+    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (megatron/ddp/pretrain.py)
     install()
     _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
     return args
@@ -132,7 +132,7 @@ def activate_config(path: Optional[str]) -> str:
     """Load the per-layer YAML at `path` (errors name the fix) and activate it in-process
     (`config.activate`), where the spec reads it when Megatron builds the model. None: nothing activated;
     the spec uses the environment's YAML if one is named, else the defaults. Returns where it comes from."""
-    from ..config import activate, environment, load_config
+    from ...config import activate, environment, load_config
 
     if path is None:
         activate(None)

@@ -20,7 +20,7 @@ copies to the host (its one sync per layer); nothing else syncs.
 Refused at build, with the fix: the flex dispatcher (DeepEP / HybridEP / NCCL-EP bring their own fused
 all-to-all kernels) and --overlap-moe-expert-parallel-comm (Megatron's 1F1B a2a overlap on two streams;
 not composed with ours). The allgather dispatcher has no all-to-all: it runs as stock (logged once).
-Where flash cannot fuse it runs "exchange", one log line per reason (moe_fuse.py: expert-TP > 1, experts
+Where flash cannot fuse it runs "exchange", one log line per reason (fused.py: expert-TP > 1, experts
 other than SequentialMLP, the shared expert on the dispatcher's side stream, fp8/fp4, delayed expert wgrad,
 inference-optimized experts, EP = 1).
 """
@@ -33,11 +33,11 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..config import FlashOverlapConfig, active
-from ..ops.moe import COMBINE, DISPATCH, expert_all_to_all
-from ..ops.registry import forced
-from .linear import layer_context
-from .moe_fuse import fused_experts, fusion_blocker
+from ...config import FlashOverlapConfig, active
+from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
+from ...ops.registry import forced
+from ..linear import layer_context
+from .fused import fused_experts, fusion_blocker
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -105,7 +105,7 @@ class FlashMoELayer(MoELayer):
     dispatch -> routed_experts_compute -> combine is the fused pipeline (dispatch and combine pass through)."""
 
     flash_fused = False
-    flash_not_fused = None  # moe.algo = flash that runs "exchange": why (moe_fuse.fusion_blocker)
+    flash_not_fused = None  # moe.algo = flash that runs "exchange": why (fused.fusion_blocker)
 
     def __init__(self, config, submodules=None, *args, flash_config: FlashOverlapConfig | None = None, **kwargs):
         check_moe_config(config)

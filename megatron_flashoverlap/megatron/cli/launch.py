@@ -153,14 +153,14 @@ def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:
     """Steps 1-4 for one rank: `sys.argv = [prog, *args (+ CPU defaults)]`, shims, helpers, parse_args."""
     sys.argv = [prog, *(cpu_argv(args) if cpu else args)]
     if cpu:
-        from . import cpu as cpu_shims
+        from .. import cpu as cpu_shims
 
         if not cpu_shims.enable():
             raise SystemExit("--cpu was given but CUDA is available: the CPU shims are never applied on a GPU "
                              "machine; drop --cpu to train on the GPU")
     use_installed_helpers()
     install()
-    from . import sites  # imports Megatron: after the checkout's folder went first on sys.path
+    from .. import sites  # imports Megatron: after the checkout's folder went first on sys.path
 
     sites.install()
 
