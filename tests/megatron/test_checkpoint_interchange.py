@@ -7,7 +7,8 @@ Tier 2 (2 ranks, the shared pretrain() start-up; newest lane). A tiny GPT, TP=2 
 loads it (model, optimizer, RNG and the data position) and trains to TOTAL; a stock run trains to TOTAL without a
 break. Only the first resumed iteration is compared with that run: Megatron's own resume (stock from stock alike)
 logs iteration SAVED + 2 off the unbroken run's (5.2807 vs 5.2093, measured) while SAVED + 1 and SAVED + 3 agree
-to the digit; the resumes compare with each other at every iteration. Megatron's checkpoint writer needs psutil (requirements/*.txt).
+to the digit; the resumes compare with each other at every iteration. Megatron's checkpoint writer needs
+psutil (requirements/*.txt).
 """
 import pytest
 

@@ -28,7 +28,8 @@ ITERS = 4
 ALGO = MoESettings().algo  # the default: "flash", the fused exchange
 YAML = {ALGO: (f"moe_{ALGO}.yaml", f"moe: {{algo: {ALGO}}}\n")}  # what the example writes for --algos ALGO
 ARGS = {"stock": tuple(pretrain_tiny_moe.moe_args(ITERS)),
-        ALGO: (*pretrain_tiny_moe.moe_args(ITERS), "--flash-overlap", "--flash-overlap-config", f"{{tmp}}/{YAML[ALGO][0]}")}
+        ALGO: (*pretrain_tiny_moe.moe_args(ITERS), "--flash-overlap", "--flash-overlap-config",
+               f"{{tmp}}/{YAML[ALGO][0]}")}
 JOBS = [Job(f"moe-example-{arm}", "pretrain_gpt", ("--cpu", *args), files=tuple(YAML.values()) if arm == ALGO else ())
         for arm, args in ARGS.items()]
 

@@ -1,6 +1,6 @@
 """One torchrun start-up for many Megatron `pretrain()` runs (the rank side; the caller is pretrain_runs.py).
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m tests.support.pretrain_runner JOBS OUT
+    python -m torch.distributed.run --standalone --nproc-per-node N -m tests.support.pretrain_runner JOBS OUT JOB_S
 
 Each rank imports torch, Megatron and the plugin once, then for every job of the JSON list JOBS, in order:
     1. `reset()`: Megatron's global state (training/global_vars, the microbatch calculator, parallel_state's
@@ -8,21 +8,23 @@ Each rank imports torch, Megatron and the plugin once, then for every job of the
        (the activated config, pretrain()'s DDP class back to Megatron's, every log-once set), and the
        environment (Megatron's validate_args writes NVTE_* variables for --attention-backend) back to what it
        was when the batch started, after the CPU shims (what every job's --cpu installs first, once per
-       process) were installed; so nothing of one job reaches the next (tests/megatron/test_pretrain_runner.py checks a job run last equals the same
-       job run first)
+       process) were installed; so nothing of one job reaches the next (tests/megatron/test_pretrain_runner.py
+       checks a job run last equals the same job run first)
     2. fds 1 and 2 -> OUT/<name>.rank<r>.log
     3. the user's per-rank command, in this process: job {"name", "entry", "argv"} with entry
-          "pretrain_gpt"  megatron_flashoverlap.megatron.pretrain_gpt.main(argv)
+          "pretrain_gpt"  megatron_flashoverlap.megatron.cli.pretrain_gpt.main(argv)
                           (= `python -m megatron_flashoverlap.pretrain_gpt` on one rank)
-          "launch"        megatron_flashoverlap.megatron.launch.main(argv)
+          "launch"        megatron_flashoverlap.megatron.cli.launch.main(argv)
                           (= `torchrun ... -m megatron_flashoverlap.launch` on one rank)
     4. OUT/<name>.rank<r>.done: "ok", or the traceback of what it raised (then the next job runs: a failure
        Megatron raises on every rank leaves the process usable; one that strands a peer in a collective ends
-       the batch at the caller's timeout, so jobs expected to fail run last).
+       the batch, so jobs expected to fail run last). A job still running after JOB_S seconds (a hang) dumps
+       every thread's stack into its log and ends the process (faulthandler), so torchrun ends the batch.
 torch.distributed's default group lives for the whole batch (Megatron's initialize reuses an initialized one).
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -62,7 +64,7 @@ def _reset_plugin() -> None:
     from megatron_flashoverlap import config
 
     config.activate(None)
-    training.DDP = dist_utils.DistributedDataParallel = DistributedDataParallel  # ddp_entry.install undone
+    training.DDP = dist_utils.DistributedDataParallel = DistributedDataParallel  # ddp.pretrain.install undone
     for name, module in list(sys.modules.items()):
         logged = getattr(module, _LOG_ONCE_SETS, None) if name.startswith("megatron_flashoverlap") else None
         if isinstance(logged, set):
@@ -72,11 +74,11 @@ def _reset_plugin() -> None:
 def run_job(job: dict) -> None:
     argv = list(job["argv"])
     if job["entry"] == "pretrain_gpt":
-        from megatron_flashoverlap.megatron import pretrain_gpt
+        from megatron_flashoverlap.megatron.cli import pretrain_gpt
 
         pretrain_gpt.main(argv)
     elif job["entry"] == "launch":
-        from megatron_flashoverlap.megatron import launch
+        from megatron_flashoverlap.megatron.cli import launch
 
         launch.main(argv)
     else:
@@ -107,7 +109,24 @@ class _Redirect:
             os.close(saved)
 
 
-def main(jobs_path: str, out: str) -> None:
+def run_logged(job: dict, stem: str, environ: dict, job_s: float) -> str:
+    """Steps 1-3 for one job, its output in `stem`.log; -> "ok" or the traceback."""
+    with _Redirect(stem + ".log"):
+        faulthandler.dump_traceback_later(job_s, exit=True)
+        try:
+            reset(environ)
+            run_job(job)
+        except BaseException as err:  # SystemExit included (Megatron exits on some argument errors)
+            if isinstance(err, KeyboardInterrupt):
+                raise
+            print(traceback.format_exc(), flush=True)
+            return traceback.format_exc()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    return "ok"
+
+
+def main(jobs_path: str, out: str, job_s: float) -> None:
     from megatron_flashoverlap.megatron import cpu
 
     rank = int(os.environ["RANK"])
@@ -117,19 +136,10 @@ def main(jobs_path: str, out: str) -> None:
         jobs = json.load(f)
     for job in jobs:
         stem = os.path.join(out, f"{job['name']}.rank{rank}")
-        status = "ok"
-        with _Redirect(stem + ".log"):
-            try:
-                reset(environ)
-                run_job(job)
-            except BaseException as err:  # SystemExit included (Megatron exits on some argument errors)
-                if isinstance(err, KeyboardInterrupt):
-                    raise
-                status = traceback.format_exc()
-                print(status, flush=True)
+        status = run_logged(job, stem, environ, job_s)
         with open(stem + ".done", "w") as f:
             f.write(status)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]))

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNNER = "tests.support.pretrain_runner"  # -m from the checkout: tests/support/profile.py must not shadow the stdlib
 LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
 SITES = "GEMM sites: "
-STARTUP_S, JOB_S = 180, 150  # a batch's timeout: start-up plus each job (generous: 2 shared cores)
+STARTUP_S, JOB_S = 180, 150  # seconds: a job's limit (the runner's), a batch's: start-up plus each job's
 FIRST, DEFAULT, AFTER, LAST = 0, 1, 2, 3  # Job.order
 
 
@@ -79,7 +79,7 @@ def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
             for j in jobs]
     (out / "jobs.json").write_text(json.dumps(spec, indent=1))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world.pop()}",
-           "-m", RUNNER, str(out / "jobs.json"), str(out)]
+           "-m", RUNNER, str(out / "jobs.json"), str(out), str(JOB_S)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     why = None
