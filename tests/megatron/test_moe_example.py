@@ -17,7 +17,7 @@ from tests.support.pretrain_runs import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from examples import pretrain_tiny_moe  # noqa: E402
+from examples import pretrain_tiny_gpt, pretrain_tiny_moe  # noqa: E402
 from megatron_flashoverlap.config import MOE_ALGOS, MoESettings  # noqa: E402
 
 # The exchange moves rows exactly (tests/gloo/test_moe_exchange.py) and TP = 1; an algorithm that runs the experts
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.newest_only
 
 @pytest.mark.pretrain(*JOBS)
 def test_tiny_moe_curves_match_stock(tmp_path, capsys, monkeypatch, pretrain):
-    monkeypatch.setattr(pretrain_tiny_moe, "run_entry", from_batch(pretrain, {"name": "moe-example", **ARGS}, YAML))
+    monkeypatch.setattr(pretrain_tiny_gpt, "subprocess", from_batch(pretrain, "moe-example", ARGS, YAML))
     js = tmp_path / "curves.json"
     runs = pretrain_tiny_moe.main(["--iters", str(ITERS), "--algos", ALGO, "--json", str(js)])
     printed = capsys.readouterr().out
