@@ -10,7 +10,7 @@ the first time one of them is read:
     def test_x(pretrain):
         result = pretrain("tp2-stock")          # -> Result: losses, sites line, logs, error
 
-In a job's argv, "{tmp}" stands for a folder of the session (checkpoints, YAMLs written by the test).
+In a job's argv, "{tmp}" stands for a folder of the session (checkpoints; the YAMLs of `Job.files`).
 """
 from __future__ import annotations
 
