@@ -41,7 +41,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_flashoverlap.megatron.ddp import worker as dp_worker
-from megatron_flashoverlap.runtime import OverlapContext, Producer, Ring, Sums, default_context, group_info, produce_and_scatter
+from megatron_flashoverlap.runtime import (OverlapContext, Producer, Ring, Sums, default_context, group_info,
+                                        produce_and_scatter, shared_context)
 from megatron_flashoverlap.runtime.commthread import CommThread
 
 _ORIG = {"reduce_scatter_tensor": dist.reduce_scatter_tensor, "reduce_scatter_single": dist.reduce_scatter_single}
@@ -89,7 +90,7 @@ class Handle:
 def _thread(group, dp_bucket: bool):
     """(thread, context) of a ring on `group` (module docstring: threads)."""
     if dp_bucket:  # the worker's own context, as its fused rings use (one thread: never two rings at once)
-        return dp_worker.worker(), dp_worker.worker_context(default_context())
+        return dp_worker.worker(), shared_context("worker", default_context().timeout.total_seconds())
     if group not in _THREADS:
         _THREADS[group] = (CommThread("flashoverlap-stock-rs"), OverlapContext(check_peers="never"))
     return _THREADS[group]

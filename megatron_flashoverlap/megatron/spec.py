@@ -43,6 +43,7 @@ from ..config import LAYERS, FlashOverlapConfig, active
 from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
+from .probe import planned
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 from .moe.layer import check_moe_config, flash_moe_spec
 from .structure import check_structure, moe_layer_pattern
@@ -128,7 +129,7 @@ def model_layer_specs(config) -> list[ModuleSpec]:
     """One layer spec per decoder layer of the model (Megatron's model config): MoE where stock's reading of
     --moe-layer-freq says so (structure.moe_layer_pattern), dense elsewhere. The MoE spec is the dense one with
     the MLP swapped: the kinds share one attention spec and its norms, as stock's two local specs are equal there."""
-    flash_config = active()
+    flash_config = planned(active())  # on CUDA: the planner fills what the YAML leaves open (megatron/probe.py)
     dense = _layer_for(config, flash_config)
     experts = getattr(config, "num_moe_experts", None)
     if not experts:
@@ -179,7 +180,7 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     if context_parallel_size is None:
         initialized = parallel_state.model_parallel_is_initialized()
         context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
-    flash_config = active() if flash_config is None else flash_config
+    flash_config = planned(active()) if flash_config is None else flash_config  # on CUDA: megatron/probe.py
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
                       qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
     return _with_attention(spec, flash_config, context_parallel_size, sequence_parallel)

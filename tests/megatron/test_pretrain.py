@@ -7,14 +7,16 @@ tests/megatron/test_example.py (the demo); here the Llama style (RMSNorm, SwiGLU
 bias) through the launcher running a script of the tests' own (tests/megatron/pretrain_script.py), and TP=1 x DP=2
 under the distributed optimizer through the entry. Each run is the per-rank command a user's torchrun runs
 (`-m megatron_flashoverlap.launch --cpu SCRIPT ...`, `-m megatron_flashoverlap.pretrain_gpt --cpu ...`), inside
-the session's shared start-up (tests/support/pretrain_runs.py; the `pretrain` fixture).
+the session's shared start-up (tests/support/pretrain_runs.py; the `pretrain` fixture). Issue 26's CPU-mode
+cases (items 4, 5, 7, 9) share three 1-2 iteration runs of a GPT with learned absolute positions: CP=1 saving a
+checkpoint, CP=2, and a stock bf16 resume.
 """
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.support.pretrain_runs import Job
+from tests.support.pretrain_runs import AFTER, Job
 
 SCRIPT = str(Path(__file__).with_name("pretrain_script.py"))
 ITERS = 8
@@ -80,3 +82,54 @@ def test_launcher_runs_an_unmodified_pretrain_script_on_cpu(pretrain):
         at = [i for i, ln in enumerate(lines) if ln.startswith("GEMM sites: ")]
         start = [i for i, ln in enumerate(lines) if ln.startswith("[before the start of training step]")]
         assert len(at) == 1 and len(start) == 1 and at[0] < start[0], run.logs[0][-3000:]
+
+
+# Issue 26 items 4, 5, 7, 9 through Megatron's pretrain() on 2 CPU ranks, three short runs of one GPT with
+# learned absolute position embeddings (Megatron's default; the table is an nn.Embedding initialised from the
+# CPU generator, as on a GPU) and no dropout (CP=2 would draw other masks):
+#   cp1     --flash-overlap, CP=1 (DP=2), 1 iteration, --save (Megatron's writer needs psutil: item 9)
+#   cp2     --flash-overlap, CP=2 --cp-comm-type a2a (DP=1, 2 micro-batches: the same 2 samples), 1 iteration
+#   resume  stock, --use-checkpoint-args --load cp1's checkpoint --bf16 (no distributed optimizer), iteration 2
+GPT_CPU = [a for a in TINY if a != "--sequence-parallel"] + ["--hidden-dropout", "0", "--attention-dropout", "0"]
+GPT_CPU[GPT_CPU.index("--tensor-model-parallel-size") + 1] = "1"
+GPT_CPU[GPT_CPU.index("--micro-batch-size") + 1] = "1"
+GPT_CPU[GPT_CPU.index("--train-iters") + 1] = "1"
+GPT_RESUME = [a if a != "1" or GPT_CPU[i - 1] != "--train-iters" else "2" for i, a in enumerate(GPT_CPU)]
+CPU_JOBS = (Job("cpu-cp1-save", "launch", ("--cpu", SCRIPT, *GPT_CPU, *FLASH, "--save", "{tmp}/cp1-ckpt",
+                                           "--save-interval", "1")),
+            Job("cpu-cp2", "launch", ("--cpu", SCRIPT, *GPT_CPU, *FLASH, "--context-parallel-size", "2",
+                                      "--cp-comm-type", "a2a")),
+            Job("cpu-bf16-resume", "launch", ("--cpu", SCRIPT, *GPT_RESUME, "--use-checkpoint-args", "--load",
+                                              "{tmp}/cp1-ckpt", "--no-load-optim", "--bf16"), order=AFTER))
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(*CPU_JOBS)
+def test_context_parallel_initialises_the_model_cp1_does(pretrain):
+    """Item 4: Megatron's JIT warm-up draws [s/CP, b, ...] random tensors; on CPU they used to advance the
+    CPU generator that then initialises the position table, so CP=2 started from another model (1.5e-3)."""
+    cp1, cp2 = pretrain("cpu-cp1-save").check(), pretrain("cpu-cp2").check()
+    assert sorted(cp1.losses) == sorted(cp2.losses) == [1], (cp1.losses, cp2.losses)
+    # the same samples and weights; the a2a moves values exactly, but the GEMMs run on s/2 rows per rank (BLAS
+    # may block the dots otherwise): 1e-5 relative
+    assert abs(cp2.losses[1] - cp1.losses[1]) <= RTOL * abs(cp1.losses[1]), (cp1.losses, cp2.losses)
+    assert (pretrain.tmp / "cp1-ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"  # item 9
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(*CPU_JOBS)
+def test_stock_resumes_a_flash_checkpoint_as_stock_in_bf16(pretrain):
+    """Items 7 and 5: --use-checkpoint-args restores args.spec (ours) from the checkpoint; a run without
+    --flash-overlap builds Megatron's own layers and says so. The same run is --bf16 without the distributed
+    optimizer (Megatron's Float16 wrapper, which refused CPU tensors) and without --no-masked-softmax-fusion
+    (a --cpu default: the fused softmax is a CUDA extension)."""
+    pretrain("cpu-cp1-save").check()  # the checkpoint it resumes
+    run = pretrain("cpu-bf16-resume").check()
+    out = run.text
+    premise = "Setting spec to ['megatron_flashoverlap.spec', 'flashoverlap_layer'] from checkpoint"
+    assert premise in out
+    said = [ln for ln in out.splitlines() if ln.startswith("> --use-checkpoint-args: ")]
+    assert len(said) == 1 and "builds Megatron's own layers" in said[0], out[-3000:]
+    assert run.sites == "GEMM sites: stock"
+    assert "--flash-overlap: " not in out.replace(said[0], "")  # nothing of ours was switched on
+    assert list(run.losses) == [2] and 0 < run.losses[2] < 10, run.losses  # bf16 trained the step after the saved

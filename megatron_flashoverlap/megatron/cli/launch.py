@@ -51,6 +51,8 @@ CPU_DEFAULTS = (
     ("--no-bias-gelu-fusion", None, "torch.compile: inductor builds C++ at the first call (~10 s each on CPU)"),
     ("--no-bias-swiglu-fusion", None, "torch.compile, as above"),
     ("--no-bias-dropout-fusion", None, "torch.compile, as above"),
+    ("--no-masked-softmax-fusion", None, "the fused (scaled, masked) softmax of bf16 / fp16 attention is a "
+                                         "CUDA extension (scaled_masked_softmax_cuda); without it torch's runs"),
 )
 
 

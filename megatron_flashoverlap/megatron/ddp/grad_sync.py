@@ -36,10 +36,10 @@ from types import SimpleNamespace
 
 import torch
 
-from ...runtime import OverlapContext, default_context
+from ...runtime import OverlapContext, default_context, shared_context
 from ...ops.checks import peers_agree
 from ...ops.dp.wgrad_rs import OP as DP_OP, DPBucket, matmul_wgrad_reduce_scatter
-from .worker import RingHandle, check_async, no_grad, runs_async, worker, worker_context
+from .worker import RingHandle, check_async, no_grad, runs_async, worker
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("0.16", "0.17", "0.18", "0.19")
@@ -205,7 +205,7 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
     if site.asynchronous:  # the shape check here, in program order; the ring on the worker (worker.py)
         peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, ctx, site.grad_flat.numel(),
                     site.offset, dy.shape[-1], x.shape[-1])
-        ctx = worker_context(ctx)
+        ctx = shared_context("worker", ctx.timeout.total_seconds())  # the worker's own (runtime/context.py)
     bucket = DPBucket(site.grad_flat, site.offset, site.scale, local if local.wanted(group_) else None)
     run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, bucket, site.group, algo=site.algo, context=ctx)
     if site.asynchronous:

@@ -40,11 +40,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from ...runtime import OverlapContext, transport_kind
+from ...runtime import transport_kind
 from ...runtime.commthread import CommThread
 
 _WORKER: dict[int, CommThread] = {}  # pid -> this process's DP worker (a fork does not inherit threads)
-_CONTEXTS: dict[int, OverlapContext] = {}
 
 
 def runs_async(group, device_type: str) -> bool:
@@ -68,16 +67,6 @@ def worker() -> CommThread:
         _WORKER.clear()
         _WORKER[pid] = CommThread()
     return _WORKER[pid]
-
-
-def worker_context(like: OverlapContext) -> OverlapContext:
-    """The worker's own context (its buffers are not the compute thread's), `like`'s timeout, no peer check
-    (the compute thread checked before queuing the ring)."""
-    pid = os.getpid()
-    if pid not in _CONTEXTS:
-        _CONTEXTS.clear()
-        _CONTEXTS[pid] = OverlapContext(check_peers="never", timeout=like.timeout)
-    return _CONTEXTS[pid]
 
 
 def no_grad(fn):

@@ -36,11 +36,12 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from ...config import FlashOverlapConfig, active
 from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
 from ...ops.registry import forced
-from ..linear import layer_context
+from ...runtime import shared_context
+from ...runtime.once import LogOnce
 from .fused import fused_experts, fusion_blocker
 
 log = logging.getLogger(__name__)
-_LOGGED: set = set()
+_LOGGED = LogOnce(log)
 
 
 def check_moe_config(config) -> None:
@@ -54,10 +55,9 @@ def check_moe_config(config) -> None:
         raise ValueError("flash-overlap MoE: --overlap-moe-expert-parallel-comm (Megatron's 1F1B all-to-all overlap) "
                          "is not composed with our exchange; drop it (ours hides the exchange inside the layer) or "
                          "use the stock spec")
-    if kind == "allgather" and "allgather" not in _LOGGED:
-        _LOGGED.add("allgather")
-        log.warning("flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as stock. "
-                    "Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
+    if kind == "allgather":
+        _LOGGED("allgather", "flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as "
+                "stock. Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
 
 
 class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
@@ -71,7 +71,7 @@ class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
     def adopt(cls, stock: MoEAlltoAllTokenDispatcher, flash_config: FlashOverlapConfig, algo: str):
         """The stock dispatcher, now running our exchange `algo` (the class changes, nothing else)."""
         stock.__class__ = cls
-        stock.flash_algo, stock.flash_ctx = algo, layer_context(flash_config.timeout_s)
+        stock.flash_algo, stock.flash_ctx = algo, shared_context("layer", flash_config.timeout_s)
         return stock
 
     def _exchange(self, x, output_splits, input_splits, order):
@@ -156,9 +156,8 @@ class FlashMoELayer(MoELayer):
 
 def _logged_blocker(reason: str | None) -> bool:
     """True where flash cannot fuse: the reason is logged once per process."""
-    if reason is not None and reason not in _LOGGED:
-        _LOGGED.add(reason)
-        log.warning("flash-overlap MoE: moe.algo=flash runs 'exchange' (pairwise steps, experts after): %s", reason)
+    if reason is not None:
+        _LOGGED(reason, "flash-overlap MoE: moe.algo=flash runs 'exchange' (pairwise steps, experts after): %s", reason)
     return reason is not None
 
 

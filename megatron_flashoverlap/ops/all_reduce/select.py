@@ -33,11 +33,11 @@ from typing import Sequence
 import torch
 
 from ...config import environment
+from ...runtime.once import LogOnce
 from ...schedules import ALL_REDUCE_ALGOS
 
 log = logging.getLogger(__name__)
 _TABLES: list | None = None
-_WARNED: set = set()
 
 
 def set_calibration(source) -> None:
@@ -73,11 +73,7 @@ def table_for(world: int, local_world_size: int, backend: str, dtype: str) -> di
     return None
 
 
-def warn_once(key, msg: str, *args) -> None:
-    """One log line per distinct reason (a fallback to stock is logged once, never silent)."""
-    if key not in _WARNED:
-        _WARNED.add(key)
-        log.warning(msg, *args)
+warn_once = LogOnce(log)  # one log line per distinct reason (a fallback to stock is logged once, never silent)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ...runtime import OverlapContext, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ...runtime.accumulate import linear_into, weight_grad
+from ...runtime.once import LogOnce
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import checked_context
@@ -39,14 +40,10 @@ from ..registry import RETURNED, OpPlan, WgradRoute, plain, plan_of, resolve
 from .ar_matmul import DEFAULT_CHUNKS, OP
 
 log = logging.getLogger(__name__)
-_LOGGED: set = set()
+_LOGGED = LogOnce(log)
 _REFERENCE = OpPlan("reference")
 
 
-def _log_once(key, msg: str) -> None:
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.warning(msg)
 
 
 def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
@@ -59,7 +56,7 @@ def ar_matmul_forward(x, weight, group, ctx, plan, tail=None):
     """The plain function of plan.algo (the reference, logged once, where the sequence does not divide)."""
     world = group_info(group)[1]
     if x.shape[0] % world and plan.algo != "reference":
-        _log_once(("ar", x.shape[0], world), f"matmul_all_reduce: sequence length {x.shape[0]} is not "
+        _LOGGED(("ar", x.shape[0], world), f"matmul_all_reduce: sequence length {x.shape[0]} is not "
                   f"divisible by the group size {world}; using the reference (GEMM + all_reduce)")
         plan = OpPlan("reference", wire_dtype=plan.wire_dtype)
     return plain(OP, plan.algo)(x, weight, group, ctx, plan, tail)
