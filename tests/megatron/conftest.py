@@ -36,4 +36,5 @@ def pretrain(request, tmp_path_factory):
             batch = [j for j in jobs.values() if j.world == world and j.name not in results]
             results.update(run_batch(batch, tmp / f"batch{len(results)}-world{world}", tmp))
         return results[name]
+    get.tmp = tmp  # the folder "{tmp}" names in a job's argv
     return get

@@ -30,7 +30,6 @@ import os
 import sys
 import traceback
 
-_LOG_ONCE_SETS = "_LOGGED"  # module-level sets of lines already logged (one per module of the plugin)
 
 
 def reset(environ: dict) -> None:
@@ -62,13 +61,14 @@ def _reset_plugin() -> None:
     from megatron.training.models import dist_utils
 
     from megatron_flashoverlap import config
+    from megatron_flashoverlap.runtime.once import LogOnce
 
     config.activate(None)
     training.DDP = dist_utils.DistributedDataParallel = DistributedDataParallel  # ddp.pretrain.install undone
     for name, module in list(sys.modules.items()):
-        logged = getattr(module, _LOG_ONCE_SETS, None) if name.startswith("megatron_flashoverlap") else None
-        if isinstance(logged, set):
-            logged.clear()
+        if name.startswith("megatron_flashoverlap"):
+            for said in [v for v in vars(module).values() if isinstance(v, LogOnce)]:  # the package's log-once sets
+                said.clear()
 
 
 def run_job(job: dict) -> None:
