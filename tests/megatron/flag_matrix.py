@@ -19,10 +19,11 @@ TP2 = ("--tensor-model-parallel-size", "2", "--sequence-parallel")
 ROPE_GQA = ("--normalization", "RMSNorm", "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights",
             "--disable-bias-linear", "--group-query-attention", "--num-query-groups", "2")
 LLAMA = (*ROPE_GQA, "--swiglu")
-NO_FUSED_SOFTMAX = ("--no-masked-softmax-fusion",)  # stock's local attention on CPU (issue 26 item 5)
+NO_FUSED_SOFTMAX = ("--no-masked-softmax-fusion",)  # as Megatron-LM's Llama-style scripts set it (--cpu adds it too)
 MOE = ("--num-experts", "4", "--moe-router-topk", "2", "--moe-token-dispatcher-type", "alltoall",
        "--moe-ffn-hidden-size", "32", "--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1")
 EP2_TP2 = (*TP2, *MOE)  # dense layers TP=2 + SP, experts EP=2 x expert-TP=1 (Megatron's MoE parallel folding)
+NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0")
 DENSE = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
 
 
@@ -70,11 +71,10 @@ ROWS = (
         f"dense[1-2]: {DENSE}", world=4),
     Row("bf16-distopt", (*TP2, *LLAMA, *NO_FUSED_SOFTMAX, "--bf16", "--use-distributed-optimizer"),
         f"dense[1-2]: {DENSE}"),
-    # Ulysses splits heads and key/value groups over TP x CP = 4: 4 groups; stock: CP=1 x DP=2, the same batch
+    # Ulysses splits heads and key/value groups over TP x CP = 4: 4 groups; stock: CP=1 x DP=2, the same batch;
+    # no dropout (a CP rank holds other positions than a DP rank: other masks)
     Row("cp2-a2a-tp2", (*TP2, "--context-parallel-size", "2", "--cp-comm-type", "a2a", *LLAMA, *NO_FUSED_SOFTMAX,
-                        "--num-query-groups", "4"), f"dense[1-2]: {DENSE}", world=4,
-        stock_flags=(*TP2, *LLAMA, *NO_FUSED_SOFTMAX, "--num-query-groups", "4"),
-        xfail="issue 26 item 4 (CPU mode: the CP size changes what Megatron initialises)"),
-    Row("bf16", (*TP2, *LLAMA, *NO_FUSED_SOFTMAX, "--bf16"), f"dense[1-2]: {DENSE}",
-        xfail="issue 26 item 5 (CPU mode: --bf16 without the distributed optimizer)"),
+                        *NO_DROPOUT, "--num-query-groups", "4"), f"dense[1-2]: {DENSE}", world=4,
+        stock_flags=(*TP2, *LLAMA, *NO_FUSED_SOFTMAX, *NO_DROPOUT, "--num-query-groups", "4")),
+    Row("bf16", (*TP2, *LLAMA, "--bf16"), f"dense[1-2]: {DENSE}"),  # no distributed optimizer (issue 26 item 5)
 )

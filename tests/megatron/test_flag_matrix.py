@@ -4,9 +4,9 @@ took effect fails the test).
 
 Tier 2 (torchrun ranks; newest lane: the 0.16.1 wheel has no megatron.training). Each run is the per-rank
 command `-m megatron_flashoverlap.launch --cpu tests/megatron/pretrain_script.py <flags> [--flash-overlap]`,
-all of them in the session's shared start-up per world size (the `pretrain` fixture). Rows a known defect stops
-are xfail(strict=True) naming the issue item: the test flips to a failure (XPASS strict) when the fix lands, and
-the mark must then go.
+all of them in the session's shared start-up per world size (the `pretrain` fixture). A row a known defect stops
+gets `Row.xfail` naming the issue item: xfail(strict=True), run last in its batch, and the test flips to a failure
+(XPASS strict) when the fix lands, so the mark goes (issue 26 items 4 and 5 had their CP=2 and bf16 rows so).
 """
 import pytest
 
