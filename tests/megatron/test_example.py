@@ -1,13 +1,20 @@
 """The README's main job (examples/pretrain_tiny_gpt.py, `make demo`), short: Megatron's pretrain() through the
 project entry, stock vs --flash-overlap, tiny GPT-2-style model, TP=2 + SP on 2 CPU ranks.
-Tier 2 (two torchrun subprocesses; newest lane: megatron.training ships in the 0.19 wheel). Asserts the
-curves match and what the demo prints, never timing."""
+Tier 2 (newest lane: megatron.training ships in the 0.19 wheel). Asserts the curves match and what the demo
+prints, never timing. The demo's two runs are its exact per-rank commands (`megatron_args` + --flash-overlap,
+under the project entry with --cpu) run in the session's shared start-up (the `pretrain` fixture); the demo's
+`run_entry` builds its command and parses the output as ever, only the launch is the batch's (`from_batch`
+checks the command is the entry on 2 ranks with those arguments)."""
 import json
 import math
+import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+
+from tests.support.pretrain_runs import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -18,10 +25,36 @@ from examples import pretrain_tiny_gpt  # noqa: E402
 RTOL = 1e-5
 ITERS = 8
 SITES = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
+ARGS = {"stock": tuple(pretrain_tiny_gpt.megatron_args(ITERS, "gpt2"))}
+ARGS["flash"] = (*ARGS["stock"], "--flash-overlap")
+JOBS = [Job(f"demo-{arm}", "pretrain_gpt", ("--cpu", *args)) for arm, args in ARGS.items()]
+
+
+def from_batch(pretrain, name: str, expected: dict, yaml: dict | None = None):
+    """A stand-in for the subprocess module the examples' `run_entry` launches the entry with: the command must
+    be the entry on 2 ranks with one of `expected`'s argument lists (arm -> args; a --flash-overlap-config YAML
+    in them: the same file content as `yaml[arm]`), and its output is what that job's ranks logged in the
+    batch (job `<name>-<arm>`). The example's own code builds the command and reads the losses and sites line."""
+    head = [sys.executable, "-m", "megatron_flashoverlap.pretrain_gpt", "--cpu", "--nproc-per-node", "2"]
+
+    def run(cmd, **kwargs):
+        assert cmd[:len(head)] == head, cmd
+        args = list(cmd[len(head):])
+        for arm, want in expected.items():
+            if yaml and arm in yaml and args[:-1] == list(want[:-1]):
+                assert Path(args[-1]).read_text() == yaml[arm][1], arm
+                args[-1] = want[-1]
+            if args == list(want):
+                job = pretrain(f"{name}-{arm}").check()
+                return subprocess.CompletedProcess(cmd, 0, stdout="\n".join(job.logs), stderr="")
+        raise AssertionError(f"the example asked for a run no job declares: {args}")
+    return types.SimpleNamespace(run=run)
 
 
 @pytest.mark.newest_only
-def test_demo_curves_match(tmp_path, capsys):
+@pytest.mark.pretrain(*JOBS)
+def test_demo_curves_match(tmp_path, capsys, monkeypatch, pretrain):
+    monkeypatch.setattr(pretrain_tiny_gpt, "subprocess", from_batch(pretrain, "demo", ARGS))
     plot, js = tmp_path / "curves.png", tmp_path / "curves.json"
     runs = pretrain_tiny_gpt.main(["--iters", str(ITERS), "--plot", str(plot), "--json", str(js)])
     printed = capsys.readouterr().out

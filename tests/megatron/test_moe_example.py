@@ -1,10 +1,10 @@
 """examples/pretrain_tiny_moe.py, short: Megatron's pretrain() through the project entry, a tiny MoE GPT (4 experts,
-top-2, alltoall dispatcher, aux loss), EP=2 on 2 CPU ranks, stock vs ours with the default (fused) algorithm:
-each run is a torchrun start-up (~30-50 s on 2 cores), and the unfused algorithms' numerics against stock are
-tests/megatron/test_moe_gpt.py's (test_moe_gpt_unfused_algos_match_stock). Tier 2 (torchrun subprocesses).
-Newest lane only: megatron.training ships in the 0.19 wheel, and megatron-core
-0.16.1's router needs Transformer Engine (tests/megatron/test_moe_gpt.py). Asserts curves and what the example
-prints, never timing."""
+top-2, alltoall dispatcher, aux loss), EP=2 on 2 CPU ranks, stock vs ours with the default (fused) algorithm; the
+unfused algorithms' numerics against stock are tests/megatron/test_moe_gpt.py's
+(test_moe_gpt_unfused_algos_match_stock). Tier 2 (the example's runs are its exact per-rank commands, in the
+session's shared start-up: see tests/megatron/test_example.py). Newest lane only: megatron.training ships in the
+0.19 wheel, and megatron-core 0.16.1's router needs Transformer Engine (tests/megatron/test_moe_gpt.py). Asserts
+curves and what the example prints, never timing."""
 import json
 import math
 import sys
@@ -12,22 +12,33 @@ from pathlib import Path
 
 import pytest
 
+from tests.megatron.test_example import from_batch
+from tests.support.pretrain_runs import Job
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from examples import pretrain_tiny_moe  # noqa: E402
+from examples import pretrain_tiny_gpt, pretrain_tiny_moe  # noqa: E402
 from megatron_flashoverlap.config import MOE_ALGOS, MoESettings  # noqa: E402
 
-# The exchange moves rows exactly (tests/gloo/test_moe_exchange.py) and TP = 1, but our spec's core attention is
-# SDPA (fp32 sums reordered before the router) and an algorithm that runs the experts block by block sums their
-# weight gradients in another order; 4 Adam steps of that stay far inside 1e-5 relative (measured: 0).
+# The exchange moves rows exactly (tests/gloo/test_moe_exchange.py) and TP = 1; an algorithm that runs the experts
+# block by block sums their weight gradients in another order; 4 Adam steps of that stay far inside 1e-5 relative
+# (measured: 0).
 RTOL = 1e-5
 ITERS = 4
 ALGO = MoESettings().algo  # the default: "flash", the fused exchange
+YAML = {ALGO: (f"moe_{ALGO}.yaml", f"moe: {{algo: {ALGO}}}\n")}  # what the example writes for --algos ALGO
+ARGS = {"stock": tuple(pretrain_tiny_moe.moe_args(ITERS)),
+        ALGO: (*pretrain_tiny_moe.moe_args(ITERS), "--flash-overlap", "--flash-overlap-config",
+               f"{{tmp}}/{YAML[ALGO][0]}")}
+JOBS = [Job(f"moe-example-{arm}", "pretrain_gpt", ("--cpu", *args), files=tuple(YAML.values()) if arm == ALGO else ())
+        for arm, args in ARGS.items()]
 
 pytestmark = pytest.mark.newest_only
 
 
-def test_tiny_moe_curves_match_stock(tmp_path, capsys):
+@pytest.mark.pretrain(*JOBS)
+def test_tiny_moe_curves_match_stock(tmp_path, capsys, monkeypatch, pretrain):
+    monkeypatch.setattr(pretrain_tiny_gpt, "subprocess", from_batch(pretrain, "moe-example", ARGS, YAML))
     js = tmp_path / "curves.json"
     runs = pretrain_tiny_moe.main(["--iters", str(ITERS), "--algos", ALGO, "--json", str(js)])
     printed = capsys.readouterr().out

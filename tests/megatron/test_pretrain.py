@@ -1,57 +1,43 @@
 """Megatron's own training loop on CPU: `pretrain()` through the project entry and through the launcher.
 
-Tier 2 (2 ranks under torchrun, one subprocess per run; newest lane: the 0.16.1 wheel has no megatron.training).
-Each run: 8 iterations of a tiny GPT, TP=2 + SP on 2 CPU gloo ranks, Megatron's default flags otherwise (the
-CPU ones come from `--cpu`); stock vs `--flash-overlap` must log the same `lm loss`. GPT-2 style through the
-entry is tests/megatron/test_example.py (the demo); here the Llama style (RMSNorm, SwiGLU, RoPE, untied
-embeddings, no bias) through the launcher running a script of the tests' own (tests/megatron/pretrain_script.py).
-Each run costs ~10-20 s of start-up on 2 cores, so each style runs once, on one path; the paths share every
-step but the script (launch.prepare). Issue 26's CPU-mode cases (items 4, 5, 7, 9) share three 1-2 iteration
-runs of a GPT with learned absolute positions: CP=1 saving a checkpoint, CP=2, and a stock bf16 resume.
+Tier 2 (2 ranks under torchrun; newest lane: the 0.16.1 wheel has no megatron.training). Each run: 8 iterations of
+a tiny GPT, TP=2 + SP on 2 CPU gloo ranks, Megatron's default flags otherwise (the CPU ones come from `--cpu`);
+stock vs `--flash-overlap` must log the same `lm loss`. GPT-2 style through the entry is
+tests/megatron/test_example.py (the demo); here the Llama style (RMSNorm, SwiGLU, RoPE, untied embeddings, no
+bias) through the launcher running a script of the tests' own (tests/megatron/pretrain_script.py), and TP=1 x DP=2
+under the distributed optimizer through the entry. Each run is the per-rank command a user's torchrun runs
+(`-m megatron_flashoverlap.launch --cpu SCRIPT ...`, `-m megatron_flashoverlap.pretrain_gpt --cpu ...`), inside
+the session's shared start-up (tests/support/pretrain_runs.py; the `pretrain` fixture). Issue 26's CPU-mode
+cases (items 4, 5, 7, 9) share three 1-2 iteration runs of a GPT with learned absolute positions: CP=1 saving a
+checkpoint, CP=2, and a stock bf16 resume.
 """
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("pretrain_script.py")
+from tests.support.pretrain_runs import AFTER, Job
+
+SCRIPT = str(Path(__file__).with_name("pretrain_script.py"))
 ITERS = 8
 # TP=2: each reduce-scatter / all-reduce sums two partials (a+b == b+a in fp32), so identical curves are
 # expected; 1e-5 relative leaves room for BLAS choosing another kernel for the sliced GEMMs (reordered dots).
 RTOL = 1e-5
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+TINY = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2",
         "--tensor-model-parallel-size", "2", "--sequence-parallel", "--train-iters", str(ITERS), "--lr", "1e-3",
         "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000", "--tokenizer-type",
-        "NullTokenizer", "--vocab-size", "128", "--mock-data", "--seed", "1234"]
-STYLES = {"gpt": [], "llama": ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
-                    "--untie-embeddings-and-output-weights", "--disable-bias-linear"]}
+        "NullTokenizer", "--vocab-size", "128", "--mock-data", "--seed", "1234")
+LLAMA = ("--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear")
+FLASH = ("--flash-overlap",)
 
 
-def run(head: list, style: str, flash: bool, model=TINY, stdout: list | None = None) -> tuple:
-    """-> ({iteration: lm loss}, the GEMM sites line or None), from Megatron's own log on rank 0 (appended
-    whole to `stdout` when given)."""
-    cmd = [sys.executable, "-m", *head, *model, *STYLES[style], *(["--flash-overlap"] if flash else [])]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    if stdout is not None:
-        stdout.append(proc.stdout)
-    losses = {int(i): float(v) for i, v in re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.E+-]+)",
-                                                       proc.stdout)}
-    sites = [ln for ln in proc.stdout.splitlines() if ln.startswith("GEMM sites: ")]
-    return losses, (sites[-1] if sites else None)
-
-
-def assert_same_curve(stock: dict, flash: dict) -> None:
-    assert sorted(stock) == sorted(flash) == list(range(1, ITERS + 1)), (stock, flash)
+def assert_same_curve(stock: dict, flash: dict, iters: int = ITERS) -> None:
+    assert sorted(stock) == sorted(flash) == list(range(1, iters + 1)), (stock, flash)
     for i in stock:
         assert abs(stock[i] - flash[i]) <= RTOL * abs(stock[i]), (i, stock[i], flash[i])
-    assert stock[ITERS] < stock[1], "the loss must fall: Megatron really trained"
+    assert stock[iters] < stock[1], "the loss must fall: Megatron really trained"
 
 
 # TP=1 x DP=2 under the distributed optimizer: the project entry with --flash-overlap builds its DDP through
@@ -59,41 +45,43 @@ def assert_same_curve(stock: dict, flash: dict) -> None:
 DP2 = [a for a in TINY if a not in ("--sequence-parallel",)]
 DP2[DP2.index("--tensor-model-parallel-size") + 1] = "1"
 DP2[DP2.index("--global-batch-size") + 1] = "4"
-DP2 += ["--use-distributed-optimizer", "--overlap-grad-reduce"]
+DP2 = ("--cpu", *DP2, *LLAMA, "--use-distributed-optimizer", "--overlap-grad-reduce")
+# dp: {fuse: all}: this tiny model is below the cost model's break-even (the automatic choice fuses 0 of its 8
+# linears: a ring call's latency exceeds what it hides), so the test names the weights explicitly
+DP_YAML = ("dp_all.yaml", "default: {algo: flash}\ndp: {fuse: all}\n")
+DP_JOBS = (Job("entry-dp2-stock", "pretrain_gpt", DP2),
+           Job("entry-dp2-flash", "pretrain_gpt", (*DP2, *FLASH, "--flash-overlap-config", "{tmp}/dp_all.yaml"),
+               files=(DP_YAML,)))
 
 
 @pytest.mark.newest_only
-def test_entry_fuses_the_dp_reduce_scatter_under_the_distributed_optimizer(tmp_path):
-    # dp: {fuse: all}: this tiny model is below the cost model's break-even (the automatic choice fuses 0 of
-    # its 8 linears: a ring call's latency exceeds what it hides), so the test names the weights explicitly
-    cfg = tmp_path / "dp_all.yaml"
-    cfg.write_text("default: {algo: flash}\ndp: {fuse: all}\n")
-    head, logs = ["megatron_flashoverlap.pretrain_gpt", "--cpu", "--nproc-per-node", "2"], []
-    stock, _ = run(head, "llama", flash=False, model=DP2, stdout=logs)
-    flash, _ = run(head, "llama", flash=True, model=DP2 + ["--flash-overlap-config", str(cfg)], stdout=logs)
-    assert_same_curve(stock, flash)
-    out = {False: logs[0], True: logs[1]}
-    fused = re.findall(r"> --flash-overlap: DP reduce-scatter inside the wgrad GEMM of (\d+) weight", out[True])
-    assert fused and int(fused[0]) >= 8, out[True][-3000:]  # 2 layers x (qkv, proj, fc1, fc2) at least
-    assert "--flash-overlap: " not in out[False]
+@pytest.mark.pretrain(*DP_JOBS)
+def test_entry_fuses_the_dp_reduce_scatter_under_the_distributed_optimizer(pretrain):
+    stock, flash = (pretrain(j.name).check() for j in DP_JOBS)
+    assert_same_curve(stock.losses, flash.losses)
+    fused = re.findall(r"> --flash-overlap: DP reduce-scatter inside the wgrad GEMM of (\d+) weight", flash.text)
+    assert fused and int(fused[0]) >= 8, flash.text[-3000:]  # 2 layers x (qkv, proj, fc1, fc2) at least
+    assert "--flash-overlap: " not in stock.text
+
+
+# torchrun ... -m megatron_flashoverlap.launch --cpu SCRIPT, the per-rank form users type
+LAUNCH = ("--cpu", SCRIPT, *TINY, *LLAMA)
+LAUNCH_JOBS = (Job("launch-llama-stock", "launch", LAUNCH), Job("launch-llama-flash", "launch", (*LAUNCH, *FLASH)))
 
 
 @pytest.mark.newest_only
-def test_launcher_runs_an_unmodified_pretrain_script_on_cpu():
-    """torchrun ... -m megatron_flashoverlap.launch --cpu SCRIPT, the per-rank form users type."""
-    head = ["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "megatron_flashoverlap.launch",
-            "--cpu", str(SCRIPT)]
-    logs: list = []
-    stock, stock_sites = run(head, "llama", flash=False, stdout=logs)
-    flash, flash_sites = run(head, "llama", flash=True, stdout=logs)
-    assert_same_curve(stock, flash)
+@pytest.mark.pretrain(*LAUNCH_JOBS)
+def test_launcher_runs_an_unmodified_pretrain_script_on_cpu(pretrain):
+    stock, flash = (pretrain(j.name).check() for j in LAUNCH_JOBS)
+    assert_same_curve(stock.losses, flash.losses)
     # the launcher names what each GEMM site ran, once, when the model is built (before the first iteration)
-    assert stock_sites == "GEMM sites: stock"
-    assert flash_sites == "GEMM sites: dense[1-2]: qkv=flash, proj=flash, fc1=flash, fc2=flash"
-    for log in logs:
-        lines = log.splitlines()
+    assert stock.sites == "GEMM sites: stock"
+    assert flash.sites == "GEMM sites: dense[1-2]: qkv=flash, proj=flash, fc1=flash, fc2=flash"
+    for run in (stock, flash):  # rank 0 logs the line; Megatron's rank 0 marks the loop's start (the last rank
+        lines = run.logs[0].splitlines()  # logs the iterations, after it)
         at = [i for i, ln in enumerate(lines) if ln.startswith("GEMM sites: ")]
-        assert len(at) == 1 and at[0] < min(i for i, ln in enumerate(lines) if " iteration " in ln), log[-3000:]
+        start = [i for i, ln in enumerate(lines) if ln.startswith("[before the start of training step]")]
+        assert len(at) == 1 and len(start) == 1 and at[0] < start[0], run.logs[0][-3000:]
 
 
 # Issue 26 items 4, 5, 7, 9 through Megatron's pretrain() on 2 CPU ranks, three short runs of one GPT with
@@ -106,46 +94,42 @@ GPT_CPU = [a for a in TINY if a != "--sequence-parallel"] + ["--hidden-dropout",
 GPT_CPU[GPT_CPU.index("--tensor-model-parallel-size") + 1] = "1"
 GPT_CPU[GPT_CPU.index("--micro-batch-size") + 1] = "1"
 GPT_CPU[GPT_CPU.index("--train-iters") + 1] = "1"
-LAUNCH = ["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "megatron_flashoverlap.launch",
-          "--cpu", str(SCRIPT)]
-
-
-@pytest.fixture(scope="module")
-def cp1_checkpoint(tmp_path_factory):
-    """(the CP=1 run's {iteration: lm loss}, its checkpoint folder)."""
-    ckpt = tmp_path_factory.mktemp("cp1") / "ckpt"
-    losses, _ = run(LAUNCH, "gpt", flash=True, model=GPT_CPU + ["--save", str(ckpt), "--save-interval", "1"])
-    return losses, ckpt
+GPT_RESUME = [a if a != "1" or GPT_CPU[i - 1] != "--train-iters" else "2" for i, a in enumerate(GPT_CPU)]
+CPU_JOBS = (Job("cpu-cp1-save", "launch", ("--cpu", SCRIPT, *GPT_CPU, *FLASH, "--save", "{tmp}/cp1-ckpt",
+                                           "--save-interval", "1")),
+            Job("cpu-cp2", "launch", ("--cpu", SCRIPT, *GPT_CPU, *FLASH, "--context-parallel-size", "2",
+                                      "--cp-comm-type", "a2a")),
+            Job("cpu-bf16-resume", "launch", ("--cpu", SCRIPT, *GPT_RESUME, "--use-checkpoint-args", "--load",
+                                              "{tmp}/cp1-ckpt", "--no-load-optim", "--bf16"), order=AFTER))
 
 
 @pytest.mark.newest_only
-def test_context_parallel_initialises_the_model_cp1_does(cp1_checkpoint):
+@pytest.mark.pretrain(*CPU_JOBS)
+def test_context_parallel_initialises_the_model_cp1_does(pretrain):
     """Item 4: Megatron's JIT warm-up draws [s/CP, b, ...] random tensors; on CPU they used to advance the
     CPU generator that then initialises the position table, so CP=2 started from another model (1.5e-3)."""
-    cp1, ckpt = cp1_checkpoint
-    cp2, _ = run(LAUNCH, "gpt", flash=True, model=GPT_CPU + ["--context-parallel-size", "2", "--cp-comm-type", "a2a"])
-    assert sorted(cp1) == sorted(cp2) == [1], (cp1, cp2)
+    cp1, cp2 = pretrain("cpu-cp1-save").check(), pretrain("cpu-cp2").check()
+    assert sorted(cp1.losses) == sorted(cp2.losses) == [1], (cp1.losses, cp2.losses)
     # the same samples and weights; the a2a moves values exactly, but the GEMMs run on s/2 rows per rank (BLAS
     # may block the dots otherwise): 1e-5 relative
-    assert abs(cp2[1] - cp1[1]) <= RTOL * abs(cp1[1]), (cp1[1], cp2[1])
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"  # --save wrote it (item 9)
+    assert abs(cp2.losses[1] - cp1.losses[1]) <= RTOL * abs(cp1.losses[1]), (cp1.losses, cp2.losses)
+    assert (pretrain.tmp / "cp1-ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"  # item 9
 
 
 @pytest.mark.newest_only
-def test_stock_resumes_a_flash_checkpoint_as_stock_in_bf16(cp1_checkpoint):
+@pytest.mark.pretrain(*CPU_JOBS)
+def test_stock_resumes_a_flash_checkpoint_as_stock_in_bf16(pretrain):
     """Items 7 and 5: --use-checkpoint-args restores args.spec (ours) from the checkpoint; a run without
     --flash-overlap builds Megatron's own layers and says so. The same run is --bf16 without the distributed
     optimizer (Megatron's Float16 wrapper, which refused CPU tensors) and without --no-masked-softmax-fusion
     (a --cpu default: the fused softmax is a CUDA extension)."""
-    _, ckpt = cp1_checkpoint
-    model = [a if a != "1" or GPT_CPU[i - 1] != "--train-iters" else "2" for i, a in enumerate(GPT_CPU)]
-    logs: list = []
-    losses, sites = run(LAUNCH, "gpt", flash=False, stdout=logs, model=model + [
-        "--use-checkpoint-args", "--load", str(ckpt), "--no-load-optim", "--bf16"])
-    out = logs[0]
-    assert "Setting spec to ['megatron_flashoverlap.spec', 'flashoverlap_layer'] from checkpoint" in out  # the premise
+    pretrain("cpu-cp1-save").check()  # the checkpoint it resumes
+    run = pretrain("cpu-bf16-resume").check()
+    out = run.text
+    premise = "Setting spec to ['megatron_flashoverlap.spec', 'flashoverlap_layer'] from checkpoint"
+    assert premise in out
     said = [ln for ln in out.splitlines() if ln.startswith("> --use-checkpoint-args: ")]
     assert len(said) == 1 and "builds Megatron's own layers" in said[0], out[-3000:]
-    assert sites == "GEMM sites: stock"
+    assert run.sites == "GEMM sites: stock"
     assert "--flash-overlap: " not in out.replace(said[0], "")  # nothing of ours was switched on
-    assert list(losses) == [2] and 0 < losses[2] < 10, losses  # bf16 trained the step after the checkpoint's
+    assert list(run.losses) == [2] and 0 < run.losses[2] < 10, run.losses  # bf16 trained the step after the saved

@@ -1,0 +1,106 @@
+"""Many Megatron `pretrain()` runs behind one torchrun start-up per world size (the caller side of
+pretrain_runner.py).
+
+A start-up (torchrun, N ranks importing torch and Megatron) costs 15-30 s on 2 cores; a tiny run after it a few
+seconds. Tests declare the runs they read with the `pretrain` marker; the session fixture `pretrain`
+(tests/megatron/conftest.py) starts one batch per world size holding every declared job of the selected tests,
+the first time one of them is read:
+
+    @pytest.mark.pretrain(Job("tp2-stock", "launch", [SCRIPT, *ARGS]), Job("tp2-flash", ...))
+    def test_x(pretrain):
+        result = pretrain("tp2-stock")          # -> Result: losses, sites line, logs, error
+
+In a job's argv, "{tmp}" stands for a folder of the session (checkpoints; the YAMLs of `Job.files`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = "tests.support.pretrain_runner"  # -m from the checkout: tests/support/profile.py must not shadow the stdlib
+LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
+SITES = "GEMM sites: "
+STARTUP_S, JOB_S = 180, 150  # seconds: a job's limit (the runner's), a batch's: start-up plus each job's
+FIRST, DEFAULT, AFTER, LAST = 0, 1, 2, 3  # Job.order
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One per-rank user command: entry "pretrain_gpt" (the project entry) or "launch" (the launcher), its argv
+    (the launcher options --cpu first, as a user types them; no --nproc-per-node: the batch is already the
+    ranks), the world size, `order` (a batch runs jobs by order, then as declared: FIRST, ..., LAST; expected
+    failures go LAST, since one that hangs ends the batch) and `files`: (path under {tmp}, text) pairs written
+    before the batch starts (YAMLs the job reads)."""
+
+    name: str
+    entry: str
+    argv: tuple
+    world: int = 2
+    order: int = DEFAULT
+    files: tuple = ()
+
+
+@dataclasses.dataclass
+class Result:
+    """What one job logged: {iteration: lm loss}, the GEMM sites line (rank 0), each rank's log, the error."""
+
+    losses: dict
+    sites: str | None
+    logs: list
+    error: str | None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.logs)
+
+    def check(self) -> "Result":
+        """self, or AssertionError with the job's error and the tail of its logs."""
+        assert self.error is None, f"{self.error}\n--- log tail ---\n{self.text[-3000:]}"
+        return self
+
+
+def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
+    """Run `jobs` (one world size) in order behind one torchrun start-up; -> {name: Result}."""
+    world = {j.world for j in jobs}
+    assert len(world) == 1, f"one world size per batch, got {world}"
+    out.mkdir(parents=True, exist_ok=True)
+    for job in jobs:
+        for rel, text in job.files:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+    jobs = sorted(jobs, key=lambda j: j.order)  # stable: declaration order within an order
+    spec = [{"name": j.name, "entry": j.entry, "argv": [a.replace("{tmp}", str(tmp)) for a in j.argv]}
+            for j in jobs]
+    (out / "jobs.json").write_text(json.dumps(spec, indent=1))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world.pop()}",
+           "-m", RUNNER, str(out / "jobs.json"), str(out), str(JOB_S)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    why = None
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=STARTUP_S + JOB_S * len(jobs))
+        if proc.returncode != 0:
+            why = f"the batch exited {proc.returncode}: {proc.stdout[-1500:]}\n{proc.stderr[-3000:]}"
+    except subprocess.TimeoutExpired as err:
+        why = f"the batch timed out after {err.timeout:.0f} s"
+    return {j.name: read_result(out, j.name, why) for j in jobs}
+
+
+def read_result(out: Path, name: str, why: str | None) -> Result:
+    logs = [p.read_text(errors="replace") for p in sorted(out.glob(f"{name}.rank*.log"))]
+    done = [p.read_text() for p in sorted(out.glob(f"{name}.rank*.done"))]
+    errors = [d for d in done if d != "ok"]
+    if not done or (why and len(done) < len(logs or [0])):
+        errors.append(f"{name} did not finish ({why or 'no status written'})")
+    losses = {}
+    for log in logs:  # the last pipeline stage logs the loss
+        losses.update({int(i): float(v) for i, v in LOSS.findall(log)})
+    sites = [ln for ln in (logs[0] if logs else "").splitlines() if ln.startswith(SITES)]
+    return Result(losses, sites[-1] if sites else None, logs, "\n".join(errors) or None)
