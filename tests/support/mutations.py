@@ -164,6 +164,10 @@ def _dp_fused_grad_one_percent_low() -> list:
     return _replace("megatron_flashoverlap.ops.dp.wgrad_rs", "produce_span_into", _produce_span(scale_dw=0.99))
 
 
+def _dp_fused_grad_five_percent_low() -> list:
+    return _replace("megatron_flashoverlap.ops.dp.wgrad_rs", "produce_span_into", _produce_span(scale_dw=0.95))
+
+
 def _cost_model_fuses_nothing() -> list:
     from megatron_flashoverlap.ops.dp import choice
 
@@ -261,6 +265,9 @@ MUTATIONS: dict[str, Mutation] = {
     "dp_skip_fused_shard": Mutation(
         "the fused DP reduce-scatter leaves global rank 1's dW out of the bucket's first shard",
         ("tests/megatron/test_ddp.py::test_bf16_params_fp32_grad_buffers",), _dp_skip_fused_shard),
+    "dp_fused_grad_five_percent_low": Mutation(
+        "the fused DP reduce-scatter's dW is 5 % too small",
+        ("tests/megatron/test_ddp.py::test_bf16_params_fp32_grad_buffers",), _dp_fused_grad_five_percent_low),
     "dp_fused_grad_one_percent_low": Mutation(
         "the fused DP reduce-scatter's dW is 1 % too small",
         ("tests/megatron/test_ddp_gpt.py::test_explicit_choice",), _dp_fused_grad_one_percent_low),
