@@ -7,6 +7,7 @@ Tiers are folders, cheapest first; each test is marked by its folder (`-m pure`,
     tests/gpu/       CUDA only: skipped, with the reason, where no GPU is present
 One persistent gloo pool per world size (see tests/support/pool.py).
 """
+import os
 import pathlib
 
 import pytest
@@ -16,6 +17,20 @@ from tests.support import Pool
 TIERS = ("pure", "gloo", "megatron", "gpu")
 _ROOT = pathlib.Path(__file__).parent
 _POOLS: dict = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--mutation", default=None, help="run under a deliberate defect of tests/support/mutations.py "
+                     "(in this process and in every gloo worker); `python -m tests.support.mutations --list`")
+
+
+def pytest_configure(config):
+    name = config.getoption("--mutation")
+    if name:
+        from tests.support import mutations
+
+        os.environ[mutations.ENV] = name  # the pool's workers inherit it and apply it at start
+        mutations.MUTATIONS[name].apply()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,18 +1,36 @@
 """Worker bodies for the Ulysses tests (op level): every rank builds the same global q, k, v, dy, takes its
 sequence shard (Megatron's zigzag split or contiguous), runs `ulysses_attention` over the whole group and
-compares output and input gradients with full attention of the global tensors in one process."""
+compares output and input gradients with full attention of the global tensors in one process: `full_attention`,
+plain torch softmax attention in float64, written here (not the kernel the operator calls, ops/attention/core.py),
+with Megatron's conventions: scores * scale, masked positions -10000 (not -inf), softmax, probs @ v, each
+key/value group serving np/ng consecutive query heads."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.ops.attention.core import Attend, AttnSpec, attention_rows
+from megatron_flashoverlap.ops.attention.core import Attend
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _err(a, b):
     return (a.double() - b.double()).abs().max().item()
+
+
+def full_attention(q, k, v, scale: float, pad=None):
+    """Causal attention of the whole sequence in float64: q [s, b, np, hn], k/v [s, b, ng, hn], pad bool
+    [b, 1, s, s] (True = masked) or None -> ctx [s, b, np*hn] (float64, differentiable)."""
+    s, b, heads, hn = q.shape
+    rep = heads // k.shape[2]
+    q, k, v = (t.double() for t in (q, k, v))
+    k, v = (t.repeat_interleave(rep, dim=2) for t in (k, v))  # group g serves heads g*rep .. g*rep+rep-1
+    scores = torch.einsum("sbnh,tbnh->bnst", q, k) * scale
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)  # key t later than query s
+    if pad is not None:
+        mask = mask | pad
+    probs = torch.softmax(scores.masked_fill(mask, -10000.0), dim=-1)
+    return torch.einsum("bnst,tbnh->sbnh", probs, v).reshape(s, b, heads * hn)
 
 
 def shard_rows(s: int, rank: int, world: int, zigzag: bool) -> torch.Tensor:
@@ -45,9 +63,9 @@ def vs_full(rank, world, algo="flash", zigzag=True, padding=False, groups=4, dty
     attend = Attend(causal=True, mask=mask_rows, zigzag=zigzag if op_zigzag is None else op_zigzag)
     y = ulysses_attention(*loc, dist.group.WORLD, attend=attend, algo=algo)
     y.backward(dy[idx])
-    full = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = attention_rows(*full, AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None), 0)
-    ref.backward(dy)
+    full = [t.double().requires_grad_() for t in (q, k, v)]  # the same (dtype-rounded) values, in float64
+    ref = full_attention(*full, hn ** -0.5, pad if padding else None)
+    ref.backward(dy.double())
     out = {"y": _err(y, ref[idx]), "dtype_ok": y.dtype == dt, "scale": ref.abs().max().item()}
     for n, a, f in zip(("dq", "dk", "dv"), loc, full):
         out[n] = _err(a.grad, f.grad[idx])
@@ -59,7 +77,7 @@ def fused_vs_reference(rank, world, s=16, b=2, h=16, heads=4, groups=2, hn=4, dt
     y vs one-process attention of the global tensors. Gradients of the replicated weights are all-reduced
     over the group (as CP training does) before comparing."""
     from megatron_flashoverlap.ops.attention.core import zigzag_positions
-    from megatron_flashoverlap.ops.attention.ulysses_fused import split_mixed, ulysses_fused_attention
+    from megatron_flashoverlap.ops.attention.ulysses_fused import ulysses_fused_attention
 
     dt = DT[dtype]
     g = torch.Generator().manual_seed(seed)
@@ -79,9 +97,11 @@ def fused_vs_reference(rank, world, s=16, b=2, h=16, heads=4, groups=2, hn=4, dt
         for gr in grads[1:]:
             dist.all_reduce(gr)
         res[algo] = (y.detach(), grads)
-    mixed = F_linear(x, wq, bq).view(s, b, groups, -1)
-    qf, kf, vf = split_mixed(mixed, heads // groups, hn)
-    ref = F_linear(attention_rows(qf, kf, vf, AttnSpec(scale=hn ** -0.5, causal=True), 0), wp, None)
+    mixed = F_linear(x.double(), wq.double(), None if bq is None else bq.double()).view(s, b, groups, -1)
+    per = heads // groups  # Megatron's packed linear_qkv layout, per group: [its per query heads, k, v]
+    qf, kf, vf = torch.split(mixed, [per * hn, hn, hn], dim=3)
+    qf = qf.reshape(s, b, heads, hn)
+    ref = F_linear(full_attention(qf, kf, vf, hn ** -0.5), wp.double(), None)
     (yf, gf), (ys, gs) = res["flash"], res["reference"]
     assert zigzag_positions(s, world)[0] == 0
     return {"y_vs_stock": _err(yf, ys), "grads_vs_stock": max(_err(a, c) for a, c in zip(gf, gs)),

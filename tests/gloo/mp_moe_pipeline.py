@@ -116,16 +116,41 @@ def _expected(rank, world, counts):
     return y_mine, toks[rank][0].grad, toks[rank][1].grad, wgrads
 
 
-def _run(rank, world, counts, algo, ctx, fused=False):
+def _run(rank, world, counts, algo, ctx, fused=False, profiled=False):
+    """One forward + backward. profiled: under torch's profiler (-> c10d op counts), which keeps every post in
+    the calling thread (runtime/commthread.threaded); else gloo's default path, the posts on the communication
+    thread (-> how many jobs that thread was given)."""
     experts = Experts(rank, world, fused)
     x, p = (t.requires_grad_() for t in _tokens(rank, counts))
     ins = counts[rank].sum(dim=1).tolist()
     held = {}
-    fwd = profile.comm_ops(lambda: held.setdefault("y", expert_pipeline(
-        x, p, LocalExperts(experts, experts.params), counts[:, rank], ins, None, ctx, algo=algo)))
-    y = held["y"]
-    bwd = profile.comm_ops(lambda: (y * _dout(rank, y.shape[0])).sum().backward())
-    return experts, x, p, y, {"fwd": fwd, "bwd": bwd}
+
+    def fwd():
+        held["y"] = expert_pipeline(x, p, LocalExperts(experts, experts.params), counts[:, rank], ins, None, ctx,
+                                    algo=algo)
+
+    def bwd():
+        (held["y"] * _dout(rank, held["y"].shape[0])).sum().backward()
+    watch = profile.comm_ops if profiled else _thread_jobs
+    ops = {"fwd": watch(fwd), "bwd": watch(bwd)}
+    return experts, x, p, held["y"], ops
+
+
+def _thread_jobs(fn) -> int:
+    """fn() run as is; -> the jobs submitted to communication threads meanwhile (counted, not changed)."""
+    from megatron_flashoverlap.runtime.commthread import CommThread
+
+    submit, n = CommThread.submit, [0]
+
+    def counted(self, job):
+        n[0] += 1
+        return submit(self, job)
+    CommThread.submit = counted
+    try:
+        fn()
+    finally:
+        CommThread.submit = submit
+    return n[0]
 
 
 def _rel(a, b):
@@ -133,15 +158,19 @@ def _rel(a, b):
 
 
 def pipeline_vs_expected(rank, world, algo, seed=0, zeros="one"):
-    """-> relative errors of y, dx, dprobs, each weight grad; grad-hook calls; the c10d ops fwd / bwd."""
+    """-> relative errors of y, dx, dprobs, each weight grad and the grad-hook calls of a run on gloo's default
+    path (posts on the communication thread; "thread_jobs" fwd / bwd), and the c10d ops fwd / bwd of a
+    profiled run (the profiler keeps the posts in the caller, so it checks the other path's numerics: only
+    its op counts are used)."""
     counts = _counts(world, seed, zeros)
     ctx = OverlapContext(check_peers=False)
-    _run(rank, world, counts, algo, ctx)  # warm-up: the profiler's first window in a process misses c10d ops
-    experts, x, p, y, ops = _run(rank, world, counts, algo, ctx)
+    _run(rank, world, counts, algo, ctx, profiled=True)  # warm-up: the profiler's first window misses c10d ops
+    ops = _run(rank, world, counts, algo, ctx, profiled=True)[4]
+    experts, x, p, y, jobs = _run(rank, world, counts, algo, ctx)
     y_e, dx_e, dp_e, dw_e = _expected(rank, world, counts)
     return {"y": _rel(y.detach(), y_e), "dx": _rel(x.grad, dx_e), "dp": _rel(p.grad, dp_e),
             "dw": max((_rel(q.grad, g) for q, g in zip(experts.params, dw_e)), default=0.0),
-            "hooks": experts.hooks, "ops": ops}
+            "hooks": experts.hooks, "ops": ops, "thread_jobs": jobs}
 
 
 def fused_main_grad(rank, world, seed=2):

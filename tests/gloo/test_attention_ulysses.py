@@ -1,4 +1,5 @@
-"""Ulysses core attention (op level) on 2 and 4 gloo CPU processes vs full attention in one process.
+"""Ulysses core attention (op level) on 2 and 4 gloo CPU processes vs full attention in one process (plain torch
+softmax attention in float64, independent of the operator's kernel: a defect in that kernel shows here).
 
 Tier: numerics (gloo processes). Worker bodies in tests/gloo/mp_attention_ulysses.py. The Megatron GPTModel
 tests (CP=2, TP=2 x CP=2 vs no CP) live in tests/megatron/test_attention_gpt.py.
@@ -6,8 +7,11 @@ tests (CP=2, TP=2 x CP=2 vs no CP) live in tests/megatron/test_attention_gpt.py.
 import pytest
 
 BODY = "tests.gloo.mp_attention_ulysses:vs_full"
-# each output row is the same per-head attention as in one process, but batched over other heads and rows:
-# GEMM blocking may round differently, so close (fp32), and a few bf16 ulps for bf16
+# against plain softmax attention in float64 (mp_attention_ulysses.full_attention, not the operator's kernel) on
+# the same dtype-rounded inputs; relative to max(|ref|, 1):
+# fp32: the operator's fp32 GEMMs and softmax round at 2^-24 per operation, over sums of s = 16 keys and
+#       hn = 4 products: 2e-6 (measured <= 3.3e-7)
+# bf16: scores, probs and ctx are rounded to bf16 (2^-8 = 3.9e-3): 5 bf16 ulps, 2e-2 (measured <= 6.3e-3)
 TOL = {"float32": 2e-6, "bfloat16": 2e-2}
 
 
@@ -53,7 +57,8 @@ FUSED = "tests.gloo.mp_attention_ulysses:fused_vs_reference"
 
 @pytest.mark.parametrize("world,kw", [(2, {}), (2, {"bias": False, "groups": 4}), (4, {"heads": 8, "groups": 4})])
 def test_ulysses_fused_projections_match_unfused(pools, world, kw):
-    # the fused op sums the proj over head groups in consume order (fp32-close to one GEMM over all heads)
+    # the fused op sums the proj over head groups in consume order (fp32-close to one GEMM over all heads); y_vs_full
+    # against the float64 formula (projections + full_attention): measured <= 2e-7 relative
     for r in pools(world).run(FUSED, timeout=300, **kw):
         assert r["dtype_ok"]
         assert r["y_vs_stock"] <= 2e-6 * r["scale"] and r["y_vs_full"] <= 2e-6 * r["scale"], r

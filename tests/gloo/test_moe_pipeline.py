@@ -1,5 +1,7 @@
 """Tier 2 (2-4 gloo processes): the fused expert pipeline (ops/moe/fused.py) on a plain per-expert MLP, against
 outputs and gradients computed directly from the global data (mp_moe_pipeline.py), for every algo.
+The numerics are those of gloo's default path, the posts on the communication thread (runtime/commthread.py);
+the c10d op counts come from a second, profiled run (the profiler keeps posts in the calling thread).
 
 Tolerances (fp32):
   y, dx, dprobs  1e-6 relative: each row goes through the same expert math once; only the GEMM kernel's
@@ -29,6 +31,7 @@ def test_pipeline_matches_expected_uneven_and_zero_counts(pools, p, algo):
                 assert ops.get("all_to_all", 0) >= 2 and "send" not in ops, ops
             else:
                 assert "all_to_all" not in ops and ops.get("send", 0) >= 1, ops
+                assert res["thread_jobs"][when] >= 1, res["thread_jobs"]  # the numerics above ran on the thread
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -43,6 +46,7 @@ def test_pipeline_nothing_routed(pools, p):
 def test_pipeline_without_zeros(pools, p):
     for res in pools(p).run(f"{BODY}:pipeline_vs_expected", "flash", seed=5, zeros="none"):
         _close(res)
+        assert min(res["thread_jobs"].values()) >= 1, res["thread_jobs"]
 
 
 @pytest.mark.parametrize("p", [2, 3])

@@ -1,19 +1,19 @@
 """Worker-side body of the decode test: greedy generation with Megatron's StaticInferenceContext (KV cache)
-over a tiny GPTModel, TP without SP, stock local spec vs our spec whose row-parallel linears all-reduce
-with `all_reduce(algo=...)` after the local GEMM (the selector for "auto").
+over a tiny GPTModel, TP without SP, stock local spec vs our spec (layer_spec(): the shipped
+FlashRowParallelLinear, whose forward without SP is matmul_all_reduce; on decode-shaped inputs [1, b, k/P]
+that operator runs the GEMM, then all_reduce(algo=plan.decode_all_reduce), "auto" by default).
 
-`DecodeRowParallelLinear._forward_without_sp` is the row-parallel hook this test defines: it is exactly
-what FlashRowParallelLinear's non-SP hook should run (see /work/notes/allreduce.md).
+The algo of that decode all-reduce has no config word, so a non-"auto" case sets it on each row-parallel
+layer's resolved plan (`flash_nosp_plan.decode_all_reduce`), the field the shipped branch reads.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from megatron_flashoverlap import all_reduce
 from megatron_flashoverlap.ops.all_reduce.select import set_calibration
 from megatron_flashoverlap.megatron import models as tm
 from tests.support import profile
@@ -21,34 +21,17 @@ from tests.support import profile
 PROMPT, NEW = 6, 6
 
 
-def _decode_row_class():
+def _ours(cfg, seq: int, algo: str):
+    """GPT with our layer spec; every row-parallel layer's decode all-reduce set to `algo`."""
     from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
+    from megatron_flashoverlap.megatron.spec import layer_spec
 
-    class DecodeRowParallelLinear(FlashRowParallelLinear):
-        all_reduce_algo = "auto"
-
-        def _forward_without_sp(self, input_):
-            """input_ [s, b, k/P] -> (output [s, b, h], bias or None): GEMM, then our all-reduce."""
-            output = all_reduce(F.linear(input_, self.weight), self.tp_group, algo=self.all_reduce_algo,
-                                context=self.flash_context)
-            if self.skip_bias_add:
-                return output, self.bias
-            return (output + self.bias if self.bias is not None else output), None
-
-    return DecodeRowParallelLinear
-
-
-def _our_spec(algo: str):
-    from megatron.core.transformer.spec_utils import ModuleSpec
-
-    from megatron_flashoverlap.megatron.spec import layer_spec, submodules_of
-
-    cls = _decode_row_class()
-    cls.all_reduce_algo = algo
-    spec = layer_spec()
-    submodules_of(spec.submodules.self_attention).linear_proj = ModuleSpec(module=cls)
-    submodules_of(spec.submodules.mlp).linear_fc2 = ModuleSpec(module=cls)
-    return spec
+    model = tm.build_gpt(cfg, layer_spec(), seq=seq).eval()
+    rows = [m for m in model.modules() if isinstance(m, FlashRowParallelLinear)]
+    assert len(rows) == 2 * cfg.num_layers, rows  # proj and fc2 of every layer are the shipped class
+    for m in rows:
+        m.flash_nosp_plan = dataclasses.replace(m.flash_nosp_plan, decode_all_reduce=algo)
+    return model
 
 
 def _step(model, tokens, start, ictx):
@@ -61,15 +44,17 @@ def _step(model, tokens, start, ictx):
 
 
 def _generate(model, prompt, new_tokens, profile_step=None):
-    """Greedy: prefill the prompt, then one token per step ([1, b, h] activations). -> tokens, margin, ops."""
+    """Greedy: prefill the prompt, then one token per step ([1, b, h] activations). -> tokens, margin, ops,
+    the last-position logits of every step [steps, b, vocab]."""
     from megatron.core.inference.contexts import StaticInferenceContext
 
     b, plen = prompt.shape
     ictx = StaticInferenceContext(b, plen + new_tokens)
-    out, margins, ops = [], [], {}
+    out, margins, ops, logits = [], [], {}, []
     with torch.no_grad():
         last = _step(model, prompt, 0, ictx)
         for t in range(new_tokens):
+            logits.append(last)
             top = last.topk(2, dim=-1).values
             margins.append((top[:, 0] - top[:, 1]).min().item())
             nxt = last.argmax(-1, keepdim=True)  # [b, 1]
@@ -83,7 +68,7 @@ def _generate(model, prompt, new_tokens, profile_step=None):
                 last = holder["l"]
             else:
                 last = _step(model, nxt, plen + t, ictx)
-    return torch.cat(out, dim=1), min(margins), ops
+    return torch.cat(out, dim=1), min(margins), ops, torch.stack(logits)
 
 
 def greedy(rank, world, algo, table=None, local_world_size=None, seed=5):
@@ -98,15 +83,16 @@ def greedy(rank, world, algo, table=None, local_world_size=None, seed=5):
         cfg = tm.tiny_config(world, sp=False)
         seq = PROMPT + NEW
         stock = tm.build_gpt(cfg, get_gpt_layer_local_spec(), seq=seq).eval()
-        ours = tm.build_gpt(cfg, _our_spec(algo), seq=seq).eval()
+        ours = _ours(cfg, seq, algo)
         tm.copy_weights(ours, stock)
         prompt = tm.batch(seed, b=2, s=PROMPT)["input_ids"]
-        t_stock, margin, stock_ops = _generate(stock, prompt, NEW, profile_step=1)
-        t_ours, _, our_ops = _generate(ours, prompt, NEW, profile_step=1)
+        t_stock, margin, stock_ops, l_stock = _generate(stock, prompt, NEW, profile_step=1)
+        t_ours, _, our_ops, l_ours = _generate(ours, prompt, NEW, profile_step=1)
         same = torch.tensor([int(torch.equal(t_ours, t_stock))])
         dist.all_reduce(same, op=dist.ReduceOp.MIN)
         return {"stock": t_stock.tolist(), "ours": t_ours.tolist(), "margin": margin, "stock_ops": stock_ops,
-                "our_ops": our_ops, "all_ranks_same": bool(same.item())}
+                "our_ops": our_ops, "all_ranks_same": bool(same.item()),
+                "logits": ((l_ours - l_stock).abs().max() / l_stock.abs().max()).item()}
     finally:
         os.environ.pop("LOCAL_WORLD_SIZE", None)
         set_calibration(None)

@@ -104,7 +104,8 @@ def _sync_grads(model, cp):
             dist.all_reduce(p.grad, group=parallel_state.get_tensor_model_parallel_group())
 
 
-def _train(model, cp, steps, mask, lr=0.5):
+def _train(model, cp, steps, mask, lr=0.5, grads=None):
+    """-> the loss curve; `grads` (a dict, optional) gets {name: gradient} of step 0 after the grad sync."""
     from megatron.core import parallel_state
 
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -121,6 +122,8 @@ def _train(model, cp, steps, mask, lr=0.5):
         loss = per_token.float().sum() / total  # this rank's share of the global mean
         loss.backward()
         _sync_grads(model, cp)
+        if step == 0 and grads is not None:
+            grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
         value = loss.detach().clone()
         if cp > 1:
@@ -129,26 +132,34 @@ def _train(model, cp, steps, mask, lr=0.5):
     return losses
 
 
+def _grad_errors(got: dict, ref: dict) -> dict:
+    """{name: max |got - ref| / max |ref|}: the step-0 gradients against the reference's, per tensor (the same
+    names: both models loaded with strict=True)."""
+    assert sorted(got) == sorted(ref), (sorted(got), sorted(ref))
+    return {n: (got[n] - ref[n]).abs().max().item() / ref[n].abs().max().item() for n in ref}
+
+
 def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=True, heads=4, groups=4,
                 kind="ulysses"):
-    """-> {"ref": losses without CP, "cp": losses with Ulysses CP, "zero_init_diff": max|param diff|}."""
+    """-> {"ref": losses without CP, "cp": losses with Ulysses CP, "grads": _grad_errors of step 0}."""
     from megatron.core import parallel_state
 
+    ref_grads, cp_grads = {}, {}
     _init(tp, 1)
     try:
         ref = _model(tp, 1, "stock", heads, groups)
         init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
-        ref_losses = _train(ref, 1, steps, mask)
+        ref_losses = _train(ref, 1, steps, mask, grads=ref_grads)
     finally:
         parallel_state.destroy_model_parallel()
     _init(tp, cp)
     try:
         model = _model(tp, cp, kind, heads, groups, ulysses_algo)
-        model.load_state_dict(init, strict=False)
-        cp_losses = _train(model, cp, steps, mask)
+        model.load_state_dict(init, strict=True)  # every weight of the stock model, and no other
+        cp_losses = _train(model, cp, steps, mask, grads=cp_grads)
     finally:
         parallel_state.destroy_model_parallel()
-    return {"ref": ref_losses, "cp": cp_losses}
+    return {"ref": ref_losses, "cp": cp_losses, "grads": _grad_errors(cp_grads, ref_grads)}
 
 
 def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4, kind="qsa"):
@@ -159,17 +170,19 @@ def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4
     try:
         ref = _model(world, 1, "stock", heads, groups)
         init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
-        ref_losses = _train(ref, 1, steps, mask)
+        ref_grads, qs_grads = {}, {}
+        ref_losses = _train(ref, 1, steps, mask, grads=ref_grads)
         model = _model(world, 1, kind, heads, groups, algo)
-        model.load_state_dict(init, strict=False)
+        model.load_state_dict(init, strict=True)  # every weight of the stock model, and no other
         seen = []
         for layer in model.decoder.layers:  # prove the fused path ran: the core attention deferred to proj
             layer.self_attention.core_attention.register_forward_hook(
                 lambda m, i, o: seen.append(type(o).__name__))
-        qs_losses = _train(model, 1, steps, mask)
+        qs_losses = _train(model, 1, steps, mask, grads=qs_grads)
     finally:
         parallel_state.destroy_model_parallel()
-    return {"ref": ref_losses, "cp": qs_losses, "outputs": sorted(set(seen)), "calls": len(seen)}
+    return {"ref": ref_losses, "cp": qs_losses, "outputs": sorted(set(seen)), "calls": len(seen),
+            "grads": _grad_errors(qs_grads, ref_grads)}
 
 
 def query_split_dropout(rank, world, steps=5, p=0.2):

@@ -69,7 +69,7 @@ def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype,
     dp_rank = ps.get_data_parallel_rank()
     g = torch.Generator().manual_seed(100 + dp_rank)
     losses = []
-    for _ in range(steps):
+    for step in range(steps):
         ddp.zero_grad_buffer()
         opt.zero_grad()
         total = 0.0
@@ -83,13 +83,36 @@ def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype,
             total += loss.item()
         pending = len(megatron_ddp._PENDING)  # in-backward rings whose last hop is not yet waited
         ddp.finish_grad_sync()
+        if step == steps - 1:
+            grads = _reduced_grads(ddp, module, ps.get_data_parallel_group())
         opt.step()
         losses.append(total)
     params = {n: p.detach().float().clone() for n, p in module.named_parameters()}
     fused = sum(w._flashoverlap_dp.fused_calls for w in accepted)
     buckets = [len(bk.params_list) for buf in ddp.buffers for bk in buf.buckets]
-    return {"losses": losses, "params": params, "accepted": len(accepted), "fused_calls": fused,
+    return {"losses": losses, "params": params, "accepted": len(accepted), "fused_calls": fused, "grads": grads,
             "buckets": buckets, "pending_after_backward": pending, "pending_after_finish": len(megatron_ddp._PENDING)}
+
+
+def _reduced_grads(ddp, module, dp_group) -> dict:
+    """{name: the DP-reduced main_grad [param's shape]} after finish_grad_sync: each bucket's reduced shards
+    all-gathered over DP (each rank holds only its own), then cut per parameter (bucket layouts differ
+    between stock and flash, parameter names do not)."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
+    names = {id(p): n for n, p in module.named_parameters()}
+    out = {}
+    for buf in ddp.buffers:
+        for bk in buf.buckets:
+            data = bk.grad_data
+            shard = data.numel() // world
+            full = torch.empty_like(data)
+            dist.all_gather_into_tensor(full, data[rank * shard:(rank + 1) * shard].contiguous(), group=dp_group)
+            for p in bk.params_list:
+                at = (p.main_grad.data_ptr() - data.data_ptr()) // data.element_size()
+                out[names[id(p)]] = full[at:at + p.numel()].view(p.shape).float().clone()
+    return out
 
 
 class _null:

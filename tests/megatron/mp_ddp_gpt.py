@@ -76,12 +76,31 @@ def _run(mode, tp, sp, layers, steps, micro, ddp_kw, layout, linears, tokens=Non
             "fused": {names[id(w)]: w._flashoverlap_dp.fused_calls for w in accepted},
             "asynchronous": sorted({w._flashoverlap_dp.asynchronous for w in accepted}),
             "buckets": [bk.grad_data.numel() for buf in ddp.buffers for bk in buf.buckets],
-            "moved": min((p.detach() - init[n]).abs().max().item() for n, p in model.named_parameters())}
+            "moves": {n: (p.detach() - init[n]).abs().max().item() for n, p in model.named_parameters()}}
+
+
+@contextlib.contextmanager
+def _fixed_rates(rates):
+    """rates (comm_s, ring_s, gemm_s, ring_lat_s) or None: the cost model's calibration (megatron/ddp/choice.calibrate,
+    a timing of this machine) replaced by these numbers, so its choice is known in advance; None: measured."""
+    from megatron_flashoverlap.megatron.ddp import choice as ddp_choice
+    from megatron_flashoverlap.ops.dp.choice import Rates
+
+    if rates is None:
+        yield
+        return
+    measured = ddp_choice.calibrate
+    ddp_choice.calibrate = lambda dp_group, tokens, **kw: Rates(*rates, hops=dp_group.size() - 1)
+    try:
+        yield
+    finally:
+        ddp_choice.calibrate = measured
 
 
 def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, layout=False, linears=None,
-          tokens=None, asynchronous=None):
-    """-> {"stock": ..., "flash": ..., "log": [ddp + ddp_linear lines], "dp": DP size} (module docstring)."""
+          tokens=None, asynchronous=None, rates=None):
+    """-> {"stock": ..., "flash": ..., "log": [ddp + ddp_linear lines], "dp": DP size} (module docstring).
+    rates: fixed cost-model rates (_fixed_rates) instead of the calibration."""
     from megatron.core import parallel_state as ps
 
     from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp, linear as ddp_linear
@@ -93,8 +112,9 @@ def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, l
     old = ddp_linear.log.level
     ddp_linear.log.setLevel("INFO")
     try:
-        out = {mode: _run(mode, tp, sp, layers, steps, micro, ddp_kw or {}, layout, linears, tokens, asynchronous)
-               for mode in ("stock", "flash")}
+        with _fixed_rates(rates):
+            out = {mode: _run(mode, tp, sp, layers, steps, micro, ddp_kw or {}, layout, linears, tokens,
+                              asynchronous) for mode in ("stock", "flash")}
         out.update(log=lines.lines, dp=ps.get_data_parallel_world_size())
         return out
     finally:

@@ -28,11 +28,24 @@ def test_all_to_all_validate(p):
 
 @pytest.mark.parametrize("p", SIZES)
 def test_merged_backward_walk_validates_per_tag(p):
-    # the column backward merges the dgrad RS (tag 0) and the wgrad AG (tag 1) into one walk
-    for r in range(p):
-        steps = merge(reduce_scatter_ring(r, p, tag=0), all_gather_ring(r, p, tag=1))
+    # the column backward merges the dgrad RS (tag 0) and the wgrad AG (tag 1) into one walk: each tag's part
+    # of the merged walk, run on all ranks by the validator, must be a correct ring of its own
+    rings = {0: reduce_scatter_ring, 1: all_gather_ring}
+    merged = [merge(*(build(r, p, tag=t) for t, build in rings.items())) for r in range(p)]
+    for steps in merged:
         assert len(steps) == p
         assert sum(len(s.compute) for s in steps) == 2 * p
+    for tag, build in rings.items():
+        validate([_tag_only(build(r, p, tag=tag), merged[r], tag) for r in range(p)])
+
+
+def _tag_only(original: Schedule, steps, tag: int) -> Schedule:
+    """The schedule of one tag as the merged walk runs it: its transfers and slices, step by step."""
+    def keep(xs, of=lambda x: x.slice):
+        return tuple(x for x in xs if of(x).tag == tag)
+    mine = tuple(Step(sends=keep(s.sends), recvs=keep(s.recvs), compute=keep(s.compute, lambda x: x))
+                 for s in steps)
+    return Schedule(**{**original.__dict__, "steps": mine})
 
 
 @pytest.mark.parametrize("p", SIZES)

@@ -86,6 +86,9 @@ def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from tests.support.mutations import apply_from_env
+
+    apply_from_env()  # a deliberate defect, only where FLASHOVERLAP_TEST_MUTATION names one (mutations.py)
     while True:
         job = jobs.get()
         if job is None:
