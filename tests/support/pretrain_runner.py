@@ -49,10 +49,24 @@ def _reset_megatron() -> None:
     from megatron.training.training import destroy_global_state
 
     destroy_global_state()  # global vars, microbatches, memory buffer, symmetric memory, model parallel, rerun
+    _destroy_groups()
     global_vars.unset_global_variables()
     assert not parallel_state.model_parallel_is_initialized()
     mrandom.get_cuda_rng_tracker().reset()
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
+
+
+def _destroy_groups() -> None:
+    """Every process group the last job made, destroyed on every rank once all ranks are here (a barrier on
+    the default group, which lives for the batch): parallel_state forgets its groups but c10d keeps them,
+    and each gloo group's threads poll; ~60 groups a job left 2,400 threads per rank after a matrix batch."""
+    import torch.distributed as dist
+
+    from tests.support.pool import _destroy_groups as destroy_all_but_default
+
+    if dist.is_initialized():
+        dist.barrier()
+        destroy_all_but_default()
 
 
 def _reset_plugin() -> None:
