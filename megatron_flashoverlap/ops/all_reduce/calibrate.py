@@ -31,7 +31,7 @@ from .select import dtype_name
 log = logging.getLogger(__name__)
 OP = "all_reduce"
 SIZES = tuple(2048 << i for i in range(12))  # 2 KB - 4 MB: decode's [1, b, h] for b * h * bytes in this range
-ROUNDS, WARMUP = 3, 1
+ROUNDS, WARMUP = 5, 1  # 5 paired rounds: select.best_at takes ours where it won 4 of them (PAIRED_WINS)
 
 
 def candidates(world: int, local_world_size: int) -> tuple[str, ...]:
@@ -75,7 +75,8 @@ def _samples(x, algos, group, ctx, g, rounds, warmup) -> list[list[float]]:
 
 
 def _rows(times: torch.Tensor, algos, sizes) -> list[dict]:
-    """times [size, algo, round] (max over ranks) -> rows {"bytes", "<algo>_us" (median), "<algo>_min_us"}."""
+    """times [size, algo, round] (max over ranks) -> rows {"bytes", "<algo>_us" (median), "<algo>_min_us",
+    "<algo>_rounds_us"}."""
     rows = []
     for s, nbytes in enumerate(sizes):
         row = {"bytes": int(nbytes)}
@@ -83,6 +84,7 @@ def _rows(times: torch.Tensor, algos, sizes) -> list[dict]:
             per_round = times[s, k].tolist()
             row[f"{a}_us"] = round(statistics.median(per_round) * 1e6, 1)
             row[f"{a}_min_us"] = round(min(per_round) * 1e6, 1)
+            row[f"{a}_rounds_us"] = [round(t * 1e6, 1) for t in per_round]
         rows.append(row)
     return rows
 

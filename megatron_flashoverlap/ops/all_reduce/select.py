@@ -167,9 +167,22 @@ def _reference_us(row: dict) -> float:
     return row["reference_us"] if "reference_us" in row else row["stock_us"]
 
 
+PAIRED_WINS = 0.8  # share of paired rounds ours must win (with 5 rounds: 4; a coin would do that 19 % of the time)
+
+
+def _wins_rounds(row: dict, algo: str) -> bool:
+    """Ours faster than stock in at least PAIRED_WINS of the rounds (round i of every candidate ran in the same
+    interleaved round, under the same load); True where the table kept no rounds (older files: medians only)."""
+    ours, ref = row.get(f"{algo}_rounds_us"), row.get("reference_rounds_us", row.get("stock_rounds_us"))
+    if not ours or not ref or len(ours) != len(ref):
+        return True
+    return sum(o < r for o, r in zip(ours, ref)) >= PAIRED_WINS * len(ours)
+
+
 def best_at(table: dict, nbytes: int) -> str | None:
-    """Our fastest algorithm at the measured size nearest `nbytes` if it beat stock there; None otherwise
-    (also outside the measured sizes: no extrapolation)."""
+    """Our fastest algorithm (by median) at the measured size nearest `nbytes` if it beat stock there: its median
+    below stock's and, where the rounds are kept, faster in PAIRED_WINS of them (a noisy win stays stock: stock
+    is never slower than stock). None otherwise, also outside the measured sizes (no extrapolation)."""
     rows = table["rows"]
     sizes = [r["bytes"] for r in rows]
     if not rows or not min(sizes) <= nbytes <= max(sizes):
@@ -179,7 +192,7 @@ def best_at(table: dict, nbytes: int) -> str | None:
     if not ours:
         return None
     algo = min(ours, key=ours.get)
-    return algo if ours[algo] < _reference_us(row) else None
+    return algo if ours[algo] < _reference_us(row) and _wins_rounds(row, algo) else None
 
 
 def _should_use_x(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> bool:
