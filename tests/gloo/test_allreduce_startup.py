@@ -9,7 +9,7 @@ Sums: exact here (small integers in float32: every order of the additions gives 
 """
 import pytest
 
-from megatron_flashoverlap.ops.all_reduce.calibrate import SIZES, candidates
+from megatron_flashoverlap.ops.all_reduce.calibrate import ROUNDS, SIZES, candidates
 from megatron_flashoverlap.ops.all_reduce.select import choices
 
 SMALL_SIZES = (2048, 16384, 131072)  # the measurement's sizes in the fast cases (the default: calibrate.SIZES)
@@ -28,13 +28,14 @@ def test_first_decode_call_measures_then_follows_the_measurement(pools, world, l
     t = _one_table(per_rank)
     assert [r["bytes"] for r in t["rows"]] == list(SMALL_SIZES)
     for row in t["rows"]:  # every candidate of this layout measured; hierarchical only where 1 < G < P
-        assert sorted(k[:-3] for k in row if k.endswith("_us") and not k.endswith("_min_us")) == \
-            sorted(candidates(world, local))
+        medians = [k[:-3] for k in row if k.endswith("_us") and not k.endswith(("_min_us", "_rounds_us"))]
+        assert sorted(medians) == sorted(candidates(world, local))
+        assert all(len(row[f"{a}_rounds_us"]) == ROUNDS for a in medians)  # the kept rounds, for best_at's rule
     assert ("hierarchical_pipelined" in candidates(world, local)) is (1 < local < world)
     for rank, r in enumerate(per_rank):
         assert r["before"] == (False, {}), "a prefill-shaped call must neither measure nor run ours"
         assert r["exact"] and r["same_again"]
-        assert r["ours"] is (r["best"] is not None), "auto must run what was measured"
+        assert r["ours"] is (r["best"] is not None) and r["again"] is r["ours"], "auto must run what was measured"
         calib = [ln for ln in r["lines"] if "start-up calibration" in ln]
         assert len(calib) == (1 if rank == 0 else 0), r["lines"]  # one line, on group rank 0, not again
     line = next(ln for ln in per_rank[0]["lines"] if "start-up calibration" in ln)

@@ -18,6 +18,7 @@ LOCAL_WORLD_SIZE (`resolve_local_world_size`, select.node_layout).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -116,7 +117,8 @@ def _auto(tensor, group, world: int, g: int | None, ctx) -> str:
     here first for a decode-shaped tensor where no table file is given and this layout is not measured yet)."""
     backend = dist.get_backend(group)
     if g is not None and is_decode_shaped(tensor) and needs_startup(world, g, backend, dtype_name(tensor.dtype)):
-        line = install(startup_table(group, g, tensor.dtype, tensor.device, ctx))
+        quiet = dataclasses.replace(ctx, trace=None)  # the same buffers; the measurement stays out of the trace
+        line = install(startup_table(group, g, tensor.dtype, tensor.device, quiet))
         if group_info(group)[0] == 0:
             log.warning(line)
     return choose(tensor, world, g, backend)
