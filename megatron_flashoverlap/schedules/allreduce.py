@@ -26,6 +26,12 @@ crosses the inter-node link, piece k+1 is reduce-scattered and piece k-1 all-gat
 The inter-node link is busy from step 1 to step K while the single hierarchical keeps it idle during its
 intra-node phases; it costs K-1 more latency terms, so it is for the larger messages (the calibration decides).
 
+hierarchical_hd (halving-doubling across nodes): the message in G super-blocks of M = N' blocks each; the
+intra-node ring moves whole super-blocks; across nodes, on super-block l: recursive halving (step k: send half
+of what is held to the partner at distance M/2^(k+1), add the other half from it; ends holding one block) then
+recursive doubling back (copies). Inter-node bytes per rank 2(M-1)/M n/G instead of log2(M) n/G: for more than
+two nodes (at two it equals recursive doubling with one more step). 2(G-1) + 2 log2(N') steps (+2 fold).
+
 Non-power-of-two counts (N' = largest power of two <= N, rem = N - N'): among the first 2*rem members,
 each even member sends its value to the odd one above it (pre-reduce) and sits out; the odd one takes
 part under index i // 2, the others under i - rem; after the doubling the odd member copies the result
@@ -122,6 +128,62 @@ def all_reduce_hierarchical(rank: int, world_size: int, local_world_size: int, *
     return Schedule("exchange", rank, world_size, steps, name=name, local=blocks, final=blocks)
 
 
+def _wide(steps: list[Step], width: int) -> list[Step]:
+    """Each transfer of block b becomes `width` transfers of blocks b*width .. b*width+width-1 (a super-block)."""
+    def w(ts):
+        return tuple(Transfer(t.peer, Slice(t.slice.block * width + j, 0, t.slice.tag), t.op) for t in ts
+                     for j in range(width))
+    return [Step(sends=w(st.sends), recvs=w(st.recvs)) for st in steps]
+
+
+def _halving_doubling(members: list[int], i: int, base: int, m: int, tag: int) -> list[Step]:
+    """All-reduce of blocks base .. base+m-1 (m = the power-of-two part of len(members)) among `members`:
+    fold, recursive halving reduce-scatter (log2 m steps), recursive doubling all-gather (copies), unfold."""
+    blocks = [Slice(base + j, 0, tag) for j in range(m)]
+    p2, rem, new = _folded(len(members), i)
+    levels = p2.bit_length() - 1
+    if new is None:  # even member of the folded prefix: hand the blocks up, idle, get the sums back
+        up = members[i + 1]
+        return [Step(sends=tuple(Transfer(up, x) for x in blocks)), *[Step()] * (2 * levels),
+                Step(recvs=tuple(Transfer(up, x, op="copy") for x in blocks))]
+    folded = i < 2 * rem
+
+    def peer(v):
+        return members[2 * v + 1 if v < rem else v + rem]
+    steps = [Step(recvs=tuple(Transfer(members[i - 1], x) for x in blocks))] if folded else []
+    lo, held = 0, []
+    for k in range(levels):  # halving: keep the half named by bit (levels-1-k) of the new index
+        d = m >> (k + 1)
+        keep = (lo, lo + d) if not new & d else (lo + d, lo + 2 * d)
+        give = (lo + d, lo + 2 * d) if not new & d else (lo, lo + d)
+        steps.append(Step(sends=tuple(Transfer(peer(new ^ d), blocks[j]) for j in range(*give)),
+                          recvs=tuple(Transfer(peer(new ^ d), blocks[j]) for j in range(*keep))))
+        held.append((d, keep, give))
+        lo = keep[0]
+    for d, keep, give in reversed(held):  # doubling: send what is held, copy the partner's half
+        steps.append(Step(sends=tuple(Transfer(peer(new ^ d), blocks[j]) for j in range(*keep)),
+                          recvs=tuple(Transfer(peer(new ^ d), blocks[j], op="copy") for j in range(*give))))
+    if folded:
+        steps.append(Step(sends=tuple(Transfer(members[i - 1], x) for x in blocks)))
+    return steps
+
+
+def all_reduce_hierarchical_hd(rank: int, world_size: int, local_world_size: int, *, tag: int = 0) -> Schedule:
+    """Intra-node ring RS of super-blocks, inter-node halving-doubling on super-block `local`, intra-node ring AG."""
+    _check(rank, world_size)
+    g = local_world_size
+    nodes = _layout(world_size, g)
+    m = 1 << (nodes.bit_length() - 1)
+    node, local = divmod(rank, g)
+    intra = [node * g + j for j in range(g)]
+    inter = [n * g + local for n in range(nodes)]
+    steps = (_wide(_ring_reduce_scatter(intra, local, tag), m) + _halving_doubling(inter, node, local * m, m, tag)
+             + _wide(_ring_all_gather(intra, local, tag), m))
+    blocks = tuple(Slice(b, 0, tag) for b in range(g * m))
+    return Schedule("exchange", rank, world_size, tuple(steps), name="all_reduce_hierarchical_hd", local=blocks,
+                    final=blocks)
+
+
 PIECES = 4  # K of hierarchical_pipelined: the link idles at most 1/K of the inter phase while the ends fill
 
 
@@ -142,7 +204,7 @@ def all_reduce_recursive_doubling(rank: int, world_size: int, *, tag: int = 0) -
     return all_reduce_hierarchical(rank, world_size, 1, tag=tag, name="all_reduce_recursive_doubling")
 
 
-ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined")
+ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
 
 
 def all_reduce_schedule(algo: str, rank: int, world_size: int, local_world_size: int | None = None,
@@ -156,4 +218,6 @@ def all_reduce_schedule(algo: str, rank: int, world_size: int, local_world_size:
         return all_reduce_hierarchical(rank, world_size, local_world_size or world_size, tag=tag)
     if algo == "hierarchical_pipelined":
         return all_reduce_hierarchical_pipelined(rank, world_size, local_world_size or world_size, tag=tag)
+    if algo == "hierarchical_hd":
+        return all_reduce_hierarchical_hd(rank, world_size, local_world_size or world_size, tag=tag)
     raise ValueError(f"unknown all-reduce schedule {algo!r}; choose one of {ALL_REDUCE_ALGOS}")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.pool import WorkerError
 
-ALGOS = ["reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined"]
+ALGOS = ["reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd"]
 SMALL = [1, 2, 3, 7, 100, 1001, 4099]  # incl. sizes below and not divisible by the rank count
 MB = 1 << 20
 
@@ -38,6 +38,14 @@ def test_megabyte_sizes(pools, world, local, fp32, bf16):
     _check(pools(world).run("tests.gloo.mp_allreduce:sweep", ALGOS, fp32, "float32", local, timeout=300))
     if bf16:
         _check(pools(world).run("tests.gloo.mp_allreduce:sweep", ALGOS, bf16, "bfloat16", local, timeout=300))
+
+
+@pytest.mark.parametrize("world,local", [(6, 2), (8, 2), (6, 1)])
+def test_halving_doubling_across_more_than_two_nodes(pools, world, local):
+    # 3 and 4 nodes (3: the fold), and 6 nodes of one rank; fp32 and bf16, sizes not divisible by the blocks
+    algos = ["hierarchical_hd", "hierarchical"]
+    _check(pools(world).run("tests.gloo.mp_allreduce:sweep", algos, [1, 7, 4099], "float32", local, timeout=240))
+    _check(pools(world).run("tests.gloo.mp_allreduce:sweep", algos, [1001], "bfloat16", local, timeout=240))
 
 
 @pytest.fixture(scope="module", autouse=True)

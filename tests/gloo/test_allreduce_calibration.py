@@ -13,7 +13,7 @@ from benchmarks.topology.table import markdown
 from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
 from megatron_flashoverlap.tools.calibrate_allreduce import MEASURED
 
-ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined")
+ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
 
 
 def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
@@ -60,7 +60,7 @@ def test_topology_markdown_speedup_column():
              "measured_at": "t", "rows": [{"bytes": 8192, "stock_us": 3000.0, "ring_us": 4000.0,
                                            "recursive_doubling_us": 1500.0, "hierarchical_us": 2000.0}]}
     line = markdown([table]).splitlines()[4]  # an older file: no pipelined, auto or rounds columns
-    assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | - | recursive_doubling 2.00x | - | - |"
+    assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | - | - | recursive_doubling 2.00x | - | - |"
 
 
 def test_topology_markdown_reads_a_table_the_calibration_writes_today():
@@ -74,7 +74,7 @@ def test_topology_markdown_reads_a_table_the_calibration_writes_today():
     table = {"world_size": 4, "local_world_size": 2, "dtype": "bfloat16", "iters": 3, "note": "n",
              "measured_at": "2026-11-30", "rows": [row], "startup": startup}
     line = markdown([table]).splitlines()[4]
-    assert line.startswith("| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | 2.50 | recursive_doubling 2.00x | "
+    assert line.startswith("| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | 2.50 | - | recursive_doubling 2.00x | "
                            "recursive_doubling | 2.00x [")
     lo, hi = map(float, line.split("[")[1].split("]")[0].split(", "))
     assert 1.0 < lo <= 2.0 <= hi and line.endswith("] win |")  # every resample of these rounds is a win

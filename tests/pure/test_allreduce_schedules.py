@@ -137,3 +137,23 @@ def test_pipelined_is_the_registered_algorithm():
     assert s.name == "all_reduce_hierarchical_pipelined" and len(s.final) == 2 * 4  # G blocks x K = 4 pieces
     with pytest.raises(ValueError, match="pieces"):
         all_reduce_hierarchical(0, 4, 2, pieces=0)
+
+
+@pytest.mark.parametrize("p,g", LAYOUTS + [(16, 2), (14, 2)])
+def test_halving_doubling_validates(p, g):
+    validate([all_reduce_schedule("hierarchical_hd", r, p, g) for r in range(p)])
+
+
+@pytest.mark.parametrize("p,g", [(8, 2), (16, 4), (16, 2), (8, 1)])  # power-of-two node counts (no fold)
+def test_halving_doubling_sends_fewer_inter_node_bytes(p, g):
+    # per rank across nodes: 2 (M-1)/M of its shard n/G, against log2(M) shards for recursive doubling
+    n = p // g
+    m = 1 << (n.bit_length() - 1)
+
+    def inter_blocks(s, r, blocks):  # fraction of the message this rank sends to other nodes
+        return sum(1 for st in s.steps for t in st.sends if t.peer // g != r // g) / blocks
+    for r in range(p):
+        hd = all_reduce_schedule("hierarchical_hd", r, p, g)
+        rd = all_reduce_hierarchical(r, p, g)
+        assert inter_blocks(hd, r, g * m) == pytest.approx(2 * (m - 1) / m / g)
+        assert inter_blocks(rd, r, g) == pytest.approx(math.log2(m) / g)

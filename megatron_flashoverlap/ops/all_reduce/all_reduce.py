@@ -92,6 +92,13 @@ def all_reduce_hierarchical(x, group, ctx, local_world_size=None):
     return exchange(x, "hierarchical", group, ctx, local_world_size=g)
 
 
+@register(OP, "hierarchical_hd")
+def all_reduce_hierarchical_hd(x, group, ctx, local_world_size=None):
+    """Intra-node RS, inter-node halving-doubling on n/G (2(N'-1)/N' n/G bytes), intra-node AG."""
+    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
+    return exchange(x, "hierarchical_hd", group, ctx, local_world_size=g)
+
+
 @register(OP, "hierarchical_pipelined")
 def all_reduce_hierarchical_pipelined(x, group, ctx, local_world_size=None):
     """hierarchical on K pieces of n/K, staggered by a step: piece k crosses nodes while k+1 is reduce-scattered."""
@@ -130,7 +137,8 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
 
     algo: "auto" (ours only for decode-shaped inputs where the start-up calibration, or a table file, measured
     ours faster, the reference otherwise: ops/all_reduce/select.py, calibrate.py), "reference"
-    (torch.distributed.all_reduce), "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined".
+    (torch.distributed.all_reduce), "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
+    "hierarchical_hd".
     `force_reference()` makes every call the reference.
     """
     algo = resolve_algo(OP, algo)

@@ -36,10 +36,12 @@ ROUNDS, WARMUP = 5, 1  # 5 paired rounds: select.best_at takes ours where it won
 
 def candidates(world: int, local_world_size: int) -> tuple[str, ...]:
     """The reference and our algorithms distinct on this layout (hierarchical is the ring on one node and
-    recursive doubling with one rank per node, so it is measured only where 1 < G < P)."""
+    recursive doubling with one rank per node, so it is measured only where 1 < G < P; halving-doubling across
+    nodes only where there are more than two: at two it is recursive doubling with one more step)."""
     two_level = 1 < local_world_size < world
-    return ("reference", "ring", "recursive_doubling") + (("hierarchical", "hierarchical_pipelined") if two_level
-                                                          else ())
+    hd = ("hierarchical_hd",) if two_level and world // local_world_size > 2 else ()
+    return ("reference", "ring", "recursive_doubling") + (("hierarchical", "hierarchical_pipelined") + hd
+                                                          if two_level else ())
 
 
 def _refuse_capture(device: torch.device) -> None:
