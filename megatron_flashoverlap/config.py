@@ -26,6 +26,10 @@ YAML (files in configs/ only choose values; every key is optional):
     dp: {fuse: auto}                              # pretrain()'s DDP under --flash-overlap: which TP linears
                                                   # reduce-scatter in their wgrad GEMM: auto (the cost model),
                                                   # all (every one), none (stock DDP)
+    planner: {probe: auto}                        # on CUDA: the choices this YAML leaves open (layers it does
+                                                  # not name, hop_chunks, dp.fuse auto, the decode all-reduce
+                                                  # table) from the planner after a start-up probe
+                                                  # (megatron/probe.py); off: the CPU rules everywhere
     timeout_s: 300
     description: "..."                            # free text
     stock_megatron: {...}                         # documents an equivalent stock run (kept, not interpreted)
@@ -58,14 +62,15 @@ CORE_ATTENTIONS = ("auto", "megatron", "sdpa")
 # source block through the experts as it arrives); exchange = the pairwise steps, experts after (the ablation);
 # reference = stock's all_to_all_single. Where flash cannot fuse, it runs exchange (logged once per reason).
 MOE_ALGOS = ("flash", "exchange", "reference")
-DP_FUSE = ("auto", "all", "none")  # megatron/ddp_entry.py
+DP_FUSE = ("auto", "all", "none")  # megatron/ddp/pretrain.py
+PLANNER_PROBES = ("auto", "off")  # megatron/probe.py: auto = on CUDA only
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
 DEFAULT_TIMEOUT_S = 300.0
 _SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"),
-             "moe": ("algo",), "dp": ("fuse",)}
+             "moe": ("algo",), "dp": ("fuse",), "planner": ("probe",)}
 _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 
@@ -160,6 +165,16 @@ class DPSettings:
             raise ValueError(f"dp.fuse {self.fuse!r}: choose one of {DP_FUSE}")
 
 
+@dataclass(frozen=True)
+class PlannerSettings:
+    """probe: "auto" (on CUDA, the planner fills what the YAML leaves open: megatron/probe.py) or "off"."""
+    probe: str = "auto"
+
+    def __post_init__(self):
+        if self.probe not in PLANNER_PROBES:
+            raise ValueError(f"planner.probe {self.probe!r}: choose one of {PLANNER_PROBES}")
+
+
 def _plan():
     return field(default_factory=LayerPlan)
 
@@ -175,6 +190,8 @@ class FlashOverlapConfig:
     all_reduce: AllReduceSettings = field(default_factory=AllReduceSettings)
     moe: MoESettings = field(default_factory=MoESettings)
     dp: DPSettings = field(default_factory=DPSettings)
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    named: tuple = ()  # the layers the YAML named (own entry, or all of them under `default:`): the planner keeps them
     timeout_s: float = DEFAULT_TIMEOUT_S
     description: str = ""
     stock_megatron: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
@@ -215,11 +232,14 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
     all_reduce = _section(data, "all_reduce", {"table": env.allreduce_table})
     moe = MoESettings(**_section(data, "moe", {}))
     dp = DPSettings(**_section(data, "dp", {}))
+    planner = PlannerSettings(**_section(data, "planner", {}))
+    named = LAYERS if data.get("default") is not None else tuple(x for x in LAYERS if data.get(x) is not None)
     doc = {"description": str(data.get("description") or ""),
            "stock_megatron": types.MappingProxyType(dict(data.get("stock_megatron") or {}))}
     timeout = data.get("timeout_s", env.timeout_s)
     return FlashOverlapConfig(**plans, attention=AttentionSettings(**attention),
-                              all_reduce=AllReduceSettings(**all_reduce), moe=moe, dp=dp, timeout_s=timeout, **doc)
+                              all_reduce=AllReduceSettings(**all_reduce), moe=moe, dp=dp, planner=planner,
+                              named=named, timeout_s=timeout, **doc)
 
 
 def _check_keys(data: Mapping) -> None:

@@ -1,5 +1,5 @@
 """`python -m megatron_flashoverlap.pretrain_gpt [--cpu] [--nproc-per-node N] ...`: the entry lives in the Megatron wing."""
-from .megatron.pretrain_gpt import main
+from .megatron.cli.pretrain_gpt import main
 
 if __name__ == "__main__":
     main()

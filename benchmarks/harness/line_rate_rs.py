@@ -21,7 +21,7 @@ for its producer (no GEMM), summed in the tensor's own dtype as gloo's is:
                    raises there, runtime/transport.py). Inside torch's _coalescing_manager (Megatron's
                    bucket groups) the handles join the manager's: its cm.wait() waits them too.
     threads        a call from Megatron's gradient buffer (the DP buckets) runs on the DP worker
-                   (megatron/ddp_async.worker()), the FIFO our fused DP rings use: every rank then posts
+                   (megatron/ddp/worker.worker()), the FIFO our fused DP rings use: every rank then posts
                    the DP group's rings in one order. Every other call runs on its group's own FIFO thread.
 
 Patched while installed (restored on exit): torch.distributed.reduce_scatter_tensor / reduce_scatter_single
@@ -40,8 +40,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.megatron import ddp_async
-from megatron_flashoverlap.runtime import OverlapContext, Producer, Ring, Sums, default_context, group_info, produce_and_scatter
+from megatron_flashoverlap.megatron.ddp import worker as dp_worker
+from megatron_flashoverlap.runtime import (OverlapContext, Producer, Ring, Sums, default_context, group_info,
+                                        produce_and_scatter, shared_context)
 from megatron_flashoverlap.runtime.commthread import CommThread
 
 _ORIG = {"reduce_scatter_tensor": dist.reduce_scatter_tensor, "reduce_scatter_single": dist.reduce_scatter_single}
@@ -89,7 +90,7 @@ class Handle:
 def _thread(group, dp_bucket: bool):
     """(thread, context) of a ring on `group` (module docstring: threads)."""
     if dp_bucket:  # the worker's own context, as its fused rings use (one thread: never two rings at once)
-        return ddp_async.worker(), ddp_async.worker_context(default_context())
+        return dp_worker.worker(), shared_context("worker", default_context().timeout.total_seconds())
     if group not in _THREADS:
         _THREADS[group] = (CommThread("flashoverlap-stock-rs"), OverlapContext(check_peers="never"))
     return _THREADS[group]
@@ -112,7 +113,7 @@ def _make(orig, dp_bucket: bool = False):
         average = op == dist.ReduceOp.AVG
         src = input.contiguous()
 
-        handle = Handle(thread.submit(ddp_async.no_grad(  # grad mode is per thread; a collective records nothing
+        handle = Handle(thread.submit(dp_worker.no_grad(  # grad mode is per thread; a collective records nothing
             lambda: ring_reduce_scatter(output, src, group, ctx, average))))
         if not async_op:
             handle.wait()

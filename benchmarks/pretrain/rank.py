@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
     sys.stdout, sys.stderr = _Tee(real_out, parts), _Tee(real_err, parts)
     try:
         from benchmarks.harness.line_rate_rs import stock_reduce_scatter
-        from megatron_flashoverlap.megatron.pretrain_gpt import main as pretrain_main
+        from megatron_flashoverlap.megatron.cli.pretrain_gpt import main as pretrain_main
 
         with stock_reduce_scatter(stock_rs):
             pretrain_main(entry)

@@ -40,8 +40,8 @@ from ..ops.attention.core import Attend, attention_rows, make_spec
 from ..ops.attention.query_split import query_split_attention
 from ..ops.registry import OpPlan
 from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
-from ..runtime import group_info
-from .linear import FlashRowParallelLinear, layer_context
+from ..runtime import group_info, shared_context
+from .linear import FlashRowParallelLinear
 from .sdpa import megatron_instead, unsupported_by_ours
 
 
@@ -111,7 +111,7 @@ class UlyssesDotProductAttention(MegatronModule):
         attend = Attend(causal=causal, mask=attention_mask, softmax_scale=self.softmax_scale,
                         dropout_p=self.dropout_p if self.training else 0.0, seed=self._seed(), zigzag=True)
         return ulysses_attention(query, key, value, self.cp_group, attend=attend, algo=self.algo,
-                                 context=layer_context())
+                                 context=shared_context("layer"))
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         return {}  # no parameters (softmax_type 'vanilla' only)

@@ -15,6 +15,9 @@ launcher's `--cpu`). Each shim replaces one CUDA-only call, and says which:
     optimizer     5. type names         `param.type() == 'torch.cuda.FloatTensor'` in DistributedOptimizer's
                                         param sort and clip_grad_by_total_norm_fp32 -> during those calls only,
                                         a CPU tensor's `type()` says torch.cuda.<Type>
+                 11. --bf16 / --fp16    Float16OptimizerWithFloat16Params (no --use-distributed-optimizer)
+                                        sorts params by `param.type()` in torch.cuda.{Half,BFloat16,Float}
+                                        Tensor and raises on anything else -> as 5., during its __init__
     streams       6. torch.cuda         synchronize (timers), Stream / stream / current_stream (the DDP side
                                         stream, 0.19's start_grad_sync), empty_cache, memory stats (the
                                         training log)                                             -> no-ops
@@ -27,6 +30,19 @@ launcher's `--cpu`). Each shim replaces one CUDA-only call, and says which:
                                         model-parallel init and seeding silently -> initialize sees 1 device
                   8. arch version       validate_args reads the GPU's major version (TP > 1)      -> 0 (not
                                         Blackwell: CUDA_DEVICE_MAX_CONNECTIONS=1 is then required, and set)
+                 10. JIT warm-up        pretrain()'s set_jit_fusion_options -> _warmup_jit_function draws
+                                        5 `torch.rand(..., device="cuda")` tensors of [s/CP, b, ffn/TP] and
+                                        [s(/TP under SP)/CP, b, h] and runs 10 dropouts on them, all on the
+                                        CUDA generator on a GPU; on CPU they would advance the CPU generator,
+                                        which then initialises the non-TP parameters (nn.Embedding: the
+                                        learned position table) differently per CP / TP size -> the CPU
+                                        generator's state is restored after it, as on a GPU
+    inference    12. events, counters   torch.cuda.Event (the controller's step timing), reset_peak_memory_stats,
+                                        torch.cuda.LongTensor (offline_inference.py's clock) -> host clock,
+                                        no-op, torch.LongTensor; the paged K/V append's triton kernel -> Megatron's
+                                        own torch path
+                 13. flash-attn         the dynamic engine's attention calls flash-attn 2 (varlen, kvcache:
+                                        CUDA) -> the same two functions in torch (cpu_flash_attn.py)
 
 Never applied when CUDA is available: `enable()` then changes nothing and returns False (GPU runs use
 Megatron untouched). Outside 0.16.x - 0.19.x it raises, naming the supported versions. megatron-core 0.19
@@ -34,10 +50,12 @@ imports `triton` at import time; the lanes install the real wheel (checked, with
 """
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import logging
 import os
+import time
 import types
 
 import torch
@@ -66,7 +84,8 @@ def enable(*, relax_norm: bool = True) -> bool:
         return False
     check_version(_megatron_version())
     for shim in (_shim_current_device, _shim_rng_tracker, _shim_torch_norm, _shim_cuda_devices,
-                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training):
+                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training, _shim_warmup_rng,
+                 _shim_float16_optimizer, _shim_inference):
         if relax_norm or shim is not _shim_torch_norm:
             shim()
     _ENABLED = True
@@ -197,6 +216,16 @@ def _shim_type_names() -> None:
     clip_grads.clip_grad_by_total_norm_fp32 = optimizer.clip_grad_by_total_norm_fp32 = clip
 
 
+def _shim_float16_optimizer() -> None:
+    # 11. --bf16 / --fp16 without the distributed optimizer: Megatron's Float16 wrapper (fp32 main params).
+    from megatron.core.optimizer import optimizer
+
+    cls = optimizer.Float16OptimizerWithFloat16Params
+    if not getattr(cls.__init__, "_cuda_type_names", False):
+        cls.__init__ = _cuda_type_names(cls.__init__)
+        cls.__init__._cuda_type_names = True
+
+
 # ------------------------------------------------------------------------------- streams, training
 class _NullStream:
     """The CPU has one implicit stream: waiting on it or on its events is a no-op; `with` it does nothing."""
@@ -241,7 +270,7 @@ def _shim_cuda_runtime() -> None:
     cuda.Stream = _NullStream
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         setattr(cuda, name, _returning(0))
-    cuda.memory_stats = _returning(dict)
+    cuda.memory_stats = _returning(lambda: collections.defaultdict(int))  # every counter 0 (offline_inference.py's peak)
 
 
 def _shim_moe() -> None:
@@ -295,3 +324,75 @@ def _shim_training() -> None:
     if hasattr(arguments, "get_device_arch_version"):
         arguments.get_device_arch_version = lambda: 0
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+
+
+def _shim_warmup_rng() -> None:
+    # 10. the JIT warm-up's random draws leave the CPU generator as a GPU run leaves it (untouched).
+    try:
+        from megatron.training import initialize
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("megatron"):
+            raise
+        return
+    warmup = getattr(initialize, "_warmup_jit_function", None)
+    if warmup is None or getattr(warmup, "_cpu_rng_kept", False):
+        return
+
+    @functools.wraps(warmup)
+    def warmup_keeping_cpu_rng(*args, **kwargs):
+        with torch.random.fork_rng(devices=[]):  # CPU generator only: saved here, restored on exit
+            return warmup(*args, **kwargs)
+
+    warmup_keeping_cpu_rng._cpu_rng_kept = True
+    initialize._warmup_jit_function = warmup_keeping_cpu_rng  # set_jit_fusion_options calls it by global name
+# ------------------------------------------------------------------------------------------- inference
+class _CpuEvent:
+    """12. torch.cuda.Event on the CPU's one stream: `record()` takes the host clock, `elapsed_time` is ms
+    between two records (the text-generation controller's step timings), waiting / querying is immediate."""
+
+    def __init__(self, *args, **kwargs):
+        self._at = None
+
+    def record(self, stream=None) -> None:
+        self._at = time.perf_counter()
+
+    def elapsed_time(self, end: "_CpuEvent") -> float:
+        if self._at is None or end._at is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first (as on CUDA)")
+        return (end._at - self._at) * 1e3
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def _shim_inference() -> None:
+    # 12. Megatron's inference path (text-generation controller, dynamic engine, offline_inference.py):
+    # step timing events and the peak-memory counters it resets and reads.
+    torch.cuda.Event = _CpuEvent
+    torch.cuda.reset_peak_memory_stats = _returning(None)
+    torch.cuda.LongTensor = torch.LongTensor  # examples/inference/utils.get_curr_time's legacy constructor
+    from megatron.core.inference.contexts import dynamic_context
+
+    # the paged K/V cache append: Megatron's own torch path instead of its triton kernel (CUDA only)
+    dynamic_context.triton_append_key_value_cache = None
+    _shim_flash_attn()
+
+
+def _shim_flash_attn() -> None:
+    # 13. the dynamic engine's attention (paged K/V cache) calls flash-attn 2's varlen / kvcache kernels (CUDA
+    # only) and asserts flash-attn >= 2.7.3 first -> the same two functions in torch (cpu_flash_attn.py).
+    from megatron.core.transformer import attention
+
+    from . import cpu_flash_attn
+
+    if attention.flash_attn_varlen_func is not None:
+        return  # a real flash-attn is installed: nothing to stand in for
+    attention.flash_attn_varlen_func = cpu_flash_attn.flash_attn_varlen_func
+    attention.flash_attn_with_kvcache = cpu_flash_attn.flash_attn_with_kvcache
+    attention.is_fa_min_version = lambda version, *args, **kwargs: version == "2.7.3"  # what ours stands in for

@@ -21,7 +21,7 @@ runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `
 sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P wait of these layers and
 its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
 
-Data parallel (megatron/ddp_linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
+Data parallel (megatron/ddp/linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
 hands its complete wgrad operands to `ddp.dp_wgrad` from inside the TP walk (`wgrad_fn`), which produces dW
 shard by shard inside the reduce-scatter of its bucket into main_grad, on the last micro-batch.
 
@@ -40,7 +40,6 @@ import copy
 import functools
 import logging
 import os
-from datetime import timedelta
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -52,24 +51,14 @@ from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from ..ops.checks import check_peers_agree
 from ..ops.registry import OpPlan, WgradRoute
-from ..runtime import OverlapContext, group_info
-from .ddp import dp_wgrad
+from ..runtime import group_info, shared_context
+from ..runtime.once import LogOnce
+from .ddp.grad_sync import dp_wgrad
 from .structure import refuse_low_precision
 
 log = logging.getLogger(__name__)
-_LOGGED: set = set()
-_CONTEXTS: dict[float | None, OverlapContext] = {}
+_LOGGED = LogOnce(log, logging.INFO)
 _TABLE: list = [None]  # the calibration table path last loaded from a config
-
-
-def layer_context(timeout_s: float | None = None) -> OverlapContext:
-    """The context the Flash layers share (buffers, timeout), one per timeout (None: the runtime's
-    default). Its per-call peer check is off: a layer checks its peers once per input shape instead (one
-    small all-gather on the first call), so steady-state steps issue no collective besides the P2P ring."""
-    if timeout_s not in _CONTEXTS:
-        kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-        _CONTEXTS[timeout_s] = OverlapContext(check_peers=False, **kw)
-    return _CONTEXTS[timeout_s]
 
 
 def _load_table(path: str | None) -> None:
@@ -80,12 +69,6 @@ def _load_table(path: str | None) -> None:
                              f"with python -m megatron_flashoverlap.tools.calibrate_allreduce, or unset it")
         set_calibration(path)
         _TABLE[0] = path
-
-
-def _log_once(kind: str, why: str) -> None:
-    if (kind, why) not in _LOGGED:
-        _LOGGED.add((kind, why))
-        log.info("%s: stock Megatron forward (%s)", kind, why)
 
 
 def _stock_config(config):
@@ -132,7 +115,7 @@ class _FlashMixin:
         self.flash_plan = _site_plan(self.flash_config, tp_comm_buffer_name)
         self.flash_sp_plan, self.flash_nosp_plan = _op_plans(self.flash_plan, self.flash_config,
                                                              isinstance(self, ColumnParallelLinear))
-        self.flash_context = layer_context(self.flash_config.timeout_s)
+        self.flash_context = shared_context("layer", self.flash_config.timeout_s)
         _load_table(self.flash_config.all_reduce.table)
         self._flash_checked: set = set()
         self.config = config  # the stock ctor saw _stock_config(config)
@@ -161,7 +144,7 @@ class _FlashMixin:
         if self.flash_fuse_wgrad and not self.gradient_accumulation_fusion:
             why += ("; gradient_accumulation_fusion off for this forward (apex's fused_weight_gradient_mlp_cuda "
                     "is missing): dW goes to .grad and Megatron's DDP adds it into main_grad")
-        _log_once(type(self).__name__, why)
+        _LOGGED((type(self).__name__, why), "%s: stock Megatron forward (%s)", type(self).__name__, why)
 
     def _stock_reason(self) -> str | None:
         """Why this layer runs the stock forward, or None when it runs an overlap operator (with SP the ring,

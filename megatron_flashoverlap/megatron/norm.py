@@ -39,9 +39,11 @@ from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from ..runtime.once import LogOnce
+
 log = logging.getLogger(__name__)
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
-_LOGGED: set = set()
+_LOGGED = LogOnce(log)
 
 
 def _te_norm():
@@ -59,9 +61,8 @@ def check_norm_config(config) -> None:
     if getattr(config, "memory_efficient_layer_norm", False):
         raise ValueError("SequenceParallelNorm: memory_efficient_layer_norm is apex's (backward from the output); "
                          "drop --memory-efficient-layer-norm, or install apex/Transformer Engine and use their norm")
-    if getattr(config, "persist_layer_norm", False) and "persist" not in _LOGGED:
-        _LOGGED.add("persist")
-        log.warning("persist_layer_norm asks for apex's persistent LayerNorm kernel (same math); without "
+    if getattr(config, "persist_layer_norm", False):
+        _LOGGED("persist", "persist_layer_norm asks for apex's persistent LayerNorm kernel (same math); without "
                     "apex/Transformer Engine torch's fused kernel runs instead")
 
 

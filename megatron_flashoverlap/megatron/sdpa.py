@@ -65,21 +65,15 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..config import CORE_ATTENTIONS
+from ..runtime.once import LogOnce
 
 log = logging.getLogger(__name__)
-_LOGGED: set = set()
+_LOGGED = LogOnce(log)  # one warning per key and process: a legitimate fallback says what runs and why, once
 
 KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 BACKEND_KERNELS = {"auto": None, "flash": ("flash",), "fused": ("efficient", "cudnn"), "unfused": ("math",)}
 SDPA_BACKENDS = ("flash", "fused")  # what core: auto turns into SDPA where stock would not use TE
-
-
-def log_once(key, msg: str) -> None:
-    """One warning per key and process: a legitimate fallback says what runs and why, once."""
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.warning(msg)
 
 
 def unsupported_by_ours(config) -> str | None:
@@ -95,7 +89,7 @@ def unsupported_by_ours(config) -> str | None:
 def megatron_instead(op: str, why: str, config, *args, **kwargs):
     """Megatron's DotProductAttention, built from the arguments Megatron passed `op`, for a model `op` cannot run
     as stock does (`why`); logged once."""
-    log_once((op, why), f"{op}: {why} is not implemented here; Megatron's DotProductAttention runs instead "
+    _LOGGED((op, why), f"{op}: {why} is not implemented here; Megatron's DotProductAttention runs instead "
                         f"(as stock's local spec)")
     return DotProductAttention(config, *args, **kwargs)
 
@@ -153,7 +147,7 @@ class SdpaDotProductAttention(MegatronModule):
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.kernels = _kernels(kernels)
         which = self.kernels or "of torch's choice"
-        log_once(("built", self.kernels), f"core attention: SdpaDotProductAttention, SDPA kernels {which} (stock's "
+        _LOGGED(("built", self.kernels), f"core attention: SdpaDotProductAttention, SDPA kernels {which} (stock's "
                  f"local spec runs Megatron's DotProductAttention, which rounds 16-bit types differently; "
                  f"attention.core megatron keeps it)")
 
@@ -188,7 +182,7 @@ class SdpaDotProductAttention(MegatronModule):
                              f"{device} ({err}); choose --attention-backend auto (torch picks a kernel that can) or "
                              f"unfused (SDPA's math kernel), or attention.core megatron (Megatron's own core "
                              f"attention)") from err
-        log_once(("cpu", self.kernels), f"SdpaDotProductAttention: SDPA kernels {self.kernels} have no CPU "
+        _LOGGED(("cpu", self.kernels), f"SdpaDotProductAttention: SDPA kernels {self.kernels} have no CPU "
                  f"implementation for this call ({str(err).splitlines()[0]}); the math kernel runs (on a GPU the "
                  f"requested kernel does)")
 

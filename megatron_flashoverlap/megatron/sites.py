@@ -29,8 +29,9 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from .args import _log_once
+from ..runtime.once import LogOnce, print_rank0
 
+_log_once = LogOnce(print_rank0)  # the sites line, rank 0 ($RANK), once per process
 MTP_STOCK = "Megatron builds the MTP block from its own spec (get_gpt_mtp_block_spec), not from --spec"
 NOT_OURS = "a Megatron linear: its spec is not ours"
 PREFIX = "GEMM sites: "

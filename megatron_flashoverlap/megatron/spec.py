@@ -43,8 +43,9 @@ from ..config import LAYERS, FlashOverlapConfig, active
 from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
+from .probe import planned
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
-from .moe import check_moe_config, flash_moe_spec
+from .moe.layer import check_moe_config, flash_moe_spec
 from .structure import check_structure, moe_layer_pattern
 
 
@@ -76,7 +77,7 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
     and core attention of `_norms_and_attention` (attention_backend: Megatron's --attention-backend, an
     AttnBackend or its name; transformer_impl: Megatron's --transformer-impl; see sdpa.core_attention_for;
     by default get_gpt_layer_local_spec's DotProductAttention). num_experts: the MLP is Megatron's MoE spec
-    (routed experts Megatron's, shared experts' fc1/fc2 ours) in our FlashMoELayer (megatron/moe.py)."""
+    (routed experts Megatron's, shared experts' fc1/fc2 ours) in our FlashMoELayer (megatron/moe/layer.py)."""
     provider = FlashOverlapSpecProvider(flash_config)
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
                                     qk_layernorm=qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm)
@@ -128,7 +129,7 @@ def model_layer_specs(config) -> list[ModuleSpec]:
     """One layer spec per decoder layer of the model (Megatron's model config): MoE where stock's reading of
     --moe-layer-freq says so (structure.moe_layer_pattern), dense elsewhere. The MoE spec is the dense one with
     the MLP swapped: the kinds share one attention spec and its norms, as stock's two local specs are equal there."""
-    flash_config = active()
+    flash_config = planned(active())  # on CUDA: the planner fills what the YAML leaves open (megatron/probe.py)
     dense = _layer_for(config, flash_config)
     experts = getattr(config, "num_moe_experts", None)
     if not experts:
@@ -160,11 +161,14 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
                                     multi_latent_attention=False, fp8=None, normalization=None, qk_l2_norm=False,
                                     use_kitchen=False, use_kitchen_attention=False, kitchen_attention_backend="sdpa",
                                     *, moe_use_legacy_grouped_gemm=False, flash_config=None,
-                                    sequence_parallel=None, context_parallel_size=None) -> ModuleSpec:
+                                    sequence_parallel=None, context_parallel_size=None, attention_backend="auto",
+                                    transformer_impl="local") -> ModuleSpec:
     """Drop-in for megatron-core 0.19's `get_gpt_layer_local_spec` (same arguments, same order; 0.16's
     `moe_use_legacy_grouped_gemm` by keyword): the layer `flashoverlap_layer_spec` builds for the same
     settings. Keyword-only extras: flash_config (default: config.active()), sequence_parallel (needed only
-    for query-split attention) and context_parallel_size (default: Megatron's CP group size, else 1).
+    for query-split attention), context_parallel_size (default: Megatron's CP group size, else 1), and
+    attention_backend / transformer_impl (the model config's: which core attention, as `layer_spec`; the stock
+    function takes none and builds DotProductAttention, which the defaults give).
     MLA, Kitchen and the legacy grouped GEMM are a ValueError; fp8 is ignored, as in the stock function."""
     where = "get_gpt_layer_flashoverlap_spec"
     check_structure(SimpleNamespace(multi_latent_attention=multi_latent_attention), where)
@@ -179,9 +183,10 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     if context_parallel_size is None:
         initialized = parallel_state.model_parallel_is_initialized()
         context_parallel_size = parallel_state.get_context_parallel_world_size() if initialized else 1
-    flash_config = active() if flash_config is None else flash_config
+    flash_config = planned(active()) if flash_config is None else flash_config  # on CUDA: megatron/probe.py
     spec = layer_spec(flash_config, qk_layernorm=bool(qk_layernorm), normalization=normalization,
-                      qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm))
+                      qk_l2_norm=bool(qk_l2_norm), num_experts=num_experts, moe_grouped_gemm=bool(moe_grouped_gemm),
+                      attention_backend=attention_backend, transformer_impl=transformer_impl)
     return _with_attention(spec, flash_config, context_parallel_size, sequence_parallel)
 
 

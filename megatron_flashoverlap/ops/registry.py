@@ -38,7 +38,7 @@ not read is refused, not ignored; force_reference() gives the reference plan; th
 chunks are filled in); the TP/SP operators then fix hop_chunks for the group size and shard (tp_sp/hops.py
 `sized`, cached too). WgradRoute(into=None, fn=None): dW returned to autograd (both None), added into `into`
 slice by slice (e.g. Megatron's fp32 main_grad: runtime/accumulate.py), or handed to fn(dy_full, x_full) once
-(e.g. the data-parallel reduce-scatter of dW inside its GEMM, megatron/ddp.py). A backward is given the route,
+(e.g. the data-parallel reduce-scatter of dW inside its GEMM, megatron/ddp/grad_sync.py). A backward is given the route,
 or None when autograd wants no dW.
 """
 from __future__ import annotations

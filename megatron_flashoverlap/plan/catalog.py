@@ -27,7 +27,8 @@ Sources (short names used in the comments below):
   [slingshot] 200 Gb/s endpoints: https://shop.hemsolutions.com/product/hpe-slingshot-200gb-64p-qsfpd/R4K41B0D1CA ;
              https://alcf.anl.gov/support-center/aurora/interconnect ; Perlmutter GPU nodes:
              https://portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/public/systems/perlmutter/interconnect/
-  [est]      an ESTIMATE, no published figure found; phase 2 replaces it with a probe of the actual machine.
+  [est]      an ESTIMATE, no published figure found; on GPUs the start-up probe (megatron/probe.py) replaces the GEMM
+             rates and the hop costs with measured ones.
 
 Not per device (hardware.py defaults, [est]): a GEMM or add kernel costs at least kernel_us = 3 us; HBM reaches 0.9
 of its datasheet rate ([here]: 4.3 of 4.8 TB/s); a GEMM slice beside one of our transfers runs 10 % slower

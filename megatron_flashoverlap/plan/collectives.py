@@ -5,7 +5,7 @@
                  c-1's Flash-AG (tag 1); the last AG walks alone (its hops are the exposed tail)
     ar_bwd(M, K, N)    dx [M, K] = AR(dy_r [M, N/P] @ W_r^T), dW_r = x^T dy_r  (column-parallel, TP without SP)
         stock: the dgrad GEMM, then its all-reduce under the wgrad GEMM (Megatron's allreduce_dgrad); flash: the
-        same chunk walks with the wgrad in P-1 pieces under the last AG (steps.tail_steps, tag 2)
+        same chunk walks with the wgrad in P-1 pieces under the last AG (schedules.ring_tail, tag 2)
     all_reduce(bytes)  reference: NCCL's choice; flash:<algo>: schedules.all_reduce_schedule, walked per rank
     ulysses(tensors)   the a2a of Ulysses attention: stock all_to_all_single per tensor; flash: one merged walk
                        of schedules.all_to_all_produce, one tag per tensor (ops/attention/ulysses_a2a.py)
@@ -39,7 +39,7 @@ def _ar_chunk_walks(env: Env, g: Group, m: float, n: float, produce, tail=None) 
         if c > 0:
             parts.append(S.all_gather_ring(0, g.size, tag=1))
         if c == chunks and tail is not None:
-            parts.append(S.Schedule("produce", 0, g.size, B.tail_steps(tail[0], g.size, 2)))
+            parts.append(S.ring_tail(0, g.size, pieces=tail[0], tag=2))
         lists.append(S.merge(*parts) if len(parts) > 1 else parts[0].steps)
     rows = m / (chunks * g.size)
     b = env.bytes

@@ -9,7 +9,7 @@ part-empty. The kernel library picks the tile shape that wastes least; smaller t
 (`TILES`: shape and relative rate [est]). depth(k) = k / (k + K0): the K loop's fill and drain [est].
 This is what makes a GEMM cut in P row slices slower than the whole one: each slice fills fewer waves.
 
-`TableGemm` prices from measured times instead (phase 2's probe): the nearest measured shape (log distance
+`TableGemm` prices from measured times instead (megatron/probe.py, benchmarks/planner): the nearest measured shape (log distance
 in m, k, n), scaled by flops.
 """
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What a walk is priced with: the environment (GPU, GEMM model, network) and one `Side` per slice tag.
 
-    Env(cluster, dtype)   gemm: GemmModel, net: Net, bytes: the activation dtype's size, slowdown
+    Env(cluster, dtype)   gemm: GemmModel (or a measured table), net: Net (or plan/proxy.py's measured one),
+                          bytes: the activation dtype's size, slowdown
     Side                  one tag of a step list: compute(slice) seconds, nbytes(slice) of its point-to-point
                           transfers, collective(slice) seconds where its transfers are stock collectives (tags >=
                           steps.COLL), arrival seconds of handling one arrived transfer (e.g. the add of a partial)
@@ -24,10 +25,10 @@ ACC_BYTES = 4  # partial sums and weight gradients accumulate in fp32 (runtime/n
 class Env:
     """The priced machine: cluster, dtype, GEMM model (a measured table may replace it), network."""
 
-    def __init__(self, cluster: Cluster, dtype: str = "bf16", gemm: GemmModel | None = None):
+    def __init__(self, cluster: Cluster, dtype: str = "bf16", gemm: GemmModel | None = None, net: Net | None = None):
         self.cluster, self.dtype = cluster, dtype
         self.gemm = gemm if gemm is not None else GemmModel(cluster.gpu, dtype)
-        self.net = Net(cluster)
+        self.net = net if net is not None else Net(cluster)
         self.bytes = DTYPE_BYTES[dtype]
         self.slowdown = cluster.slowdown
 

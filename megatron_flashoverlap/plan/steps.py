@@ -14,8 +14,6 @@ collective (priced by NCCL's model), its `peer` is -1 (not a point-to-point peer
     bulk()             stock Megatron's column backward with SP (tensor_parallel/layers.py): the all-gather of x
                        in flight under the dgrad GEMM, the reduce-scatter of dx under the wgrad GEMM
         step 0: post AG(x), dgrad     step 1: post RS(dx), wgrad
-    tail_steps(n, P)   runtime/pipeline.py `_tail_schedule`: n compute pieces spread over the P-1 hop steps of
-                       the ring they are merged with (the column backward's wgrad under the all-reduce's last AG)
 """
 from __future__ import annotations
 
@@ -48,8 +46,3 @@ def bulk(first: Slice, second: Slice, coll_tag: int = COLL) -> tuple[Step, ...]:
     """Collective 0 under `first`, collective 1 under `second` (module docstring)."""
     return (Step(sends=(_coll(0, coll_tag),), compute=(first,)), Step(sends=(_coll(1, coll_tag),), compute=(second,)))
 
-
-def tail_steps(pieces: int, world: int, tag: int) -> tuple[Step, ...]:
-    """Compute-only steps: piece i in step i mod (P-1) (module docstring)."""
-    hops = max(world - 1, 1)
-    return tuple(Step(compute=tuple(Slice(i, 0, tag) for i in range(pieces) if i % hops == s)) for s in range(hops))

@@ -1,7 +1,7 @@
 """The runtime: one executor over torch.distributed P2P, its data-side handlers, the pipeline API on top
 (an operator writes only its compute closure), shared numerics, and the context that owns buffers."""
 from .alltoall import consume_all_to_all, produce_all_to_all
-from .context import OverlapContext, TraceEvent, default_context
+from .context import OverlapContext, TraceEvent, default_context, shared_context
 from .executor import execute
 from .transport import PeerError, PeerLostError, PeerTimeoutError, link, transport_kind, wait_collective
 from .group import all_gather_into, global_rank, group_info, reduce_scatter_into
@@ -16,4 +16,4 @@ __all__ = ["OverlapContext", "Pass", "PeerError", "PeerLostError", "PeerTimeoutE
            "transport_kind", "wait_collective", "wire_dtype",
            "consume_all_to_all", "default_context", "exchange", "execute", "gather", "gather_and_consume",
            "global_rank", "group_info", "produce_all_to_all", "produce_and_scatter", "reduce_scatter_into",
-           "scatter", "sums", "tail", "walk", "wgrad"]
+           "scatter", "shared_context", "sums", "tail", "walk", "wgrad"]

@@ -10,7 +10,7 @@ transfers only match within their group), while the compute thread goes on to it
     comm thread    |                | post sends/recvs of i    |          |              | post i+1 ...
 
 One FIFO per group, not per process: the TP rings of the compute thread and the DP rings of the DP worker
-(megatron/ddp_async.py) post from two threads at once; on one shared queue a post of one group would
+(megatron/ddp/worker.py) post from two threads at once; on one shared queue a post of one group would
 wait behind every queued post of the other (head-of-line coupling of two independent rings).
 
     threaded()                              False while torch's profiler or a dispatch mode is active in the

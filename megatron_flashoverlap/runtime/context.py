@@ -22,6 +22,7 @@ old spellings of "always" / "never").
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -117,12 +118,33 @@ class OverlapContext:
         self._buffers.clear()
 
 
-_DEFAULT: OverlapContext | None = None
+# The package's one context factory: a use -> (its peer check, one per process?, one per timeout?).
+#   default  operators called without a context: peer checks "once"; one per process (a fork inherits it)
+#   layer    the Flash layers (megatron/): per-call peer check off (a layer checks its peers once per input
+#            shape instead: steady-state steps issue no collective besides the ring); one per timeout
+#   worker   the DP worker thread (megatron/ddp/worker.py): its own buffers (not the compute thread's), no peer
+#            check (the compute thread checked before queuing the ring); one per process id (a fork does not
+#            inherit threads), with the timeout of its first caller
+USES = {"default": ("once", False, False), "layer": ("never", False, True), "worker": ("never", True, False)}
+_SHARED: dict[tuple, OverlapContext] = {}
+
+
+def shared_context(use: str = "default", timeout_s: float | None = None) -> OverlapContext:
+    """The context every caller of `use` shares (USES above), created on first use; timeout_s None: the
+    configured timeout (environment().timeout_s)."""
+    if use not in USES:
+        raise ValueError(f"shared_context(use={use!r}): choose one of {tuple(USES)}")
+    check_peers, per_process, per_timeout = USES[use]
+    key = (use, os.getpid() if per_process else None, timeout_s if per_timeout else None)
+    if key not in _SHARED:
+        if per_process:  # another process's context (before a fork) is not ours: drop it
+            for stale in [k for k in _SHARED if k[0] == use]:
+                del _SHARED[stale]
+        kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        _SHARED[key] = OverlapContext(check_peers=check_peers, **kw)
+    return _SHARED[key]
 
 
 def default_context() -> OverlapContext:
-    """The process-wide context, created on first use."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = OverlapContext()
-    return _DEFAULT
+    """The process-wide context for operators called without one, created on first use."""
+    return shared_context("default")

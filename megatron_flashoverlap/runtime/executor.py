@@ -19,7 +19,7 @@ unit, one post per lag, and waited at the end of the step they are due in, in po
 A walk may hand back its last step's waits (`defer_last=True`): everything is posted and computed, and the
 returned `Deferred.finish()` waits on the last step's transfers and runs their arrivals later, e.g. a DP
 reduce-scatter ring whose last hop is waited at the next ring or at Megatron's finish_grad_sync, so the
-backward between them is not held by a peer running behind (megatron/ddp.py). The handlers' buffers must
+backward between them is not held by a peer running behind (megatron/ddp/grad_sync.py). The handlers' buffers must
 stay untouched until then (same context: finish before the next walk that uses the same buffer names).
 
 Host cost: a step list is prepared once (`prepare`: flat tuples of tags, slices and peers, cached by

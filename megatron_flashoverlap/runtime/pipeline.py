@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from ..schedules import Schedule, Slice, Step, all_gather_ring, all_reduce_schedule, merge, reduce_scatter_ring
+from ..schedules import Schedule, Step, all_gather_ring, all_reduce_schedule, merge, reduce_scatter_ring, ring_tail
 from .context import OverlapContext
 from .executor import Deferred, execute
 from .group import group_info
@@ -116,13 +116,7 @@ def tail(pieces: int, fn: Callable[[int], None], group, *, tag: int) -> Pass | N
     if pieces == 0:
         return None
     rank, world = group_info(group)
-    return Pass(schedule(_tail_schedule, rank, world, pieces=pieces, tag=tag), TailPass(fn, tag))
-
-
-def _tail_schedule(rank: int, world: int, *, pieces: int, tag: int) -> Schedule:
-    hops = max(world - 1, 1)
-    steps = tuple(Step(compute=tuple(Slice(i, 0, tag) for i in range(pieces) if i % hops == s)) for s in range(hops))
-    return Schedule("produce", rank, world, steps, name="tail")
+    return Pass(schedule(ring_tail, rank, world, pieces=pieces, tag=tag), TailPass(fn, tag))
 
 
 def gather_and_consume(x_shard: torch.Tensor, consume: Callable[[Rows, torch.Tensor], None], group,

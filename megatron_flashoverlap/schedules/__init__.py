@@ -4,7 +4,7 @@ from .allreduce import (
 )
 from .alltoall import all_to_all_consume, all_to_all_produce, expert_pipeline
 from .grid import grid
-from .ring import all_gather_ring, reduce_scatter_ring
+from .ring import all_gather_ring, reduce_scatter_ring, ring_tail
 from .step import Schedule, Slice, Step, Transfer, merge
 from .validate import ScheduleError, validate
 
@@ -12,5 +12,5 @@ __all__ = [
     "ALL_REDUCE_ALGOS", "all_reduce_hierarchical", "all_reduce_hierarchical_hd", "all_reduce_hierarchical_pipelined", "all_reduce_recursive_doubling", "all_reduce_ring",
     "all_reduce_schedule",
     "Schedule", "ScheduleError", "Slice", "Step", "Transfer", "all_gather_ring", "all_to_all_consume",
-    "all_to_all_produce", "expert_pipeline", "grid", "merge", "reduce_scatter_ring", "validate",
+    "all_to_all_produce", "expert_pipeline", "grid", "merge", "reduce_scatter_ring", "ring_tail", "validate",
 ]

@@ -21,6 +21,9 @@ as soon as that sub-chunk is there (AG) and a sub-chunk's partial leaves as soon
     P=2, c=2, AG rank 0 (a sub-chunk label is block.sub-chunk, `@s`: waited at the end of step s):
         step 0  [0.0,0.1] 0.0>1 1.0<1 0.1>1@1 1.1<1@1     step 1  [1.0]     step 2  [1.1]
 c = 1 is the ring above, transfer for transfer (every lag 0).
+
+Tail (`ring_tail`, compute only): pieces 0..n-1 of a computation spread over the P-1 hop steps of a ring it is
+merged with, piece i in step i mod (P-1) (e.g. the column backward's wgrad under the all-reduce's last AG).
 """
 from __future__ import annotations
 
@@ -120,3 +123,10 @@ def _reduce_scatter_bidir(r: int, p: int, tag: int) -> Schedule:
     final = (Slice(r, 0, tag), Slice(r, 1, tag))
     return Schedule("produce", r, p, tuple(steps), parts=2, accumulate=True, name="reduce_scatter_ring",
                     expected=expected, final=final)
+
+
+def ring_tail(rank: int, world_size: int, *, pieces: int, tag: int) -> Schedule:
+    """Compute-only steps: piece i in step i mod (P-1) (module docstring)."""
+    hops = max(world_size - 1, 1)
+    steps = tuple(Step(compute=tuple(Slice(i, 0, tag) for i in range(pieces) if i % hops == s)) for s in range(hops))
+    return Schedule("produce", rank, world_size, steps, name="tail")

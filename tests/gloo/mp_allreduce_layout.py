@@ -70,7 +70,7 @@ def auto_on_subgroups(rank, world, groups, local_sizes, table, seed=3):
     log = _Count()
     logging.getLogger(select.__name__).addHandler(log)
     select.set_calibration(table)
-    select._WARNED.clear()  # earlier jobs in this worker may have logged the same layouts
+    select.warn_once.clear()  # earlier jobs in this worker may have logged the same layouts
     pgs = [dist.new_group(g) for g in groups]  # collective: every rank creates every group, in order
     try:
         return [_case(rank, g, pg, lws, seed, log) for g, pg in zip(groups, pgs) if rank in g

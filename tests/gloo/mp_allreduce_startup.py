@@ -37,7 +37,7 @@ def startup(rank, world, local, shape, sizes=None, table=None):
     saved = calibrate.SIZES
     calibrate.SIZES = tuple(sizes) if sizes else saved
     select.set_calibration(table)
-    select._WARNED.clear()
+    select.warn_once.clear()
     try:
         x = torch.full(shape, float(rank + 1))
         prefill = torch.ones((2,) + tuple(shape[1:]))

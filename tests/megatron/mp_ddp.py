@@ -49,7 +49,7 @@ def _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed, asynchronous=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
 
     torch.manual_seed(seed)
     module = MLP(cfg, h, f, layers)
@@ -63,7 +63,7 @@ def _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed, asynchronous=None):
 
 
 def _run(ps, mode, cfg, h, f, layers, steps, micro, s, b, ddp_kw, opt_kw, dtype, asynchronous=None):
-    from megatron_flashoverlap.megatron import ddp as megatron_ddp
+    from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp
 
     module, ddp, opt, accepted = _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed=7, asynchronous=asynchronous)
     dp_rank = ps.get_data_parallel_rank()
@@ -108,7 +108,7 @@ def train(rank, world, tp=1, steps=1, micro=1, h=16, f=24, layers=1, s=4, b=2, l
     each parameter by ~ lr/eps * grad: a gradient difference shows up in the parameters."""
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap.megatron import ddp as megatron_ddp
+    from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp
 
     ps = _setup(tp)
     lines = _Lines()
@@ -170,7 +170,7 @@ def shared_bucket(rank, world, h=16, f=24):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap.megatron import ddp as megatron_ddp
+    from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp
 
     ps = _setup(1)
     lines = _Lines()
@@ -195,7 +195,7 @@ def weight_used_twice(rank, world, h=8, f=8):
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
 
     ps = _setup(1)
     try:
@@ -222,7 +222,7 @@ def nan_attribution(rank, world, h=8, f=16):  # W [16, 8] fills both DP shards o
     from megatron.core.tensor_parallel import ColumnParallelLinear
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
 
     ps = _setup(1)
     try:

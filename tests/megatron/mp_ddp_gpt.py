@@ -30,7 +30,7 @@ def _model(mode, tp, sp, layers):
 def _ddp(mode, cfg, model, ddp_kw, layout, linears, tokens=None, asynchronous=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from megatron_flashoverlap.megatron.ddp_linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
 
     ddp_cfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **ddp_kw)
     kwargs = {}
@@ -84,7 +84,7 @@ def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, l
     """-> {"stock": ..., "flash": ..., "log": [ddp + ddp_linear lines], "dp": DP size} (module docstring)."""
     from megatron.core import parallel_state as ps
 
-    from megatron_flashoverlap.megatron import ddp as megatron_ddp, ddp_linear
+    from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp, linear as ddp_linear
 
     tm.init_tp(tp)
     lines = _Lines()

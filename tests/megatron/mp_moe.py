@@ -144,7 +144,7 @@ def moe_freq_vs_stock(rank, world, freq, num_layers, steps=3):
 
 def _why_not(forget=False):
     """The reasons flash could not fuse that this process logged (one line each); forget: clear them."""
-    from megatron_flashoverlap.megatron import moe
+    from megatron_flashoverlap.megatron.moe import layer as moe
 
     if forget:
         moe._LOGGED.clear()

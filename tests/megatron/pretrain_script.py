@@ -7,6 +7,8 @@ import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig, MockGPTDataset
 from megatron.core.enums import ModelType
+from megatron.core.parallel_state import get_context_parallel_group
+from megatron.core.utils import get_batch_on_this_cp_rank
 from megatron.training import get_args, get_tokenizer, pretrain
 from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
 from megatron.training.arguments import parse_and_validate_args
@@ -16,7 +18,7 @@ def datasets(num_samples, vp_stage=None):
     args = get_args()
     config = GPTDatasetConfig(random_seed=args.seed, sequence_length=args.seq_length, split=args.split,
                               tokenizer=get_tokenizer(), reset_position_ids=False, reset_attention_mask=False,
-                              eod_mask_loss=False, create_attention_mask=True)
+                              eod_mask_loss=False, create_attention_mask=args.create_attention_mask_in_dataloader)
     return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True, config).build()
 
 
@@ -32,7 +34,10 @@ def loss(mask, per_token):
 
 def forward_step(data_iterator, model):
     b = next(data_iterator)
-    b = {k: b[k].cuda() for k in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")}  # as on GPU
+    b = {k: b[k].cuda() if b.get(k) is not None else None  # as on GPU
+         for k in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")}
+    b = get_batch_on_this_cp_rank({**b, "cu_seqlens": None}, is_hybrid_cp=False,  # this CP rank's slice of s
+                                  cp_group=get_context_parallel_group())
     out = model(b["tokens"], b["position_ids"], b["attention_mask"], labels=b["labels"], loss_mask=b["loss_mask"])
     return out, functools.partial(loss, b["loss_mask"])
 

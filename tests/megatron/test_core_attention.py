@@ -150,7 +150,7 @@ from megatron.training.argument_utils import gpt_config_from_args
 from megatron.training.global_vars import unset_global_variables
 from megatron.training.models.gpt import GPTModelBuilder
 from megatron_flashoverlap.megatron import cpu
-from megatron_flashoverlap.megatron.args import with_flash_overlap_args
+from megatron_flashoverlap.megatron.cli.args import with_flash_overlap_args
 cpu.enable()
 dist.init_process_group("gloo", rank=0, world_size=1)
 parallel_state.initialize_model_parallel()

@@ -33,7 +33,7 @@ def _check(res, steps, expect_linears):
 def test_tp2_dp2_sp_our_linears_fuse_and_train_like_stock(pools):
     res = pools(4).run("tests.megatron.mp_ddp_gpt:train", tp=2, sp=True, steps=3, timeout=900)
     _check(res, 3, 8)  # 2 layers x (qkv, proj, fc1, fc2), all in stock's single bucket
-    assert res[0]["flash"]["asynchronous"] == [True]  # the default on gloo: the DP worker (ddp_async.py)
+    assert res[0]["flash"]["asynchronous"] == [True]  # the default on gloo: the DP worker (megatron/ddp/worker.py)
     assert any("automatic" in line for line in res[0]["log"]), res[0]["log"]
 
 
@@ -45,7 +45,7 @@ def test_ring_in_backward_tp2_dp2_sp_trains_like_stock(pools):
 
 
 def test_dp_worker_ring_dp2_trains_like_stock(pools):
-    # asynchronous=True (ddp_async.py), TP=1 x DP=2, several stock buckets beside the worker's rings
+    # asynchronous=True (megatron/ddp/worker.py), TP=1 x DP=2, several stock buckets beside the worker's rings
     res = pools(2).run("tests.megatron.mp_ddp_gpt:train", tp=1, sp=False, steps=3, asynchronous=True,
                        ddp_kw={"bucket_size": 3000}, linears=["layers.0.mlp.linear_fc1", "layers.0.mlp.linear_fc2",
                                                               "layers.1.mlp.linear_fc1"], timeout=600)
@@ -67,7 +67,7 @@ def test_automatic_choice_keeps_stock_buckets(pools):
 
 @pytest.mark.parametrize("tp", [2, 1])
 def test_cost_model_choice_is_logged_and_trains_like_stock(pools, tp):
-    # tokens given: the calibrated cost model (megatron/ddp_choice.py) picks the linears, whatever it picks on
+    # tokens given: the calibrated cost model (megatron/ddp/choice.py) picks the linears, whatever it picks on
     # this loaded box (0 to all 8 + output); the run must say so in one line and still equal stock
     res = pools(2 * tp).run("tests.megatron.mp_ddp_gpt:train", tp=tp, sp=tp > 1, steps=2,
                             ddp_kw={"bucket_size": 3000}, tokens=32, timeout=900)
@@ -76,7 +76,7 @@ def test_cost_model_choice_is_logged_and_trains_like_stock(pools, tp):
     # the model also placed the rings (ops/dp/choice.worker_pays): the sites run where its line says
     placed = [True] if "on the DP worker thread" in lines[0] else [False]
     assert res[0]["flash"]["asynchronous"] in ([], placed), (res[0]["flash"]["asynchronous"], lines[0])
-    if tp > 1:  # at TP > 1 the worker whatever the model finds (ddp_choice.auto_linears)
+    if tp > 1:  # at TP > 1 the worker whatever the model finds (megatron/ddp/choice.auto_linears)
         assert "on the DP worker thread" in lines[0], lines[0]
     for r in res:  # the fused linears are those reduced last in backward: layer 1 only after layer 0
         fused = r["flash"]["fused"]
@@ -110,7 +110,7 @@ def test_precomputed_full_param_layout_fuses(pools):
 
 
 def test_dp_worker_ring_tp2_dp2_sp_trains_like_stock(pools):
-    # asynchronous=True at TP2 x DP2 + SP (ddp_async.py): all 8 linears fused, so the worker's DP rings of
+    # asynchronous=True at TP2 x DP2 + SP (megatron/ddp/worker.py): all 8 linears fused, so the worker's DP rings of
     # layer 1 run while backward's TP rings of layer 0 post on the TP group; small buckets keep stock
     # buckets (their collectives on the DP group) beside them
     linears = [f"layers.{k}.{m}" for k in (0, 1) for m in ("self_attention.linear_qkv", "self_attention.linear_proj",

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from megatron_flashoverlap import config as fc
-from megatron_flashoverlap.megatron import launch
-from megatron_flashoverlap.megatron.args import SPEC, activate_config, apply_flash_overlap_args, with_flash_overlap_args
+from megatron_flashoverlap.megatron.cli import launch
+from megatron_flashoverlap.megatron.cli.args import SPEC, activate_config, apply_flash_overlap_args, with_flash_overlap_args
 from megatron_flashoverlap.config import FlashOverlapConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -352,14 +352,18 @@ def test_flags_apply_before_megatron_validates(monkeypatch):
 
 
 # Save a checkpoint's args as Megatron's torch format does (iter_*/mp_rank_00/model_optim_rng.pt holds
-# {"args": the parsed Namespace, ...}), then, as a new run would, reload them with --use-checkpoint-args and
-# WITHOUT --flash-overlap: the saved args.spec must build our layers on 0.19's GPTModelBuilder path and on
-# the legacy gpt_builder path (GPTModel(transformer_layer_spec=import_module(args.spec)), tools/checkpoint).
+# {"args": the parsed Namespace, ...}) from a --flash-overlap run, then, as a new run would, reload them with
+# --use-checkpoint-args. Megatron restores args.spec (force=True) from the checkpoint: WITHOUT --flash-overlap
+# that must not make the run ours (issue 26 item 7): Megatron's own layers on 0.19's GPTModelBuilder path and
+# on the legacy gpt_builder path (GPTModel(transformer_layer_spec=import_module(args.spec)), tools/checkpoint),
+# one line saying so; WITH --flash-overlap ours; the parameter names equal in all three.
 RELOAD_STAND_IN = '''
 import json, os, sys, torch
-from megatron.training.arguments import parse_args, parse_and_validate_args, core_transformer_config_from_args
+from megatron.training import checkpointing
+from megatron.training.arguments import (parse_args, parse_and_validate_args, core_transformer_config_from_args,
+                                         validate_args)
 from megatron_flashoverlap import config as fc
-from megatron_flashoverlap.megatron.args import with_flash_overlap_args
+from megatron_flashoverlap.megatron.cli.args import with_flash_overlap_args
 ckpt, cfg, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.argv = ["pretrain_gpt.py", *argv, "--flash-overlap", "--flash-overlap-config", cfg]
 saved = parse_args(with_flash_overlap_args(None))
@@ -370,6 +374,10 @@ fc.activate(None)  # what a new process starts from
 
 sys.argv = ["pretrain_gpt.py", *argv, "--use-checkpoint-args", "--load", ckpt]
 args = parse_and_validate_args(extra_args_provider=with_flash_overlap_args(None))
+sys.argv = ["pretrain_gpt.py", *argv, "--use-checkpoint-args", "--load", ckpt, "--flash-overlap"]
+flash_args = parse_args(with_flash_overlap_args(None))
+checkpointing.load_args_from_checkpoint(flash_args)
+validate_args(flash_args, {})
 
 import torch.distributed as dist
 from megatron.core import parallel_state
@@ -377,6 +385,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from megatron.core.transformer.spec_utils import import_module
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.training.argument_utils import gpt_config_from_args
 from megatron.training.models.gpt import GPTModelBuilder
 from megatron_flashoverlap.megatron import cpu
@@ -384,16 +393,19 @@ cpu.enable()
 dist.init_process_group("gloo", rank=0, world_size=1)
 parallel_state.initialize_model_parallel()
 model_parallel_cuda_manual_seed(1)
-built = {"builder": GPTModelBuilder(gpt_config_from_args(args)).build_model(ProcessGroupCollection.use_mpu_process_groups()),
-         "legacy": GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=import_module(args.spec),
+pgs = ProcessGroupCollection.use_mpu_process_groups()
+legacy_spec = import_module(args.spec) if args.spec else get_gpt_layer_local_spec()  # gpt_builder's choice
+built = {"builder": GPTModelBuilder(gpt_config_from_args(args)).build_model(pgs),
+         "legacy": GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=legacy_spec,
                             vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                            position_embedding_type=args.position_embedding_type)}
+                            position_embedding_type=args.position_embedding_type),
+         "flash": GPTModelBuilder(gpt_config_from_args(flash_args)).build_model(pgs)}
 def linears(model):
     layer = model.decoder.layers[0]
     return [type(m).__name__ for m in (layer.self_attention.linear_qkv, layer.self_attention.linear_proj,
                                        layer.mlp.linear_fc1, layer.mlp.linear_fc2)]
-print("RESULT " + json.dumps({"spec": args.spec, "flash_overlap": args.flash_overlap,
+print("RESULT " + json.dumps({"spec": args.spec, "flash_overlap": args.flash_overlap, "flash_spec": flash_args.spec,
                               "classes": {k: linears(m) for k, m in built.items()},
                               "keys": {k: sorted(m.state_dict()) for k, m in built.items()}}))
 dist.destroy_process_group()
@@ -401,7 +413,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.newest_only
-def test_saved_spec_reloads_with_use_checkpoint_args(tmp_path):
+def test_flash_checkpoint_args_leave_a_stock_run_stock(tmp_path):
     script = tmp_path / "reload.py"
     script.write_text(RELOAD_STAND_IN)
     cmd = [sys.executable, str(script), str(tmp_path / "ckpt"), str(ROOT / "configs" / "slicing.yaml"),
@@ -409,10 +421,14 @@ def test_saved_spec_reloads_with_use_checkpoint_args(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=_rank_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
-    assert result["spec"] == SPEC and result["flash_overlap"] is False  # the spec came from the checkpoint
+    assert result["spec"] is None and result["flash_overlap"] is False  # the checkpoint's spec was not taken
+    assert result["flash_spec"] == SPEC
+    stock = ["ColumnParallelLinear", "RowParallelLinear"] * 2
     ours = ["FlashColumnParallelLinear", "FlashRowParallelLinear"] * 2
-    assert result["classes"] == {"builder": ours, "legacy": ours}
-    assert result["keys"]["builder"] == result["keys"]["legacy"]
+    assert result["classes"] == {"builder": stock, "legacy": stock, "flash": ours}
+    assert result["keys"]["builder"] == result["keys"]["legacy"] == result["keys"]["flash"]
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("> --use-checkpoint-args: ")]
+    assert len(said) == 1 and "builds Megatron's own layers" in said[0] and "add --flash-overlap" in said[0], said
 
 
 # --------------------------------------------------------------------------- tier 1: --cpu, options
@@ -422,10 +438,15 @@ def test_cpu_defaults_fill_only_what_the_user_left_out():
     assert argv[:5] == ["--num-layers", "2", "--distributed-backend=gloo", "--transformer-impl", "local"]
     assert argv.count("--no-rope-fusion") == 1 and "--distributed-backend" not in argv
     assert argv.count("--transformer-impl") == 1
-    for flag in ("--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion"):
+    for flag in ("--no-gradient-accumulation-fusion", "--no-persist-layer-norm", "--no-bias-gelu-fusion",
+                 "--no-masked-softmax-fusion"):
         assert flag in argv
     added = launch.cpu_argv([])
     assert added[added.index("--distributed-backend") + 1] == "gloo"
+    # the dynamic engine's KV cache in host memory: 1 GB unless the user sizes it
+    assert added[added.index("--inference-dynamic-batching-buffer-size-gb") + 1] == "1"
+    assert launch.cpu_argv(["--inference-dynamic-batching-buffer-size-gb", "4"]).count(
+        "--inference-dynamic-batching-buffer-size-gb") == 1
 
 
 def test_launcher_options_lead_the_script():
@@ -454,7 +475,7 @@ def test_flag_makes_pretrains_ddp_ours_and_says_when_it_stays_stock(monkeypatch)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.training import training
 
-    from megatron_flashoverlap.megatron.ddp_entry import FlashDistributedDataParallel, why_stock
+    from megatron_flashoverlap.megatron.ddp.pretrain import FlashDistributedDataParallel, why_stock
 
     from megatron.training.models import dist_utils
 

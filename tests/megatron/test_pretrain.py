@@ -6,7 +6,8 @@ CPU ones come from `--cpu`); stock vs `--flash-overlap` must log the same `lm lo
 entry is tests/megatron/test_example.py (the demo); here the Llama style (RMSNorm, SwiGLU, RoPE, untied
 embeddings, no bias) through the launcher running a script of the tests' own (tests/megatron/pretrain_script.py).
 Each run costs ~10-20 s of start-up on 2 cores, so each style runs once, on one path; the paths share every
-step but the script (launch.prepare).
+step but the script (launch.prepare). Issue 26's CPU-mode cases (items 4, 5, 7, 9) share three 1-2 iteration
+runs of a GPT with learned absolute positions: CP=1 saving a checkpoint, CP=2, and a stock bf16 resume.
 """
 import os
 import re
@@ -27,7 +28,7 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--tensor-model-parallel-size", "2", "--sequence-parallel", "--train-iters", str(ITERS), "--lr", "1e-3",
         "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000", "--tokenizer-type",
         "NullTokenizer", "--vocab-size", "128", "--mock-data", "--seed", "1234"]
-STYLES = {"llama": ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+STYLES = {"gpt": [], "llama": ["--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
                     "--untie-embeddings-and-output-weights", "--disable-bias-linear"]}
 
 
@@ -54,7 +55,7 @@ def assert_same_curve(stock: dict, flash: dict) -> None:
 
 
 # TP=1 x DP=2 under the distributed optimizer: the project entry with --flash-overlap builds its DDP through
-# megatron/ddp_entry.py (the fused DP reduce-scatter; each gradient element sums two partials, a+b == b+a)
+# megatron/ddp/pretrain.py (the fused DP reduce-scatter; each gradient element sums two partials, a+b == b+a)
 DP2 = [a for a in TINY if a not in ("--sequence-parallel",)]
 DP2[DP2.index("--tensor-model-parallel-size") + 1] = "1"
 DP2[DP2.index("--global-batch-size") + 1] = "4"
@@ -93,3 +94,58 @@ def test_launcher_runs_an_unmodified_pretrain_script_on_cpu():
         lines = log.splitlines()
         at = [i for i, ln in enumerate(lines) if ln.startswith("GEMM sites: ")]
         assert len(at) == 1 and at[0] < min(i for i, ln in enumerate(lines) if " iteration " in ln), log[-3000:]
+
+
+# Issue 26 items 4, 5, 7, 9 through Megatron's pretrain() on 2 CPU ranks, three short runs of one GPT with
+# learned absolute position embeddings (Megatron's default; the table is an nn.Embedding initialised from the
+# CPU generator, as on a GPU) and no dropout (CP=2 would draw other masks):
+#   cp1     --flash-overlap, CP=1 (DP=2), 1 iteration, --save (Megatron's writer needs psutil: item 9)
+#   cp2     --flash-overlap, CP=2 --cp-comm-type a2a (DP=1, 2 micro-batches: the same 2 samples), 1 iteration
+#   resume  stock, --use-checkpoint-args --load cp1's checkpoint --bf16 (no distributed optimizer), iteration 2
+GPT_CPU = [a for a in TINY if a != "--sequence-parallel"] + ["--hidden-dropout", "0", "--attention-dropout", "0"]
+GPT_CPU[GPT_CPU.index("--tensor-model-parallel-size") + 1] = "1"
+GPT_CPU[GPT_CPU.index("--micro-batch-size") + 1] = "1"
+GPT_CPU[GPT_CPU.index("--train-iters") + 1] = "1"
+LAUNCH = ["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "megatron_flashoverlap.launch",
+          "--cpu", str(SCRIPT)]
+
+
+@pytest.fixture(scope="module")
+def cp1_checkpoint(tmp_path_factory):
+    """(the CP=1 run's {iteration: lm loss}, its checkpoint folder)."""
+    ckpt = tmp_path_factory.mktemp("cp1") / "ckpt"
+    losses, _ = run(LAUNCH, "gpt", flash=True, model=GPT_CPU + ["--save", str(ckpt), "--save-interval", "1"])
+    return losses, ckpt
+
+
+@pytest.mark.newest_only
+def test_context_parallel_initialises_the_model_cp1_does(cp1_checkpoint):
+    """Item 4: Megatron's JIT warm-up draws [s/CP, b, ...] random tensors; on CPU they used to advance the
+    CPU generator that then initialises the position table, so CP=2 started from another model (1.5e-3)."""
+    cp1, ckpt = cp1_checkpoint
+    cp2, _ = run(LAUNCH, "gpt", flash=True, model=GPT_CPU + ["--context-parallel-size", "2", "--cp-comm-type", "a2a"])
+    assert sorted(cp1) == sorted(cp2) == [1], (cp1, cp2)
+    # the same samples and weights; the a2a moves values exactly, but the GEMMs run on s/2 rows per rank (BLAS
+    # may block the dots otherwise): 1e-5 relative
+    assert abs(cp2[1] - cp1[1]) <= RTOL * abs(cp1[1]), (cp1[1], cp2[1])
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"  # --save wrote it (item 9)
+
+
+@pytest.mark.newest_only
+def test_stock_resumes_a_flash_checkpoint_as_stock_in_bf16(cp1_checkpoint):
+    """Items 7 and 5: --use-checkpoint-args restores args.spec (ours) from the checkpoint; a run without
+    --flash-overlap builds Megatron's own layers and says so. The same run is --bf16 without the distributed
+    optimizer (Megatron's Float16 wrapper, which refused CPU tensors) and without --no-masked-softmax-fusion
+    (a --cpu default: the fused softmax is a CUDA extension)."""
+    _, ckpt = cp1_checkpoint
+    model = [a if a != "1" or GPT_CPU[i - 1] != "--train-iters" else "2" for i, a in enumerate(GPT_CPU)]
+    logs: list = []
+    losses, sites = run(LAUNCH, "gpt", flash=False, stdout=logs, model=model + [
+        "--use-checkpoint-args", "--load", str(ckpt), "--no-load-optim", "--bf16"])
+    out = logs[0]
+    assert "Setting spec to ['megatron_flashoverlap.spec', 'flashoverlap_layer'] from checkpoint" in out  # the premise
+    said = [ln for ln in out.splitlines() if ln.startswith("> --use-checkpoint-args: ")]
+    assert len(said) == 1 and "builds Megatron's own layers" in said[0], out[-3000:]
+    assert sites == "GEMM sites: stock"
+    assert "--flash-overlap: " not in out.replace(said[0], "")  # nothing of ours was switched on
+    assert list(losses) == [2] and 0 < losses[2] < 10, losses  # bf16 trained the step after the checkpoint's

@@ -1,5 +1,5 @@
 """Tier: pure (no processes). The `dp:` config section: which TP linears of pretrain()'s DDP fuse
-(megatron/ddp_entry.py), checked with the fix."""
+(megatron/ddp/pretrain.py), checked with the fix."""
 import pytest
 
 from megatron_flashoverlap import config

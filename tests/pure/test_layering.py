@@ -4,7 +4,10 @@ Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, b
     0  config, schedules
     1  runtime, plan       (plan: the planner; it imports no third party: test_plan_validate.py)
     2  ops
-    3  megatron            (the wing: the only importer of `megatron` in the package)
+    3  megatron            (the wing: the only importer of `megatron` in the package), by function, bottom up:
+           0  ddp/, moe/       DP on Megatron's DDP; MoE on Megatron's MoELayer
+           1  its loose modules (the layers, spec, attention, sdpa, norm, sites, structure, models, cpu)
+           2  cli/             the flags, the launcher, the pretrain entry
     4  tools               (what a user runs beside training: the all-reduce calibration, the timing loop)
     5  the faces: __init__, spec, launch (re-exports; nothing inside the package imports them)
 A module may import its own package and anything on a lower floor; two packages of one floor do not
@@ -22,8 +25,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "megatron_flashoverlap"
 FLOORS = {"config": 0, "schedules": 0, "runtime": 1, "plan": 1, "ops": 2, "megatron": 3, "tools": 4,
-          "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5}
+          "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5, "generate": 5}
 WING = "megatron"  # the package's one folder that imports megatron
+WING_FLOORS = {"ddp": 0, "moe": 0, "layers": 1, "cli": 2}  # the wing's rooms ("layers": its loose modules)
 TEST_HELPERS = ("tests",)
 BENCH = ROOT / "benchmarks"
 
@@ -106,6 +110,35 @@ def test_no_import_cycle():
     for m in sorted(edges):
         if m not in state:
             visit(m)
+
+
+def _wing_room(mod: str) -> str:
+    """megatron_flashoverlap.megatron.<sub-package>.x -> the sub-package; a loose module (or the wing's
+    __init__) -> "layers"."""
+    parts = mod.split(".")
+    sub = PKG / WING / parts[2] if len(parts) > 2 else None
+    return parts[2] if sub is not None and sub.is_dir() else "layers"
+
+
+def test_the_wing_by_function_runs_one_way():
+    """Inside megatron/: ddp/ and moe/ import no other room of the wing, the layers import ddp/ and moe/ but
+    not cli/, and nothing in the wing imports cli/ but cli/ itself."""
+    rooms = sorted(p.name for p in (PKG / WING).iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(r for r in WING_FLOORS if r != "layers"), f"a wing sub-package with no floor: {rooms}"
+    prefix = f"{PKG.name}.{WING}"
+    bad = []
+    for mod, targets in internal_edges().items():
+        if not mod.startswith(prefix):
+            continue
+        room = _wing_room(mod)
+        for t in targets:
+            other = _wing_room(t) if t.startswith(prefix) else None
+            if other is None or other == room:
+                continue
+            if WING_FLOORS[other] >= WING_FLOORS[room]:
+                bad.append(f"{mod} ({room}, floor {WING_FLOORS[room]}) imports {t} "
+                           f"({other}, floor {WING_FLOORS[other]})")
+    assert not bad, "imports against the wing's order:\n" + "\n".join(bad)
 
 
 def test_only_the_wing_imports_megatron():

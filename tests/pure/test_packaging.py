@@ -49,3 +49,18 @@ def test_what_a_user_runs_is_installed(wheel_files):
     """The all-reduce calibration `algo="auto"` reads is a user's tool: it ships, with its timing loop."""
     for mod in ("tools/calibrate_allreduce.py", "tools/rounds.py", "ops/all_reduce/select.py", "megatron/__init__.py"):
         assert f"{PKG}/{mod}" in wheel_files, mod
+
+
+def test_the_wings_sub_packages_and_the_scripts_targets_are_installed(wheel_files):
+    """megatron/ddp, moe, cli ship as packages, and every [project.scripts] target is a shipped module's def."""
+    import ast
+    import tomllib
+    for sub in ("ddp", "moe", "cli"):
+        assert f"{PKG}/megatron/{sub}/__init__.py" in wheel_files, sub
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        mod, func = target.split(":")
+        path = mod.replace(".", "/") + ".py"
+        assert path in wheel_files, f"{name} = {target}: {path} is not in the wheel"
+        defs = {n.name for n in ast.parse((ROOT / path).read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert func in defs, f"{name} = {target}: no def {func} in {path}"

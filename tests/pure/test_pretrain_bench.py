@@ -15,7 +15,7 @@ from benchmarks.pretrain.profiling import OTHER, categorize_events, profile_argv
 from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table
 from benchmarks.pretrain.rows import ARMS, entry_argv, merge, parse_log, run_stat
 from megatron_flashoverlap.config import load_config
-from megatron_flashoverlap.megatron.args import add_flash_overlap_args
+from megatron_flashoverlap.megatron.cli.args import add_flash_overlap_args
 
 CFG = {"layers": 2, "hidden": 1024, "heads": 16, "seq": 1024, "mbs": 1, "iters": 4, "vocab": 128}
 

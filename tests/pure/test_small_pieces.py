@@ -21,9 +21,10 @@ MEGATRON_SIGNATURES = {
     "SdpaDotProductAttention.__init__": 9,
     # get_gpt_layer_local_spec(num_experts, moe_grouped_gemm, qk_layernorm, multi_latent_attention, fp8,
     # moe_use_legacy_grouped_gemm, normalization, qk_l2_norm, use_kitchen, use_kitchen_attention,
-    # kitchen_attention_backend) (11, megatron-core 0.16), copied as a drop-in, plus 3 keyword-only extras
-    # (flash_config, sequence_parallel, context_parallel_size)
-    "get_gpt_layer_flashoverlap_spec": 14,
+    # kitchen_attention_backend) (11, megatron-core 0.16), copied as a drop-in, plus 5 keyword-only extras
+    # (flash_config, sequence_parallel, context_parallel_size, and the model config's attention_backend and
+    # transformer_impl: which core attention, as Megatron's inference tests set it on the config)
+    "get_gpt_layer_flashoverlap_spec": 16,
 }
 
 

@@ -36,12 +36,12 @@ from typing import Sequence
 import torch
 
 from ...config import environment
+from ...runtime.once import LogOnce
 from ...schedules import ALL_REDUCE_ALGOS
 
 log = logging.getLogger(__name__)
 _TABLES: list | None = None  # the override file's tables (None: not read yet; []: none given)
 _MEASURED: dict = {}          # start-up calibrations: (world, G, backend, dtype) -> table
-_WARNED: set = set()
 
 
 def set_calibration(source) -> None:
@@ -113,11 +113,7 @@ def choices(table: dict) -> str:
     return ", ".join(f"{_fmt(a)}{'' if a == b else '-' + _fmt(b)} {p}" for a, b, p in runs)
 
 
-def warn_once(key, msg: str, *args) -> None:
-    """One log line per distinct reason (a fallback to stock is logged once, never silent)."""
-    if key not in _WARNED:
-        _WARNED.add(key)
-        log.warning(msg, *args)
+warn_once = LogOnce(log)  # one log line per distinct reason (a fallback to stock is logged once, never silent)
 
 
 @dataclass(frozen=True)

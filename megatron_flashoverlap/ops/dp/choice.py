@@ -26,10 +26,10 @@ A stock bucket's reduce-scatter starts when its last parameter's gradient is rea
 ring starts at its wgrad (when the link is free); the compute thread waits for its first hops - 1 of `hops`
 hops in its wgrad (hops > 1: each one's partial is added and forwarded), and for its last hop when the next
 fused weight's wgrad begins (after that weight's dgrad) or, for the last ring, at the end (the deferred last
-hop, megatron/ddp.py). `asynchronous` (the ring on the DP worker
-thread, megatron/ddp_async.py): the compute thread does not wait; the ring occupies the link from its
+hop, megatron/ddp/grad_sync.py). `asynchronous` (the ring on the DP worker
+thread, megatron/ddp/worker.py): the compute thread does not wait; the ring occupies the link from its
 wgrad on, like a bucket of its own reduced by our ring (its GEMM slices still cost their time). The non-fused parameters are re-bucketed by
-Megatron's size rule, as `ddp_layout.isolated_buckets` lays them out. Non-linear parameters (norms, biases,
+Megatron's size rule, as `megatron/ddp/layout.isolated_buckets` lays them out. Non-linear parameters (norms, biases,
 embeddings) cost no compute here (their backward is small next to the GEMMs; attention's score GEMMs are
 left out too, so the model under-counts compute and errs towards fusing more).
 """
@@ -57,7 +57,7 @@ class Rates:
             raise ValueError(f"Rates: hops={self.hops}; a ring over D ranks has D - 1 >= 1 hops")
         if not min(self.comm_s, self.ring_s, self.gemm_s, self.ring_lat_s) >= 0:
             raise ValueError(f"Rates: comm_s={self.comm_s}, ring_s={self.ring_s}, gemm_s={self.gemm_s}; each must "
-                             f"be >= 0 seconds per element (measure them with ddp_choice.calibrate)")
+                             f"be >= 0 seconds per element (measure them with megatron/ddp/choice.calibrate)")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ all-reduce always runs in the input dtype), decode_all_reduce (matmul_all_reduce
 wgrad=WgradRoute(into=...) [weight's shape] (e.g. Megatron's fp32 main_grad): dw is added into it (slice by
 slice in the column backward's all-reduce tail) instead of being returned; the weight then gets Megatron's
 dummy gradient (runtime/accumulate.py: weight_grad). WgradRoute(fn=...): fn(dy, x) -> the weight's autograd
-gradient (e.g. the data-parallel reduce-scatter of dW, megatron/ddp.py): gets this rank's complete dW
+gradient (e.g. the data-parallel reduce-scatter of dW, megatron/ddp/grad_sync.py): gets this rank's complete dW
 operands once, after the all-reduce (its GEMM then runs inside the DP ring, not in the AR tail).
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ bytes, or "fp32"; runtime/numerics.py), as the forward RS does. `dw` is where dW
 when autograd wants none:
   dw.into [n, h] (e.g. Megatron's fp32 `main_grad`, gradient_accumulation_fusion): each slice's dW is added
       straight into it (runtime.numerics.add_wgrad: no [n, h] temporary) and the returned dW is None;
-  dw.fn(dy_full, x_full) (e.g. the data-parallel reduce-scatter of dW, megatron/ddp.py): the walk keeps the
+  dw.fn(dy_full, x_full) (e.g. the data-parallel reduce-scatter of dW, megatron/ddp/grad_sync.py): the walk keeps the
       operand it gathers (AG(x) for the column, AG(dy) for the row) instead of adding dW slices, then hands
       this rank's complete dW operands to dw.fn once (its GEMM runs inside the DP ring); dW = what it returns;
   neither: dW is summed and returned.

@@ -20,7 +20,7 @@ wgrad=WgradRoute(...) (optional) says where dW goes:
     into [n, h] (e.g. Megatron's fp32 main_grad): dW is added into it slice by slice instead of being returned;
         the weight then gets Megatron's dummy gradient (runtime/accumulate.py: weight_grad)
     fn(dy_full, x_full) -> the weight's autograd gradient (e.g. the data-parallel reduce-scatter of dW inside
-        its GEMM, megatron/ddp.py): backward keeps the operand it gathers and hands this rank's complete dW
+        its GEMM, megatron/ddp/grad_sync.py): backward keeps the operand it gathers and hands this rank's complete dW
         operands to it once (backward.py)
 The autograd.Functions carry (tensors..., plan, route, group, context): the plan resolved once per call
 (words, force_reference, hop_chunks for this group and shard) and saved on ctx for the backward.

@@ -7,9 +7,12 @@
     apply_flash_overlap_args(args) -> args          if `--flash-overlap`: check the flags, select our spec
                                                     (`--spec megatron_flashoverlap.spec flashoverlap_layer`),
                                                     load the per-site YAML and activate it (config.activate),
-                                                    and make pretrain()'s DDP ours (ddp_entry.install: the
+                                                    and make pretrain()'s DDP ours (megatron/ddp/pretrain.install: the
                                                     fused DP reduce-scatter under --use-distributed-optimizer
                                                     --overlap-grad-reduce)
+    stock_from_our_checkpoints()                    under --use-checkpoint-args (installed by the parser): a run
+                                                    without `--flash-overlap` keeps Megatron's own layers when
+                                                    the checkpoint's args.spec is ours, and says so
 
 `args` keeps plain values only (a bool, an absolute path, the spec pair): Megatron saves `args` in every
 checkpoint, so no object of ours ends up there, and the saved `args.spec` names a ModuleSpec that every
@@ -18,11 +21,13 @@ Megatron path rebuilds (0.19's GPTModelBuilder, the legacy gpt_builder, tools/ch
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from typing import Callable, Optional
 
-from ..config import ENV_VARS
-from .structure import LOW_PRECISION_ARGS, refuse_low_precision
+from ...config import ENV_VARS
+from ...runtime.once import LogOnce, print_rank0
+from ..structure import LOW_PRECISION_ARGS, refuse_low_precision
 
 SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
 OUR_SPECS = (SPEC, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"])  # --spec values that are ours
@@ -71,6 +76,8 @@ def _applying(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     def parse_known_args(args=None, namespace=None):
         parsed, rest = parse_known(args, namespace)
+        if getattr(parsed, "use_checkpoint_args", False):
+            stock_from_our_checkpoints()  # before parse_and_validate_args loads the checkpoint's args
         return apply_flash_overlap_args(parsed), rest
 
     parser.parse_known_args = parse_known_args
@@ -92,20 +99,44 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
-    from .ddp_entry import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp_entry.py)
+    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp/pretrain.py)
     install()
     _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
     return args
 
 
-_LOGGED: set = set()
+def stock_from_our_checkpoints() -> None:
+    """Make Megatron's `load_args_from_checkpoint` (which `--use-checkpoint-args` calls, restoring `args.spec`
+    with force) keep a run without FLAG stock: a spec of ours that came from the checkpoint is put back to what
+    the command line said (None: Megatron's own layers; the parameters and checkpoint keys are the same) and
+    rank 0 says so. Idempotent; a no-op without megatron.training (megatron-core 0.16's wheel)."""
+    try:
+        from megatron.training import checkpointing
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("megatron"):
+            raise
+        return
+    load = checkpointing.load_args_from_checkpoint
+    if getattr(load, "_flash_overlap", False):
+        return
+
+    @functools.wraps(load)
+    def load_args_from_checkpoint(args, *rest, **kwargs):
+        given = getattr(args, "spec", None)
+        result = load(args, *rest, **kwargs)
+        spec = getattr(args, "spec", None)
+        if not getattr(args, "flash_overlap", False) and spec and list(spec) in OUR_SPECS and spec != given:
+            args.spec = given
+            _log_once(f"> --use-checkpoint-args: the checkpoint was saved with {FLAG} (--spec {' '.join(spec)}); "
+                      f"this run has no {FLAG}, so it builds Megatron's own layers (the same parameters); add "
+                      f"{FLAG} to run ours")
+        return result
+
+    load_args_from_checkpoint._flash_overlap = True
+    checkpointing.load_args_from_checkpoint = load_args_from_checkpoint  # parse_and_validate_args imports it late
 
 
-def _log_once(line: str) -> None:
-    """Rank 0 only (from $RANK: torch.distributed is not up at parse time); Megatron parses up to 3 times."""
-    if line not in _LOGGED and int(os.environ.get("RANK", "0")) == 0:
-        _LOGGED.add(line)
-        print(line, flush=True)
+_log_once = LogOnce(print_rank0)  # rank 0 ($RANK: no process group at parse time); Megatron parses up to 3 times
 
 
 def _check_compatible(args: argparse.Namespace) -> None:
@@ -132,7 +163,7 @@ def activate_config(path: Optional[str]) -> str:
     """Load the per-layer YAML at `path` (errors name the fix) and activate it in-process
     (`config.activate`), where the spec reads it when Megatron builds the model. None: nothing activated;
     the spec uses the environment's YAML if one is named, else the defaults. Returns where it comes from."""
-    from ..config import activate, environment, load_config
+    from ...config import activate, environment, load_config
 
     if path is None:
         activate(None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.moe.experts import SequentialMLP
 
-from ..ops.moe import LocalExperts, expert_pipeline
+from ...ops.moe import LocalExperts, expert_pipeline
 
 
 def fusion_blocker(layer) -> str | None:

@@ -8,7 +8,7 @@
             best of two after a warm-up, max over the DP ranks) feeds the
             cost model of ops/dp/choice.py; the k linears reduced last in backward that minimize its
             modelled step are fused (k = 0 where stock already hides its buckets)
-        tokens unknown: stock's last bucket (ddp_layout.last_bucket_weights), as before
+        tokens unknown: stock's last bucket (layout.last_bucket_weights), as before
     asynchronous None on a host-driven transport (gloo), with the cost model: at TP = 1 the DP worker thread
         only where the model's best step with rings in backward (each last hop waited at the next ring)
         is longer than on the worker by more than a call latency per ring (ops/dp/choice.worker_pays),
@@ -18,7 +18,7 @@
         156 / 86 / 180 / 85 ms vs 57 / 24-55 / 78-89 / 75 ms; compute-bound TP2xDP2 + SP 175 / 124 / 77-131 ms
         vs 209 / 220-244 / 254 ms; link-bound TP1xDP2 217 / 211 ms vs 337 / 323 ms with every hop waited in
         backward, 184 ms vs 215 ms once the last hop is deferred. Without the cost model, and on
-        NCCL: ddp_async.runs_async.
+        NCCL: worker.runs_async.
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..ops.dp.choice import Param, Rates, choose, worker_pays
-from ..ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
-from ..runtime import OverlapContext, reduce_scatter_into
-from .ddp_async import runs_async
-from .ddp_layout import last_bucket_weights
+from ...ops.dp.choice import Param, Rates, choose, worker_pays
+from ...ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
+from ...runtime import OverlapContext, reduce_scatter_into
+from .worker import runs_async
+from .layout import last_bucket_weights
 
 IN_BACKWARD = "in backward under their wgrad, each last hop waited at the next ring"
 PROBE = 1 << 20  # elements: ~4 MB fp32, long enough to be link-bound at 1-10 Gbit/s, short enough for start-up
@@ -125,7 +125,7 @@ def by_last_bucket(module, candidates, bucket_size) -> tuple[list, str]:
 
 def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous=None) -> tuple[list, str, bool | None]:
     """The automatic choice (module docstring), its one log line and where the rings run (None: left to
-    ddp_async.runs_async, the case without the cost model)."""
+    worker.runs_async, the case without the cost model)."""
     tokens = tokens or megatron_tokens()
     if not tokens or dp_group is None or dp_group.size() < 2:
         return (*by_last_bucket(module, candidates, bucket_size), asynchronous)

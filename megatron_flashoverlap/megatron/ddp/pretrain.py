@@ -3,7 +3,7 @@
     install()                       the DDP class pretrain() builds -> FlashDistributedDataParallel, under both
                                     names it is built by (idempotent; False where megatron.training is absent:
                                     megatron-core < 0.17)
-    FlashDistributedDataParallel    Megatron's DistributedDataParallel built by ddp_linear.build_with_dp_overlap
+    FlashDistributedDataParallel    Megatron's DistributedDataParallel built by linear.build_with_dp_overlap
                                     (the automatic choice, its buckets, 0.19's layout rewrite); `flash_dp_accepted`
 
 Megatron 0.19 builds DDP on two paths: the config container's model builder (`training/models/dist_utils.py`
@@ -11,7 +11,7 @@ Megatron 0.19 builds DDP on two paths: the config container's model builder (`tr
 path of its pretrain_gpt.py recipe and of our entry) and `get_model()` (`training.py`: `DP = DDP`, the layout
 when `DP is DDP`). Both read a module-global name at call time: a subclass put under each keeps the layout
 step, and every `isinstance(m, DistributedDataParallel)` in Megatron. Which TP linears fuse: the config's
-`dp: {fuse: auto | all | none}` (auto: ddp_choice's cost model, seq x micro-batch from Megatron's args; all:
+`dp: {fuse: auto | all | none}` (auto: choice.py's cost model, seq x micro-batch from Megatron's args; all:
 every one; none: stock DDP). Where the DDP config cannot fuse (no --use-distributed-optimizer,
 no --overlap-grad-reduce, a DP group of 1) the chunk is built as stock and one log line says why and what to add.
 """
@@ -22,8 +22,8 @@ import os
 
 from megatron.core.distributed import DistributedDataParallel
 
-from ..config import active
-from .ddp_linear import _dp_groups, _linears, build_with_dp_overlap
+from ...config import active
+from .linear import _dp_groups, _linears, build_with_dp_overlap
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def why_stock(ddp_config, ddp_kwargs, fuse: str = "auto") -> str | None:
 
 
 class FlashDistributedDataParallel(DistributedDataParallel):
-    """Megatron's DDP whose TP linears (chosen by ddp_choice) reduce-scatter their wgrad inside the GEMM."""
+    """Megatron's DDP whose TP linears (chosen by choice.py) reduce-scatter their wgrad inside the GEMM."""
 
     def __init__(self, config, ddp_config, module, **kwargs):
         fuse = active().dp.fuse
@@ -55,7 +55,7 @@ class FlashDistributedDataParallel(DistributedDataParallel):
             super(FlashDistributedDataParallel, self).__init__(config, ddp_config, module, **kw)
             return self
 
-        linears = _linears(module) if fuse == "all" else None  # None: the automatic choice (ddp_choice.py)
+        linears = _linears(module) if fuse == "all" else None  # None: the automatic choice (choice.py)
         _, self.flash_dp_accepted = build_with_dp_overlap(build, ddp_config, module, linears=linears,
                                                           **kwargs)
         _say(f"> --flash-overlap: DP reduce-scatter inside the wgrad GEMM of {len(self.flash_dp_accepted)} "

@@ -6,7 +6,7 @@
              Megatron's LinearWithGradAccumulationAndAsyncCommunication, overlapped with the wgrad below
     wgrad    dw = dy^T AG_tp(x): `dp_wgrad` -> for a flash weight, reduce-scattered over DP inside the GEMM
 
-`wrap_with_dp_overlap` builds DDP with the chosen weights in buckets of their own (ddp_layout.py).
+`wrap_with_dp_overlap` builds DDP with the chosen weights in buckets of their own (layout.py).
 `linear_dp_forward_impl` has the signature of Megatron's `_forward_impl` / `linear_with_grad_accumulation_
 and_async_allreduce`, so a stock `ColumnParallelLinear` / `RowParallelLinear` uses it by instance attribute
 (`module._forward_impl = linear_dp_forward_impl`); the plugin's own layers call `dp_wgrad` in their backward.
@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..runtime import all_gather_into, group_info, reduce_scatter_into
-from .ddp import dp_wgrad, enable_dp_overlap
-from .ddp_choice import auto_linears
-from .ddp_layout import isolated_buckets, relayout, stock_bucket_size
+from ...runtime import all_gather_into, group_info, reduce_scatter_into
+from .grad_sync import dp_wgrad, enable_dp_overlap
+from .choice import auto_linears
+from .layout import isolated_buckets, relayout, stock_bucket_size
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _dp_groups(ddp_kwargs):
 
 
 def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> tuple[list, bool | None]:
-    """The linears to fuse by default (ddp_choice.auto_linears: the cost model where the token count is
+    """The linears to fuse by default (choice.auto_linears: the cost model where the token count is
     known, else stock's last bucket), explained in one log line, and where their rings run."""
     dp, dp_cp = _dp_groups(ddp_kwargs)
     size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, dp.size())
@@ -119,7 +119,7 @@ def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> tuple[
 
 def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=None) -> tuple[list, bool | None]:
     """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line), and
-    where their rings run (the automatic choice may settle asynchronous=None: ddp_choice.auto_linears)."""
+    where their rings run (the automatic choice may settle asynchronous=None: choice.auto_linears)."""
     if linears is None:
         linears, asynchronous = _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous)
     linears = list(linears)
@@ -134,7 +134,7 @@ def build_with_dp_overlap(build, ddp_config, module, *, linears=None, algo="flas
                           tokens=None, asynchronous=None, **ddp_kwargs):
     """`build(**ddp_kwargs)` -> a Megatron DDP of `module`, called with the chosen weights in buckets of their
     own (and 0.19's `full_param_layout` rewritten to match), then marked for the fused reduce-scatter.
-    -> (ddp, accepted). wrap_with_dp_overlap and the pretrain() subclass (ddp_entry.py) both build here."""
+    -> (ddp, accepted). wrap_with_dp_overlap and the pretrain() subclass (pretrain.py) both build here."""
     linears, asynchronous = _select(module, linears, ddp_config, ddp_kwargs, tokens, asynchronous)
     weights = [m.weight for m in linears]
     if ddp_kwargs.get("full_param_layout") is not None:
@@ -155,14 +155,14 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     reduce-scatter their weight gradient over DP inside their wgrad GEMM (stock layers through
     `linear_dp_forward_impl`, the plugin's Flash layers inside their own TP walk, megatron/linear.py).
 
-    linears: None = the automatic choice, logged in one line (megatron/ddp_choice.py: with `tokens`, the rows
+    linears: None = the automatic choice, logged in one line (megatron/ddp/choice.py: with `tokens`, the rows
     of a wgrad GEMM (seq x micro-batch; read from Megatron's args when pretrain() set them), a calibrated
     cost model fuses the linears reduced last in backward where stock would leave communication exposed;
     without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
-    (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (ddp_layout.relayout).
+    (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (layout.relayout).
     asynchronous: None = the current stream on NCCL; on host-driven transports (gloo) the DP worker thread,
     except at TP = 1 where the automatic choice's cost model finds rings in backward do not stall it
-    (ddp_choice.auto_linears); True = the worker (gloo only, any TP size);
+    (choice.auto_linears); True = the worker (gloo only, any TP size);
     False = each ring inside its own layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""

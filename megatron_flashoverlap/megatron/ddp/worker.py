@@ -1,7 +1,7 @@
 """The fused DP ring off the compute thread, on host-driven transports (gloo): its wait no longer blocks backward.
 
 A fused weight's ring (ops/dp/wgrad_rs.py) waits on every hop. Run in the compute thread, it hides under
-that weight's own wgrad GEMM and, its last hop being waited at the next fused ring (megatron/ddp.py), under
+that weight's own wgrad GEMM and, its last hop being waited at the next fused ring (megatron/ddp/grad_sync.py), under
 the backward up to that ring; a ring longer than that (or hops before the last longer than their GEMM
 slices, P > 2) stalls the backward. Here, on a
 "timed" transport (gloo: the host moves the bytes, runtime/transport.py), the ring, its GEMM slices
@@ -18,7 +18,7 @@ stays on the current stream: its waits are stream-ordered and never block the ho
 let it overlap the next layers' GEMMs on the device too; not done here).
 
 On host-driven transports, asynchronous=None: the worker, except at TP = 1 where the automatic choice's cost
-model finds that rings in backward do not stall it (ddp_choice.auto_linears, with its measurements;
+model finds that rings in backward do not stall it (choice.auto_linears, with its measurements;
 ops/dp/choice.worker_pays); asynchronous=False keeps each ring inside its layer's backward, True forces the
 worker. At TP > 1
 the worker's DP rings and backward's TP rings post
@@ -40,11 +40,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..runtime import OverlapContext, transport_kind
-from ..runtime.commthread import CommThread
+from ...runtime import transport_kind
+from ...runtime.commthread import CommThread
 
 _WORKER: dict[int, CommThread] = {}  # pid -> this process's DP worker (a fork does not inherit threads)
-_CONTEXTS: dict[int, OverlapContext] = {}
 
 
 def runs_async(group, device_type: str) -> bool:
@@ -68,16 +67,6 @@ def worker() -> CommThread:
         _WORKER.clear()
         _WORKER[pid] = CommThread()
     return _WORKER[pid]
-
-
-def worker_context(like: OverlapContext) -> OverlapContext:
-    """The worker's own context (its buffers are not the compute thread's), `like`'s timeout, no peer check
-    (the compute thread checked before queuing the ring)."""
-    pid = os.getpid()
-    if pid not in _CONTEXTS:
-        _CONTEXTS.clear()
-        _CONTEXTS[pid] = OverlapContext(check_peers="never", timeout=like.timeout)
-    return _CONTEXTS[pid]
 
 
 def no_grad(fn):

@@ -20,7 +20,7 @@ copies to the host (its one sync per layer); nothing else syncs.
 Refused at build, with the fix: the flex dispatcher (DeepEP / HybridEP / NCCL-EP bring their own fused
 all-to-all kernels) and --overlap-moe-expert-parallel-comm (Megatron's 1F1B a2a overlap on two streams;
 not composed with ours). The allgather dispatcher has no all-to-all: it runs as stock (logged once).
-Where flash cannot fuse it runs "exchange", one log line per reason (moe_fuse.py: expert-TP > 1, experts
+Where flash cannot fuse it runs "exchange", one log line per reason (fused.py: expert-TP > 1, experts
 other than SequentialMLP, the shared expert on the dispatcher's side stream, fp8/fp4, delayed expert wgrad,
 inference-optimized experts, EP = 1).
 """
@@ -33,14 +33,15 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..config import FlashOverlapConfig, active
-from ..ops.moe import COMBINE, DISPATCH, expert_all_to_all
-from ..ops.registry import forced
-from .linear import layer_context
-from .moe_fuse import fused_experts, fusion_blocker
+from ...config import FlashOverlapConfig, active
+from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
+from ...ops.registry import forced
+from ...runtime import shared_context
+from ...runtime.once import LogOnce
+from .fused import fused_experts, fusion_blocker
 
 log = logging.getLogger(__name__)
-_LOGGED: set = set()
+_LOGGED = LogOnce(log)
 
 
 def check_moe_config(config) -> None:
@@ -54,10 +55,9 @@ def check_moe_config(config) -> None:
         raise ValueError("flash-overlap MoE: --overlap-moe-expert-parallel-comm (Megatron's 1F1B all-to-all overlap) "
                          "is not composed with our exchange; drop it (ours hides the exchange inside the layer) or "
                          "use the stock spec")
-    if kind == "allgather" and "allgather" not in _LOGGED:
-        _LOGGED.add("allgather")
-        log.warning("flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as stock. "
-                    "Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
+    if kind == "allgather":
+        _LOGGED("allgather", "flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as "
+                "stock. Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
 
 
 class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
@@ -71,7 +71,7 @@ class FlashAlltoAllTokenDispatcher(MoEAlltoAllTokenDispatcher):
     def adopt(cls, stock: MoEAlltoAllTokenDispatcher, flash_config: FlashOverlapConfig, algo: str):
         """The stock dispatcher, now running our exchange `algo` (the class changes, nothing else)."""
         stock.__class__ = cls
-        stock.flash_algo, stock.flash_ctx = algo, layer_context(flash_config.timeout_s)
+        stock.flash_algo, stock.flash_ctx = algo, shared_context("layer", flash_config.timeout_s)
         return stock
 
     def _exchange(self, x, output_splits, input_splits, order):
@@ -105,7 +105,7 @@ class FlashMoELayer(MoELayer):
     dispatch -> routed_experts_compute -> combine is the fused pipeline (dispatch and combine pass through)."""
 
     flash_fused = False
-    flash_not_fused = None  # moe.algo = flash that runs "exchange": why (moe_fuse.fusion_blocker)
+    flash_not_fused = None  # moe.algo = flash that runs "exchange": why (fused.fusion_blocker)
 
     def __init__(self, config, submodules=None, *args, flash_config: FlashOverlapConfig | None = None, **kwargs):
         check_moe_config(config)
@@ -156,9 +156,8 @@ class FlashMoELayer(MoELayer):
 
 def _logged_blocker(reason: str | None) -> bool:
     """True where flash cannot fuse: the reason is logged once per process."""
-    if reason is not None and reason not in _LOGGED:
-        _LOGGED.add(reason)
-        log.warning("flash-overlap MoE: moe.algo=flash runs 'exchange' (pairwise steps, experts after): %s", reason)
+    if reason is not None:
+        _LOGGED(reason, "flash-overlap MoE: moe.algo=flash runs 'exchange' (pairwise steps, experts after): %s", reason)
     return reason is not None
 
 

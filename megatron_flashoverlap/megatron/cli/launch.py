@@ -51,6 +51,10 @@ CPU_DEFAULTS = (
     ("--no-bias-gelu-fusion", None, "torch.compile: inductor builds C++ at the first call (~10 s each on CPU)"),
     ("--no-bias-swiglu-fusion", None, "torch.compile, as above"),
     ("--no-bias-dropout-fusion", None, "torch.compile, as above"),
+    ("--no-masked-softmax-fusion", None, "the fused (scaled, masked) softmax of bf16 / fp16 attention is a "
+                                         "CUDA extension (scaled_masked_softmax_cuda); without it torch's runs"),
+    ("--inference-dynamic-batching-buffer-size-gb", "1", "the dynamic engine's KV cache is host memory on CPU; "
+     "the GPU default (40 GB) gives more request slots than tokens: DynamicInferenceContext asserts"),
 )
 
 
@@ -153,14 +157,14 @@ def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:
     """Steps 1-4 for one rank: `sys.argv = [prog, *args (+ CPU defaults)]`, shims, helpers, parse_args."""
     sys.argv = [prog, *(cpu_argv(args) if cpu else args)]
     if cpu:
-        from . import cpu as cpu_shims
+        from .. import cpu as cpu_shims
 
         if not cpu_shims.enable():
             raise SystemExit("--cpu was given but CUDA is available: the CPU shims are never applied on a GPU "
                              "machine; drop --cpu to train on the GPU")
     use_installed_helpers()
     install()
-    from . import sites  # imports Megatron: after the checkout's folder went first on sys.path
+    from .. import sites  # imports Megatron: after the checkout's folder went first on sys.path
 
     sites.install()
 

@@ -4,15 +4,15 @@ What the data-parallel overlap needs from Megatron's `DistributedDataParallel` (
 a selected weight's gradient is reduce-scattered INSIDE its wgrad GEMM (ddp/wgrad_rs.py), so Megatron
 must (a) give that weight a bucket of its own, and (b) not reduce-scatter that bucket a second time.
 
-    (a) layout   `ddp_layout.isolated_buckets(module, weights)`: while DDP (and, on 0.19, its param layout) is
+    (a) layout   `layout.isolated_buckets(module, weights)`: while DDP (and, on 0.19, its param layout) is
                  built, the weights carry `shared_embedding = True` (the attribute both versions' layout
                  code honours to close a bucket before and after a param) and come last in layout order,
                  so the other params keep stock's buckets; a precomputed 0.19 `full_param_layout` is
-                 rewritten the same way (`ddp_layout.relayout`). Both are undone afterwards.
+                 rewritten the same way (`layout.relayout`). Both are undone afterwards.
     (b) sync     `_ParamAndGradBucketGroup.start_grad_sync` is wrapped (class-level, once): for a bucket
                  group marked `_flashoverlap_reduced` this iteration it installs the ring's handle instead
                  of issuing the collective (an in-backward ring's last hop, waited at the next ring or
-                 here: _DeferredRing; or the DP worker's: ddp_async.py, gloo); `finish_grad_sync` then
+                 here: _DeferredRing; or the DP worker's: worker.py, gloo); `finish_grad_sync` then
                  waits on it as usual. Every other bucket group runs the original.
     (c) checks   the NaN / Inf / large-gradient check runs on the LOCAL gradient, as stock runs it before
                  its collective: the fused ring hands every local part (before it is sent) to a norm
@@ -36,10 +36,10 @@ from types import SimpleNamespace
 
 import torch
 
-from ..runtime import OverlapContext, default_context
-from ..ops.checks import peers_agree
-from ..ops.dp.wgrad_rs import OP as DP_OP, DPBucket, matmul_wgrad_reduce_scatter
-from .ddp_async import RingHandle, check_async, no_grad, runs_async, worker, worker_context
+from ...runtime import OverlapContext, default_context, shared_context
+from ...ops.checks import peers_agree
+from ...ops.dp.wgrad_rs import OP as DP_OP, DPBucket, matmul_wgrad_reduce_scatter
+from .worker import RingHandle, check_async, no_grad, runs_async, worker
 
 log = logging.getLogger(__name__)
 SUPPORTED = ("0.16", "0.17", "0.18", "0.19")
@@ -81,7 +81,7 @@ def _patch_start_grad_sync() -> None:
             raise RuntimeError("a bucket reduce-scattered by the flash DP overlap cannot be all-reduced again "
                                "(force_all_reduce); disable the DP overlap for this model")
         self._flashoverlap_reduced = False
-        # the ring's handle: done (it ran in the backward) or running on the DP worker (ddp_async.py)
+        # the ring's handle: done (it ran in the backward) or running on the DP worker (worker.py)
         self.grad_reduce_handle = getattr(self, "_flashoverlap_handle", None) or _Done()
         self._flashoverlap_handle = None
 
@@ -102,7 +102,7 @@ class DPSite:
     algo: str = "flash"
     context: OverlapContext = field(default_factory=default_context)
     fused_calls: int = 0  # last-micro-batch wgrads reduce-scattered in the GEMM (tests read it)
-    asynchronous: bool = False  # the ring runs on the DP worker thread (ddp_async.py)
+    asynchronous: bool = False  # the ring runs on the DP worker thread (worker.py)
 
 
 def _refuse(ddp, param, bucket_group) -> str | None:
@@ -119,7 +119,7 @@ def _refuse(ddp, param, bucket_group) -> str | None:
         return "several distributed-optimizer instances or reduce_scatter_with_fp32_accumulation"
     if len(bucket_group.buckets) != 1 or len(bucket_group.buckets[0].params_list) != 1:
         return ("its bucket is shared with other parameters (build DDP through wrap_with_dp_overlap or inside "
-                "ddp_layout.isolated_buckets(...); disable_bucketing merges all buckets)")
+                "layout.isolated_buckets(...); disable_bucketing merges all buckets)")
     return None
 
 
@@ -140,8 +140,8 @@ def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapCont
                       asynchronous: bool | None = None) -> list:
     """Mark `weights` of a Megatron DDP model for the fused wgrad reduce-scatter; returns the ones accepted
     (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py).
-    asynchronous: True = the ring on the DP worker thread (ddp_async.py, gloo); False = in backward; None = as
-    ddp_async.runs_async decides (the worker on gloo, the current stream on NCCL)."""
+    asynchronous: True = the ring on the DP worker thread (worker.py, gloo); False = in backward; None = as
+    worker.runs_async decides (the worker on gloo, the current stream on NCCL)."""
     _patch_start_grad_sync()
     accepted, refused = [], []
     for w in weights:
@@ -202,10 +202,10 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
                            "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
     local = _LocalNorm()
     ctx = site.context
-    if site.asynchronous:  # the shape check here, in program order; the ring on the worker (ddp_async.py)
+    if site.asynchronous:  # the shape check here, in program order; the ring on the worker (worker.py)
         peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, ctx, site.grad_flat.numel(),
                     site.offset, dy.shape[-1], x.shape[-1])
-        ctx = worker_context(ctx)
+        ctx = shared_context("worker", ctx.timeout.total_seconds())  # the worker's own (runtime/context.py)
     bucket = DPBucket(site.grad_flat, site.offset, site.scale, local if local.wanted(group_) else None)
     run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, bucket, site.group, algo=site.algo, context=ctx)
     if site.asynchronous:

@@ -1,0 +1,8 @@
+"""The command line: the `--flash-overlap` flags, the launcher for Megatron-LM's scripts, the project's entry.
+
+    args.py           the `--flash-overlap` flags for Megatron's parser (shared by the launcher and the patch)
+    launch.py         `python -m megatron_flashoverlap.launch` / `flashoverlap-launch` (`--cpu`, `--nproc-per-node`)
+    pretrain_gpt.py   `python -m megatron_flashoverlap.pretrain_gpt`: Megatron's pretrain() with our spec on mock data
+    generate.py       `python -m megatron_flashoverlap.generate`: offline_inference.py's job through
+                      the wheel (MegatronLLM, greedy) from a pretrain_gpt.py checkpoint
+"""

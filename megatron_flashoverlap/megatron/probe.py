@@ -1,0 +1,160 @@
+"""The start-up probe on GPUs: a few GEMMs and point-to-point hops timed with CUDA events, the same figures on
+every rank, handed to the planner (plan/choices.py) for the choices the YAML leaves open.
+
+    planned(cfg) -> cfg      where the spec reads the config (spec.model_layer_specs): on CUDA with torch.distributed
+                             initialized, Megatron's args parsed and cfg.planner.probe == "auto": probe once, choose,
+                             apply (the YAML wins), activate the result (the DDP wrapper reads dp.fuse from it),
+                             load the predicted decode all-reduce table unless the YAML names one; log the figures
+                             and choices once. Anything else (CPU, gloo, probe off): cfg unchanged, so the CPU
+                             rules (hops.py, megatron/ddp/choice.py, the measured all-reduce table) keep working.
+    measure(shapes, sizes, gpus_per_node, group=None) -> figures   the GPU part (plan/choices.py: Figures)
+        GEMMs: each shape in bf16, median of 3 calls after a warm-up, CUDA events (the wing may not import
+               tools/rounds.py, a floor above it: tests/pure/test_layering.py; as megatron/ddp/choice.py times its probe)
+        hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
+               call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
+               node (ranks without a pair report nothing)
+        identical on every rank: each figure is all-reduced with MAX over the group
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ..config import activate
+from ..runtime.once import LogOnce
+from ..plan.choices import apply, choose, partners, probe_shapes
+from ..plan.model import Layout, Model
+
+log = logging.getLogger(__name__)
+_SAID = LogOnce(log, logging.INFO)  # the figures and the choices, once per process
+_REFUSED = LogOnce(log)
+HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
+ROUNDS = 3
+
+
+def _cuda_seconds(fn) -> float:
+    """Seconds of one fn() between two CUDA events on the current stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _median(call) -> float:
+    call()  # warm-up: kernels chosen, connections made
+    return statistics.median(call() for _ in range(ROUNDS))
+
+
+def _gemm_seconds(shapes) -> list[float]:
+    out = []
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        out.append(_median(lambda: _cuda_seconds(lambda: torch.matmul(a, b))))
+    return out
+
+
+def _exchange(peer: int | None, nbytes: int, group) -> float:
+    """Seconds of one exchange of `nbytes` with `peer` (0 without a peer), after a barrier."""
+    dist.barrier(group=group)
+    if peer is None:
+        return 0.0
+    send = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    recv = torch.empty_like(send)
+
+    def run():
+        ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return _cuda_seconds(run)
+
+
+def _hop_seconds(peer: int | None, group) -> list[float]:
+    out = []
+    for nbytes in HOP_BYTES:
+        out.append(_median(lambda: _exchange(peer, nbytes, group)))
+    return out
+
+
+def measure(shapes, gpus_per_node: int, group=None) -> dict:
+    """The probe's figures, identical on every rank (module docstring)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    intra, inter = partners(rank, world, gpus_per_node)
+    times = _gemm_seconds(shapes) + _hop_seconds(intra, group) + _hop_seconds(inter, group)
+    t = torch.tensor(times, dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    times = t.tolist()
+    n, h = len(shapes), len(HOP_BYTES)
+    hops = (lambda xs: [[b, s] for b, s in zip(HOP_BYTES, xs) if s > 0])
+    return {"device": torch.cuda.get_device_name(), "dtype": "bf16", "gpus_per_node": gpus_per_node,
+            "nodes": max(1, world // gpus_per_node),
+            "gemm": [[*s, x] for s, x in zip(shapes, times[:n])],
+            "intra": hops(times[n:n + h]), "inter": hops(times[n + h:])}
+
+
+def model_layout(args) -> tuple[Model, Layout]:
+    """Megatron's parsed args -> the planner's Model and Layout."""
+    groups = args.num_query_groups if getattr(args, "group_query_attention", False) else None
+    model = Model(hidden=args.hidden_size, ffn=args.ffn_hidden_size, heads=args.num_attention_heads,
+                  layers=args.num_layers, seq=args.seq_length, micro_batch=args.micro_batch_size,
+                  query_groups=groups, kv_channels=getattr(args, "kv_channels", None),
+                  vocab=getattr(args, "padded_vocab_size", None) or 32000, swiglu=bool(getattr(args, "swiglu", False)),
+                  experts=getattr(args, "num_experts", None) or 0, topk=getattr(args, "moe_router_topk", 2) or 2,
+                  moe_ffn=getattr(args, "moe_ffn_hidden_size", None), global_batch=args.global_batch_size,
+                  recompute=getattr(args, "recompute_granularity", None) == "full")
+    layout = Layout(args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+                    getattr(args, "context_parallel_size", 1), getattr(args, "expert_model_parallel_size", 1),
+                    args.data_parallel_size, bool(args.sequence_parallel))
+    return model, layout
+
+
+def _megatron_args():
+    try:
+        from megatron.training.global_vars import get_args
+        return get_args()
+    except Exception:  # not initialized, or megatron.training absent: no probe
+        return None
+
+
+def _gpus_per_node(world: int) -> int:
+    import os
+    g = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or torch.cuda.device_count()
+    return max(1, min(g, world))
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_and_choose(model: Model, layout: Layout):
+    g = _gpus_per_node(dist.get_world_size())
+    figures = measure(probe_shapes(model, layout), g)
+    return figures, choose(figures, model, layout)
+
+
+def planned(cfg):
+    """cfg with the planner's choices on this GPU cluster, or cfg unchanged (module docstring)."""
+    if cfg.planner.probe != "auto" or not torch.cuda.is_available() or not dist.is_initialized() \
+            or dist.get_backend() != "nccl":
+        return cfg
+    args = _megatron_args()
+    if args is None:
+        return cfg
+    try:
+        model, layout = model_layout(args)
+        figures, choices = _probe_and_choose(model, layout)
+    except ValueError as err:  # a layout the planner cannot price: say so once, keep the YAML / CPU rules
+        _REFUSED(str(err), "flash-overlap planner: %s; the layers keep the YAML's plans and the operators' own "
+                 "rules", err)
+        return cfg
+    out = apply(choices, cfg)
+    if out.all_reduce.table is None and choices.decode_table is not None:
+        from ..ops.all_reduce.select import set_calibration
+        set_calibration(choices.decode_table)
+    _SAID(("probe", model, layout), "flash-overlap probe: %s", figures)
+    _SAID(("choices", model, layout), "flash-overlap %s", choices.log)
+    activate(out)
+    return out

@@ -1,0 +1,57 @@
+"""The CPU proxy's priced machine (plan/proxy.py): the fit, the measured net's formulas, the proxy GPU.
+
+Tier: pure (no processes). Expected values are worked out in the comments from the fits the tests give.
+"""
+import pytest
+
+from megatron_flashoverlap.plan.gemm import TableGemm
+from megatron_flashoverlap.plan.hardware import Cluster, Link
+from megatron_flashoverlap.plan.links import Group
+from megatron_flashoverlap.plan.price import Env
+from megatron_flashoverlap.plan.proxy import Fit, ProxyNet, fit, proxy_gpu
+
+HOP, AG, AR = Fit(1e-3, 1e-8), Fit(2e-3, 2e-8), Fit(3e-3, 3e-8)
+FITS = {"hop": HOP, "allgather": AG, "allreduce": AR}
+
+
+def _net(p=4, shared=True):
+    gpu = proxy_gpu(Fit(1e-5, 1e-9))
+    link = Link("l", 1.0, 1.0, 1.0, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0), 1.0)
+    return ProxyNet(Cluster(gpu, link, link, p, 1, 1, 0.0), FITS, shared)
+
+
+def test_fit_recovers_a_line_and_clamps():
+    f = fit([(0, 1.0), (10, 3.0), (20, 5.0)])  # y = 1 + 0.2 x exactly
+    assert f.alpha == pytest.approx(1.0) and f.per_byte == pytest.approx(0.2)
+    g = fit([(0, 5.0), (10, 1.0)])  # a falling line: slope clamped at 0
+    assert g.per_byte == 0.0 and g.alpha > 0
+    with pytest.raises(ValueError, match="two"):
+        fit([(1, 1.0)])
+
+
+def test_shared_net_prices_hops_and_gloo_collectives_from_its_fits():
+    net, g = _net(), Group(4, 4)
+    assert net.hop(1e6, 2e6, False) == pytest.approx(1e-3 + 2e6 * 1e-8)  # the larger side: 0.021 s
+    assert net.collective("all_gather", 4e6, g) == pytest.approx(2e-3 + 1e6 * 2e-8)  # per rank 1e6 bytes
+    assert net.collective("all_to_all", 4e6, g) == pytest.approx(2e-3 + 1e6 * 2e-8)
+    assert net.collective("reduce_scatter", 4e6, g) == pytest.approx(3 * (1e-3 + 1e6 * 1e-8))  # 3 hops of a chunk
+    assert net.collective("all_reduce", 4e6, g) == pytest.approx(3e-3 + 4e6 * 3e-8)
+    assert net.collective("all_reduce", 4e6, Group(1, 1)) == 0.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        net.collective("broadcast", 1.0, g)
+
+
+def test_missing_fits_are_named():
+    gpu = proxy_gpu(Fit(1e-5, 1e-9))
+    link = Link("l", 1.0, 1.0, 1.0, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0), 1.0)
+    with pytest.raises(ValueError, match="allreduce"):
+        ProxyNet(Cluster(gpu, link, link, 2, 1, 1, 0.0), {"hop": HOP, "allgather": AG})
+
+
+def test_proxy_gpu_prices_an_add_as_measured():
+    add = Fit(2e-5, 1e-9)  # 20 us + 1 ns per fp32 element
+    gpu = proxy_gpu(add)
+    link = Link("l", 1.0, 1.0, 1.0, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0), 1.0)
+    env = Env(Cluster(gpu, link, link, 2, 1, 1, 0.0), "fp32", TableGemm(gpu, "fp32", {(1, 1, 1): 1.0}),
+              _net(2))
+    assert env.add(1e6) == pytest.approx(2e-5 + 1e6 * 1e-9)  # Env.add: one fp32 add of 1e6 elements
