@@ -30,10 +30,11 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
         assert all(r[f"{a}_us"] > 0 and r[f"{a}_min_us"] <= r[f"{a}_us"] for a in ALGOS)
     set_calibration(path)
     try:
-        for r in t["rows"]:  # auto = the table's argmin where it beats stock, for a decode-shaped tensor
-            x = torch.zeros(1, 1, r["bytes"] // 4)
+        for r in t["rows"]:  # auto = the table's argmin where it beats stock (its median, and in at least 80 %
+            x = torch.zeros(1, 1, r["bytes"] // 4)  # of the paired rounds: both of these 2), decode-shaped only
             ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])
-            want = ours if r[f"{ours}_us"] < r["reference_us"] else "reference"
+            paired = sum(o < s for o, s in zip(r[f"{ours}_rounds_us"], r["reference_rounds_us"]))
+            want = ours if r[f"{ours}_us"] < r["reference_us"] and paired == 2 else "reference"
             assert choose(x, 2, 1, "gloo") == want
             assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1, "gloo") == "reference"  # prefill
     finally:
