@@ -51,7 +51,8 @@ from typing import Mapping
 # The algorithm words, defined once (the ops registry maps them to functions; YAML is checked against them).
 # `reference` is the one name of the unfused path: the stock collective, then the GEMM.
 ALGOS = ("flash", "flash_bidir", "slicing", "reference")
-ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical")
+ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
+                    "hierarchical_hd")
 ULYSSES_ALGOS = ("flash", "reference")
 # the core attention (megatron/sdpa.py core_attention_for): auto = what stock Megatron builds for the same flags,
 # except --attention-backend flash|fused where stock would not use TE (then SDPA with that kernel);

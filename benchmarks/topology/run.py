@@ -1,5 +1,6 @@
 """Emulated two-level topology: all-reduce latency vs message size (the decode all-reduce), stock vs ring /
-recursive doubling / hierarchical, with inter-node traffic shaped and intra-node traffic not.
+recursive doubling / hierarchical / hierarchical pipelined and `auto` (after its start-up calibration), with
+inter-node traffic shaped and intra-node traffic not.
 
     sudo .venv/bin/python benchmarks/topology/run.py --layouts 4:2 8:2 --inter-rate 1gbit
     .venv/bin/python benchmarks/topology/run.py --render benchmarks/topology/data/two_level_raw.json  # tables again
@@ -13,7 +14,6 @@ the shaped classes) and allreduce_topology.png.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -91,7 +91,7 @@ def main(argv=None) -> None:
     raw = {"tables": tables, "htb_bytes": counters}
     with open(out_json, "w") as f:
         json.dump(raw, f, indent=1)
-    head = [f"# Two-level topology: the decode all-reduce ({datetime.date.today()})", "",
+    head = ["# Two-level topology: the decode all-reduce", "",
             f"Command: `{command_line('topology/run.py', argv)}`", ""]
     write_text(os.path.join(args.out, "allreduce_topology.md"), "\n".join(head) + "\n" + body(raw))
     plot(tables, os.path.join(args.out, "allreduce_topology.png"))

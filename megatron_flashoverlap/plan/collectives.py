@@ -101,8 +101,9 @@ def _exchange_prices(env: Env, g: Group, r: int, block: float, pair: bool) -> Pr
 
 def _all_reduce_algo(env: Env, g: Group, nbytes: float, algo: str) -> float:
     p = g.size
-    local = g.per_node if algo == "hierarchical" else None
-    ranks = [0] if algo == "ring" else (range(0, p, g.per_node) if algo == "hierarchical" else range(p))
+    hier = algo.startswith("hierarchical")  # hierarchical, hierarchical_pipelined: the node layout matters
+    local = g.per_node if hier else None
+    ranks = [0] if algo == "ring" else (range(0, p, g.per_node) if hier else range(p))
     worst = 0.0
     for r in ranks:
         sched = S.all_reduce_schedule(algo, r, p, local)

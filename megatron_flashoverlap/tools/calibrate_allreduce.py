@@ -7,7 +7,9 @@ that `all_reduce(algo="auto")` reads (ops/all_reduce/select.py).
 
 Each size: `warmup + iters` rounds of tools/rounds.py `interleaved`; a round runs every algorithm once
 (order rotated per round), each behind a barrier; a round's time is the slowest rank's; the table keeps
-the median (and the minimum).
+the median, the minimum and every kept round (`<algo>_rounds_us`, for intervals). "auto" is measured too, on
+the same message shaped [1, 1, n] (decode-shaped): what the start-up calibration chose (ops/all_reduce/
+calibrate.py, run once before the first size), timed like the others; the lookup ignores its column.
 The file holds one table per (world_size, local_world_size, backend, dtype), the key `auto` looks up
 (a gloo or float32 table never steers NCCL or bfloat16); a run replaces its own entry.
 """
@@ -23,12 +25,12 @@ import torch
 import torch.distributed as dist
 
 from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, resolve_local_world_size
-from ..ops.all_reduce.select import dtype_name
+from ..ops.all_reduce.select import dtype_name, table_for
 from ..runtime import OverlapContext
 from .rounds import interleaved, rank_max, timed
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MEASURED = tuple(a for a in AR_ALGOS if a != "auto")  # stock + ours
+MEASURED = AR_ALGOS  # auto (what the start-up calibration chose), stock, ours
 TABLE_KEY = ("world_size", "local_world_size", "backend", "dtype")  # what select.table_for matches
 
 
@@ -42,8 +44,10 @@ def default_sizes(lo: int = 8 << 10, hi: int = 8 << 20) -> list[int]:
 
 
 def _variant(x, algo, group, local, ctx, device):
-    """One measured all-reduce (behind a barrier of `group`; a CUDA device is synchronised inside the clock)."""
+    """One measured all-reduce (behind a barrier of `group`; a CUDA device is synchronised inside the clock);
+    auto gets the message decode-shaped, [1, 1, n], as a decode step hands it over."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    x = x.view(1, 1, -1) if algo == "auto" else x
     return lambda: timed(lambda: all_reduce(x, group, algo=algo, local_world_size=local, context=ctx), sync=sync,
                          group=group)
 
@@ -56,6 +60,9 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
     local = resolve_local_world_size(world, local_world_size, group)
     ctx = OverlapContext(check_peers=False)  # the peer check is one extra all-gather: not part of the op
     esize = torch.empty((), dtype=dtype).element_size()
+    if "auto" in algos:  # the start-up calibration, once, before any size is timed
+        all_reduce(torch.ones(1, 1, max(sizes[0] // esize, 1), device=device).to(dtype), group, algo="auto",
+                   local_world_size=local_world_size, context=ctx)
     rows = []
     for nbytes in sizes:
         x = torch.randn(max(nbytes // esize, 1), device=device).to(dtype)
@@ -65,16 +72,22 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
         for a in algos:
             row[f"{a}_us"] = round(statistics.median(times[a]) * 1e6, 1)
             row[f"{a}_min_us"] = round(min(times[a]) * 1e6, 1)
+            row[f"{a}_rounds_us"] = [round(t * 1e6, 1) for t in times[a]]
         rows.append(row)
     return rows
 
 
 def table(rows, group=None, local_world_size=None, dtype=torch.bfloat16, iters=20, note="") -> dict:
+    """The file's entry; "startup": the start-up calibration auto measured in this run (what auto ran), if any."""
     world = dist.get_world_size(group)
-    return {"world_size": world, "local_world_size": resolve_local_world_size(world, local_world_size, group),
-            "backend": str(dist.get_backend(group)), "dtype": dtype_name(dtype), "iters": iters,
-            "torch": torch.__version__, "note": note, "rows": rows,
-            "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    local = resolve_local_world_size(world, local_world_size, group)
+    out = {"world_size": world, "local_world_size": local, "backend": str(dist.get_backend(group)),
+           "dtype": dtype_name(dtype), "iters": iters, "torch": torch.__version__, "note": note, "rows": rows,
+           "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    startup = table_for(world, local, out["backend"], out["dtype"]) if local is not None else None
+    if startup is not None and startup.get("source") == "start-up calibration":
+        out["startup"] = startup
+    return out
 
 
 def write(path: str, entry: dict) -> None:

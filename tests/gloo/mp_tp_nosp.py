@@ -5,8 +5,6 @@ reference, and returns errors against a float64 dense formula (assertions live i
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from megatron_flashoverlap.ops import OpPlan
@@ -62,24 +60,3 @@ def column(rank, world, algo, s, b, h, n, dtype="float32", seed=0, num_chunks=No
             "dx": _err(xs.grad, dyd @ wd), "scale": (dyd @ wd).abs().max().item(),
             "dw": _err(ws.grad, dys.double().reshape(-1, nl).t() @ xd.reshape(-1, h)),
             "db": _err(bs.grad, dys.double().sum((0, 1))), "dx_out": xs.grad.detach()}
-
-
-class _Count(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-def fallback(rank, world, s, b=2, k=8, h=6):
-    """s not divisible by the group: flash falls back to the reference, logging once for two calls."""
-    arm._LOGGED.clear()
-    handler = _Count()
-    arm.log.addHandler(handler)
-    try:
-        outs = [row(rank, world, "flash", s, b, k, h) for _ in range(2)]
-    finally:
-        arm.log.removeHandler(handler)
-    return {"lines": handler.lines, "y": max(o["y"] for o in outs), "y_vs_ref": max(o["y_vs_ref"] for o in outs)}

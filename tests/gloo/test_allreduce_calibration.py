@@ -13,7 +13,7 @@ from benchmarks.topology.table import markdown
 from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
 from megatron_flashoverlap.tools.calibrate_allreduce import MEASURED
 
-ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical")
+ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
 
 
 def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
@@ -30,10 +30,11 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
         assert all(r[f"{a}_us"] > 0 and r[f"{a}_min_us"] <= r[f"{a}_us"] for a in ALGOS)
     set_calibration(path)
     try:
-        for r in t["rows"]:  # auto = the table's argmin where it beats stock, for a decode-shaped tensor
-            x = torch.zeros(1, 1, r["bytes"] // 4)
+        for r in t["rows"]:  # auto = the table's argmin where it beats stock (its median, and in at least 80 %
+            x = torch.zeros(1, 1, r["bytes"] // 4)  # of the paired rounds: both of these 2), decode-shaped only
             ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])
-            want = ours if r[f"{ours}_us"] < r["reference_us"] else "reference"
+            paired = sum(o < s for o, s in zip(r[f"{ours}_rounds_us"], r["reference_rounds_us"]))
+            want = ours if r[f"{ours}_us"] < r["reference_us"] and paired == 2 else "reference"
             assert choose(x, 2, 1, "gloo") == want
             assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1, "gloo") == "reference"  # prefill
     finally:
@@ -59,16 +60,23 @@ def test_topology_markdown_speedup_column():
     table = {"world_size": 4, "local_world_size": 2, "dtype": "bfloat16", "iters": 3, "note": "n",
              "measured_at": "t", "rows": [{"bytes": 8192, "stock_us": 3000.0, "ring_us": 4000.0,
                                            "recursive_doubling_us": 1500.0, "hierarchical_us": 2000.0}]}
-    line = markdown([table]).splitlines()[4]
-    assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | recursive_doubling | 2.00x |"
+    line = markdown([table]).splitlines()[4]  # an older file: no pipelined, auto or rounds columns
+    assert line == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | - | - | recursive_doubling 2.00x | - | - |"
 
 
 def test_topology_markdown_reads_a_table_the_calibration_writes_today():
     """The calibration names stock's column `reference_us` (MEASURED = the algorithm words); the table writer
-    reads it as the stock column, and still reads `stock_us` from files written before."""
+    reads it as the stock column, and still reads `stock_us` from files written before. auto: what the
+    start-up table chose at that size, and stock / auto with its interval over the rounds."""
     row = {"bytes": 8192, "reference_us": 3000.0, "ring_us": 4000.0, "recursive_doubling_us": 1500.0,
-           "hierarchical_us": 2000.0}
+           "hierarchical_us": 2000.0, "hierarchical_pipelined_us": 2500.0, "auto_us": 1500.0,
+           "reference_rounds_us": [3000.0, 3100.0, 2900.0], "auto_rounds_us": [1500.0, 1400.0, 1600.0]}
+    startup = {"rows": [{"bytes": 8192, "reference_us": 10.0, "recursive_doubling_us": 5.0}]}
     table = {"world_size": 4, "local_world_size": 2, "dtype": "bfloat16", "iters": 3, "note": "n",
-             "measured_at": "2026-11-30", "rows": [row]}
-    assert markdown([table]).splitlines()[4] == "| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | recursive_doubling | 2.00x |"
-    assert "reference" in MEASURED and "stock" not in MEASURED  # what a calibration run writes as columns
+             "measured_at": "2026-11-30", "rows": [row], "startup": startup}
+    line = markdown([table]).splitlines()[4]
+    assert line.startswith("| 8 KB | 3.00 | 4.00 | 1.50 | 2.00 | 2.50 | - | recursive_doubling 2.00x | "
+                           "recursive_doubling | 2.00x [")
+    lo, hi = map(float, line.split("[")[1].split("]")[0].split(", "))
+    assert 1.0 < lo <= 2.0 <= hi and line.endswith("] win |")  # every resample of these rounds is a win
+    assert "reference" in MEASURED and "auto" in MEASURED and "stock" not in MEASURED

@@ -62,9 +62,11 @@ def test_non_power_of_two_folds_extra_ranks(p):
     rem = p - (1 << (p.bit_length() - 1))
     for r in range(2 * rem):
         steps = all_reduce_recursive_doubling(r, p).steps
-        if r % 2 == 0:  # sits out: hands its value up, gets the sum back as a copy
-            assert len(steps) == 2 and steps[0].sends[0].peer == r + 1
-            assert steps[1].recvs[0].op == "copy" and steps[1].recvs[0].peer == r + 1
+        if r % 2 == 0:  # sits out: hands its value up, idles while the others double, gets the sum as a copy
+            log2 = (1 << (p.bit_length() - 1)).bit_length() - 1
+            assert len(steps) == 2 + log2 and steps[0].sends[0].peer == r + 1
+            assert all(not st.has_comm for st in steps[1:-1])  # idle: keeps its steps aligned with the others'
+            assert steps[-1].recvs[0].op == "copy" and steps[-1].recvs[0].peer == r + 1
 
 
 def test_dispatch_and_bad_layout():
@@ -87,7 +89,7 @@ def _replace(scheds, rank, step, new_step):
 def test_validator_catches_a_double_add():
     # turn the fold-back copy on rank 0 (P=3) into an add: rank 0's part would be counted twice
     scheds = [all_reduce_recursive_doubling(r, 3) for r in range(3)]
-    _replace(scheds, 0, 1, Step(recvs=(Transfer(1, Slice(0)),)))
+    _replace(scheds, 0, len(scheds[0].steps) - 1, Step(recvs=(Transfer(1, Slice(0)),)))
     with pytest.raises(ScheduleError, match="exactly once"):
         validate(scheds)
 
@@ -113,3 +115,45 @@ def test_grid_shows_adds_and_copies():
     text = grid(_all(4, 2))
     assert text.splitlines()[0] == "all_reduce_hierarchical  P=4"
     assert "0<1" in text and "1<=1" in text  # RS adds block 0 from rank 1; AG copies block 1 from rank 1
+
+
+@pytest.mark.parametrize("p,g", [(4, 2), (6, 2), (8, 2), (8, 4), (9, 3), (12, 3), (10, 2), (6, 3)])
+@pytest.mark.parametrize("pieces", [2, 3, 4])
+def test_pipelined_hierarchical_validates_and_staggers(p, g, pieces):
+    # every piece: the hierarchical steps on its own G blocks, piece k starting at step k
+    scheds = [all_reduce_hierarchical(r, p, g, pieces=pieces) for r in range(p)]
+    validate(scheds)
+    one = max(len(all_reduce_hierarchical(r, p, g).steps) for r in range(p))
+    assert max(len(s.steps) for s in scheds) == one + pieces - 1
+    for r, s in enumerate(scheds):
+        assert s.final == tuple(Slice(b) for b in range(g * pieces))
+        first = [min(i for i, st in enumerate(s.steps) if any(t.slice.block // g == k for t in st.sends))
+                 for k in range(pieces)]
+        assert first == list(range(pieces))  # piece k's first send at step k
+
+
+def test_pipelined_is_the_registered_algorithm():
+    s = all_reduce_schedule("hierarchical_pipelined", 1, 4, 2)
+    assert s.name == "all_reduce_hierarchical_pipelined" and len(s.final) == 2 * 4  # G blocks x K = 4 pieces
+    with pytest.raises(ValueError, match="pieces"):
+        all_reduce_hierarchical(0, 4, 2, pieces=0)
+
+
+@pytest.mark.parametrize("p,g", LAYOUTS + [(16, 2), (14, 2)])
+def test_halving_doubling_validates(p, g):
+    validate([all_reduce_schedule("hierarchical_hd", r, p, g) for r in range(p)])
+
+
+@pytest.mark.parametrize("p,g", [(8, 2), (16, 4), (16, 2), (8, 1)])  # power-of-two node counts (no fold)
+def test_halving_doubling_sends_fewer_inter_node_bytes(p, g):
+    # per rank across nodes: 2 (M-1)/M of its shard n/G, against log2(M) shards for recursive doubling
+    n = p // g
+    m = 1 << (n.bit_length() - 1)
+
+    def inter_blocks(s, r, blocks):  # fraction of the message this rank sends to other nodes
+        return sum(1 for st in s.steps for t in st.sends if t.peer // g != r // g) / blocks
+    for r in range(p):
+        hd = all_reduce_schedule("hierarchical_hd", r, p, g)
+        rd = all_reduce_hierarchical(r, p, g)
+        assert inter_blocks(hd, r, g * m) == pytest.approx(2 * (m - 1) / m / g)
+        assert inter_blocks(rd, r, g) == pytest.approx(math.log2(m) / g)

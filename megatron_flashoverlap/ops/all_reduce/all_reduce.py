@@ -8,13 +8,18 @@ Transfers and sums run in the input dtype, as stock all-reduce does (NCCL and gl
 the order of the sums differs from stock, so results agree within rounding, not bitwise.
 
 All plain functions share one signature: (x, group, ctx, local_world_size) -> out, registered as
-"all_reduce" in ops/registry.py. algo "auto" is resolved here by select.choose (the measured table).
+"all_reduce" in ops/registry.py. algo "auto" is resolved here by select.choose (the measured table); for a
+decode-shaped tensor on a layout not measured yet and no table file, calibrate.startup_table measures it
+first on this group (once per layout, backend and dtype; every rank of the group reaches it in the same call,
+as the all-reduce is collective) and group rank 0 logs one line with the choice per size.
 Node layout: `local_world_size` = group ranks per node, ranks node-contiguous (rank = node * G + local,
 as Megatron's tensor-parallel groups are); default derived from the group's global ranks and
 LOCAL_WORLD_SIZE (`resolve_local_world_size`, select.node_layout).
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 
 import torch
@@ -22,10 +27,12 @@ import torch.distributed as dist
 
 from ...config import ALL_REDUCE_ALGOS
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info
-from .select import choose, node_layout, warn_once
+from .calibrate import startup_table
+from .select import choose, dtype_name, install, is_decode_shaped, needs_startup, node_layout, warn_once
 from ..checks import peers_agree
 from ..registry import plain, register, resolve_algo
 
+log = logging.getLogger(__name__)
 AR_ALGOS = ALL_REDUCE_ALGOS  # the public name of the all-reduce words
 OP = "all_reduce"
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -85,6 +92,20 @@ def all_reduce_hierarchical(x, group, ctx, local_world_size=None):
     return exchange(x, "hierarchical", group, ctx, local_world_size=g)
 
 
+@register(OP, "hierarchical_hd")
+def all_reduce_hierarchical_hd(x, group, ctx, local_world_size=None):
+    """Intra-node RS, inter-node halving-doubling on n/G (2(N'-1)/N' n/G bytes), intra-node AG."""
+    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
+    return exchange(x, "hierarchical_hd", group, ctx, local_world_size=g)
+
+
+@register(OP, "hierarchical_pipelined")
+def all_reduce_hierarchical_pipelined(x, group, ctx, local_world_size=None):
+    """hierarchical on K pieces of n/K, staggered by a step: piece k crosses nodes while k+1 is reduce-scattered."""
+    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
+    return exchange(x, "hierarchical_pipelined", group, ctx, local_world_size=g)
+
+
 class _AllReduce(torch.autograd.Function):
     """forward out = sum_r x_r;  backward dx = dout (identity: Megatron's reduce_from_tensor_model_parallel
     region contract, the output is replicated and every rank holds the same dout)."""
@@ -98,8 +119,15 @@ class _AllReduce(torch.autograd.Function):
         return dout, None, None, None, None
 
 
-def _auto(tensor, world: int, g: int | None, backend: str) -> str:
-    """The algo "auto" runs: select.choose, from the calibration table of this backend and layout."""
+def _auto(tensor, group, world: int, g: int | None, ctx) -> str:
+    """The algo "auto" runs: select.choose, from the calibration table of this backend and layout (measured
+    here first for a decode-shaped tensor where no table file is given and this layout is not measured yet)."""
+    backend = dist.get_backend(group)
+    if g is not None and is_decode_shaped(tensor) and needs_startup(world, g, backend, dtype_name(tensor.dtype)):
+        quiet = dataclasses.replace(ctx, trace=None)  # the same buffers; the measurement stays out of the trace
+        line = install(startup_table(group, g, tensor.dtype, tensor.device, quiet))
+        if group_info(group)[0] == 0:
+            log.warning(line)
     return choose(tensor, world, g, backend)
 
 
@@ -107,9 +135,11 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
                context: OverlapContext | None = None) -> torch.Tensor:
     """Sum `tensor [*]` over `group`; returns a new tensor, the input is left unchanged.
 
-    algo: "auto" (ours only for decode-shaped inputs inside the calibrated window, the reference otherwise:
-    see ops/all_reduce/select.py), "reference" (torch.distributed.all_reduce), "ring", "recursive_doubling",
-    "hierarchical". `force_reference()` makes every call the reference.
+    algo: "auto" (ours only for decode-shaped inputs where the start-up calibration, or a table file, measured
+    ours faster, the reference otherwise: ops/all_reduce/select.py, calibrate.py), "reference"
+    (torch.distributed.all_reduce), "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
+    "hierarchical_hd".
+    `force_reference()` makes every call the reference.
     """
     algo = resolve_algo(OP, algo)
     if tensor.dtype not in _FLOATS:
@@ -119,10 +149,11 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
         return tensor.clone()
     ctx = context or default_context()
     # the node layout matters to hierarchical and to the table lookup of auto only
-    g = resolve_local_world_size(world, local_world_size, group, strict=algo == "hierarchical") \
-        if algo in ("auto", "hierarchical") else world
+    two_level = algo.startswith("hierarchical")
+    g = resolve_local_world_size(world, local_world_size, group, strict=two_level) \
+        if algo == "auto" or two_level else world
     if algo == "auto":
-        algo = _auto(tensor, world, g, dist.get_backend(group))
+        algo = _auto(tensor, group, world, g, ctx)
     if algo != "reference":
         peers_agree("all_reduce", group, world, tensor.device, ctx, tensor.numel(), _FLOATS.index(tensor.dtype))
     return _AllReduce.apply(tensor, group, algo, ctx, g)

@@ -1,7 +1,11 @@
 """Run-time choice between stock all-reduce and ours, from a measured table (never a guessed threshold).
 
-The table comes from `python -m megatron_flashoverlap.tools.calibrate_allreduce` (JSON, one entry per group
-layout): per message size in bytes, the median latency of stock and of each of our algorithms.
+The table is measured at start-up on the real group (calibrate.py: once per layout, backend and dtype, the
+first time a decode-shaped tensor asks for "auto"; `install` keeps it), unless a table file overrides it:
+`python -m megatron_flashoverlap.tools.calibrate_allreduce` writes one (JSON, one entry per group layout),
+read from `config.environment().allreduce_table` (all_reduce.table) or `set_calibration`. A loaded file is
+the whole truth: a layout it lacks runs stock (logged), nothing is measured. Per message size in bytes, a
+table holds the median latency of stock and of each of our algorithms.
 
     {"tables": [{"world_size": 4, "local_world_size": 2, "backend": "gloo", "dtype": "bfloat16",
                  "rows": [{"bytes": 8192, "reference_us": 812.0, "ring_us": ..., "recursive_doubling_us": ...,
@@ -10,10 +14,9 @@ layout): per message size in bytes, the median latency of stock and of each of o
 "auto" uses ours only when (1) the input is decode-shaped: [1, b, h] in Megatron's [s, b, h] layout (one
 new token per sequence; prefill and training go to stock, as NVRAR does), (2) the group's node layout is
 node-contiguous and balanced (`node_layout`), (3) a table for exactly this (backend, dtype, world_size,
-local_world_size) is loaded: a gloo or float32 table never steers NCCL or bfloat16, (4) the size lies inside
-the measured sizes, and (5) at the measured size nearest to it (log scale) our fastest algorithm beat stock.
-Anything else: stock, with one log line per reason and layout.
-The table is read from `config.environment().allreduce_table` on first use, or set with `set_calibration`.
+local_world_size) is loaded or measured: a gloo or float32 table never steers NCCL or bfloat16, (4) the size
+lies inside the measured sizes, and (5) at the measured size nearest to it (log scale) our fastest algorithm
+beat stock. Anything else: stock, with one log line per reason and layout.
 
 Node layout: LOCAL_WORLD_SIZE = L ranks per node of the whole job, so global rank g sits on node g // L.
 A group's ranks, in group-rank order, are node-contiguous when each node's ranks are consecutive group
@@ -37,12 +40,15 @@ from ...runtime.once import LogOnce
 from ...schedules import ALL_REDUCE_ALGOS
 
 log = logging.getLogger(__name__)
-_TABLES: list | None = None
+_TABLES: list | None = None  # the override file's tables (None: not read yet; []: none given)
+_MEASURED: dict = {}          # start-up calibrations: (world, G, backend, dtype) -> table
 
 
 def set_calibration(source) -> None:
-    """Load the tables from a JSON path or an already-parsed dict; None forgets them (auto -> stock)."""
+    """Load the override tables from a JSON path or an already-parsed dict; None forgets them and every
+    start-up calibration (auto then measures again on first use)."""
     global _TABLES
+    _MEASURED.clear()
     if source is None:
         _TABLES = []
         return
@@ -64,13 +70,47 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _key(t: dict) -> tuple:
+    return t.get("world_size"), t.get("local_world_size"), t.get("backend"), t.get("dtype")
+
+
 def table_for(world: int, local_world_size: int, backend: str, dtype: str) -> dict | None:
-    """The table measured on exactly this layout, backend and dtype; entries lacking a key never match."""
+    """The table measured on exactly this layout, backend and dtype (the override file's where one is loaded,
+    else the start-up calibration's); entries lacking a key never match."""
     key = (world, local_world_size, str(backend), dtype)
-    for t in _tables():
-        if (t.get("world_size"), t.get("local_world_size"), t.get("backend"), t.get("dtype")) == key:
-            return t
-    return None
+    if _tables():
+        return next((t for t in _tables() if _key(t) == key), None)
+    return _MEASURED.get(key)
+
+
+def needs_startup(world: int, local_world_size: int, backend: str, dtype: str) -> bool:
+    """Whether "auto" must measure this layout first: no override file and no start-up table for the key."""
+    return not _tables() and (world, local_world_size, str(backend), dtype) not in _MEASURED
+
+
+def install(table: dict) -> str:
+    """Keep a start-up table (calibrate.startup_table) for its key -> the one line saying what auto chose."""
+    _MEASURED[_key(table)] = table
+    return (f"all_reduce(algo='auto'): start-up calibration on {table['world_size']} ranks "
+            f"({table['world_size'] // table['local_world_size']} nodes x {table['local_world_size']}), "
+            f"{table['backend']}, {table['dtype']}, {table.get('seconds', 0):.1f} s: {choices(table)} (a table file "
+            f"overrides this: all_reduce.table)")
+
+
+def _fmt(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB" if n >= 1 << 10 else f"{n} B"
+
+
+def choices(table: dict) -> str:
+    """'2 KB-64 KB recursive_doubling, 128 KB-4 MB reference': the choice per run of measured sizes."""
+    runs: list[list] = []
+    for r in table["rows"]:
+        pick = best_at(table, r["bytes"]) or "reference"
+        if runs and runs[-1][2] == pick:
+            runs[-1][1] = r["bytes"]
+        else:
+            runs.append([r["bytes"], r["bytes"], pick])
+    return ", ".join(f"{_fmt(a)}{'' if a == b else '-' + _fmt(b)} {p}" for a, b, p in runs)
 
 
 warn_once = LogOnce(log)  # one log line per distinct reason (a fallback to stock is logged once, never silent)
@@ -123,9 +163,22 @@ def _reference_us(row: dict) -> float:
     return row["reference_us"] if "reference_us" in row else row["stock_us"]
 
 
+PAIRED_WINS = 0.8  # share of paired rounds ours must win (with 5 rounds: 4; a coin would do that 19 % of the time)
+
+
+def _wins_rounds(row: dict, algo: str) -> bool:
+    """Ours faster than stock in at least PAIRED_WINS of the rounds (round i of every candidate ran in the same
+    interleaved round, under the same load); True where the table kept no rounds (older files: medians only)."""
+    ours, ref = row.get(f"{algo}_rounds_us"), row.get("reference_rounds_us", row.get("stock_rounds_us"))
+    if not ours or not ref or len(ours) != len(ref):
+        return True
+    return sum(o < r for o, r in zip(ours, ref)) >= PAIRED_WINS * len(ours)
+
+
 def best_at(table: dict, nbytes: int) -> str | None:
-    """Our fastest algorithm at the measured size nearest `nbytes` if it beat stock there; None otherwise
-    (also outside the measured sizes: no extrapolation)."""
+    """Our fastest algorithm (by median) at the measured size nearest `nbytes` if it beat stock there: its median
+    below stock's and, where the rounds are kept, faster in PAIRED_WINS of them (a noisy win stays stock: stock
+    is never slower than stock). None otherwise, also outside the measured sizes (no extrapolation)."""
     rows = table["rows"]
     sizes = [r["bytes"] for r in rows]
     if not rows or not min(sizes) <= nbytes <= max(sizes):
@@ -135,7 +188,7 @@ def best_at(table: dict, nbytes: int) -> str | None:
     if not ours:
         return None
     algo = min(ours, key=ours.get)
-    return algo if ours[algo] < _reference_us(row) else None
+    return algo if ours[algo] < _reference_us(row) and _wins_rounds(row, algo) else None
 
 
 def _should_use_x(x: torch.Tensor, world: int, local_world_size: int | None, backend: str) -> bool:
@@ -149,9 +202,10 @@ def _pick(x: torch.Tensor, world: int, local_world_size: int | None, backend: st
     table = table_for(world, local_world_size, backend, dtype_name(x.dtype))
     if table is None:
         key = (world, local_world_size, str(backend), dtype_name(x.dtype))
+        where = ("in the table file (add one with python -m megatron_flashoverlap.tools.calibrate_allreduce, or "
+                 "unset the file to calibrate at start-up)") if _tables() else "measured yet (all_reduce() measures it)"
         warn_once(key, "all_reduce(algo='auto'): no calibration table for world_size=%d local_world_size=%d "
-                       "backend=%s dtype=%s; using stock all-reduce (run python -m "
-                       "megatron_flashoverlap.tools.calibrate_allreduce)", *key)
+                       "backend=%s dtype=%s %s; using stock all-reduce", *key, where)
         return None
     return best_at(table, x.numel() * x.element_size())
 

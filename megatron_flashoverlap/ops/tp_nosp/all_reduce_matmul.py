@@ -10,7 +10,9 @@ sequence): a single row cannot be cut in rank blocks, so `matmul_all_reduce` run
 then `all_reduce(algo=plan.decode_all_reduce)` ("auto": ours only where the calibration measured it faster,
 else stock). That choice is explicit: `OpPlan(decode_all_reduce=None)` runs `algo` for decode inputs too,
 and algo="reference" or `force_reference()` run the reference (GEMM, then dist.all_reduce) whatever the shape.
-Sequence not divisible by P (and not decode): one log line, then the reference.
+Sequence not divisible by P (a prompt of any length, and not decode): the decomposed algorithms run on the input
+zero-padded to the next multiple of P rows and return the first s rows (ar_matmul_forward); the backward's
+all-reduce (column dgrad) is padded the same way.
 algo= is the shorthand of plan=OpPlan(algo); the plan's knobs here (ops/registry.py): num_chunks (sequence
 chunks C of the flash algos, default DEFAULT_CHUNKS; slicing: its chunks), wire_dtype (what the all-reduce's
 reduce-scatter partials travel in, "input" (default, stock's bytes) or "fp32", ar_matmul.py; the decode
@@ -23,8 +25,6 @@ operands once, after the all-reduce (its GEMM then runs inside the DP ring, not 
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
@@ -32,18 +32,13 @@ from ...runtime import OverlapContext, group_info, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ...runtime.accumulate import linear_into, weight_grad
-from ...runtime.once import LogOnce
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import checked_context
 from ..registry import RETURNED, OpPlan, WgradRoute, plain, plan_of, resolve
 from .ar_matmul import DEFAULT_CHUNKS, OP
 
-log = logging.getLogger(__name__)
-_LOGGED = LogOnce(log)
 _REFERENCE = OpPlan("reference")
-
-
 
 
 def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
@@ -52,14 +47,25 @@ def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
     return plan.decode_all_reduce is not None and plan.algo != "reference" and is_decode_shaped(x)
 
 
+def _padded(x, world: int):
+    """x [s, b, k] -> x_pad [s', b, k], s' = s rounded up to a multiple of P, the extra rows zero (x itself
+    where s divides). A zero row's GEMM is a zero row and adds nothing to any other row's sum."""
+    pad = -x.shape[0] % world
+    if not pad:
+        return x
+    out = x.new_zeros((x.shape[0] + pad,) + tuple(x.shape[1:]))
+    out[:x.shape[0]].copy_(x)
+    return out
+
+
 def ar_matmul_forward(x, weight, group, ctx, plan, tail=None):
-    """The plain function of plan.algo (the reference, logged once, where the sequence does not divide)."""
+    """The plain function of plan.algo on x [s, b, k/P] -> y [s, b, h]. Any s: where P does not divide s, the
+    decomposed algorithms run on x zero-padded to the next multiple of P and y is their first s rows (the
+    padded rows' all-reduce moves at most P-1 extra rows; every real row's sum is the unpadded one)."""
     world = group_info(group)[1]
-    if x.shape[0] % world and plan.algo != "reference":
-        _LOGGED(("ar", x.shape[0], world), f"matmul_all_reduce: sequence length {x.shape[0]} is not "
-                  f"divisible by the group size {world}; using the reference (GEMM + all_reduce)")
-        plan = OpPlan("reference", wire_dtype=plan.wire_dtype)
-    return plain(OP, plan.algo)(x, weight, group, ctx, plan, tail)
+    if plan.algo == "reference" or x.shape[0] % world == 0:
+        return plain(OP, plan.algo)(x, weight, group, ctx, plan, tail)
+    return plain(OP, plan.algo)(_padded(x, world), weight, group, ctx, plan, tail)[:x.shape[0]]
 
 
 def column_nosp_backward(dy, x, weight, group, ctx, plan, dw):

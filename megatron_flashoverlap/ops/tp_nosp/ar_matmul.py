@@ -26,7 +26,8 @@ column backward the wgrad GEMM (cut in P-1 slices) hides the tail too. Partial s
 bf16/fp16 and travel in the wire dtype (OpPlan.wire_dtype: "input", stock's bytes, rounded once per hop, or "fp32");
 the reduced block is rounded once before the all-gather, so every rank ends with identical bits. The
 reference and slicing all-reduce in the wire dtype too (wire_dtype="input": stock).
-Sequence not divisible by P: one log line, then the reference (GEMM, then `dist.all_reduce`).
+Sequence not divisible by P: the caller pads x with zero rows to a multiple of P (all_reduce_matmul.py
+ar_matmul_forward) and keeps the first s rows of y; the plain functions here see divisible inputs.
 
 This file: the plain functions (no autograd), one per algorithm, one signature
 (x, weight, group, ctx, plan, tail=None) -> y, registered as "matmul_all_reduce" in ops/registry.py; each
