@@ -15,17 +15,11 @@ import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.all_reduce import select
 from megatron_flashoverlap.runtime import OverlapContext
 from tests.gloo.mp_allreduce import UNIT_ROUNDOFF, _contribution
+from tests.support.loglines import Lines
 
 SHAPE = (1, 2, 5)  # decode-shaped [1, b, h], 40 bytes: inside the test tables' window
 
 
-class _Count(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 def _ratio(out, members, seed):
@@ -39,10 +33,10 @@ def _ratio(out, members, seed):
 def _auto(x, pg, log):
     """One auto all-reduce: (result, executor steps posted (0 = stock ran), layout log lines it emitted)."""
     ctx = OverlapContext(check_peers=True, trace=[])
-    before = len(log.messages)
+    before = len(log.lines)
     out = fo.all_reduce(x, pg, algo="auto", context=ctx)
     posts = sum(e.what == "post" for e in ctx.trace)
-    return out, posts, sum("node" in m for m in log.messages[before:])
+    return out, posts, sum("node" in m for m in log.lines[before:])
 
 
 def _hierarchical(x, pg):
@@ -67,7 +61,7 @@ def _case(rank, members, pg, lws, seed, log):
 
 def auto_on_subgroups(rank, world, groups, local_sizes, table, seed=3):
     """Every (group, LOCAL_WORLD_SIZE) case this rank belongs to; `table` is set for "auto"."""
-    log = _Count()
+    log = Lines(logging.WARNING)
     logging.getLogger(select.__name__).addHandler(log)
     select.set_calibration(table)
     select.warn_once.clear()  # earlier jobs in this worker may have logged the same layouts

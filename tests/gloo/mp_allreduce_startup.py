@@ -10,15 +10,9 @@ import torch.distributed as dist
 import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.all_reduce import calibrate, select
 from megatron_flashoverlap.runtime import OverlapContext
+from tests.support.loglines import Lines as _Lines
 
 
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 def _auto(x, ctx_trace: bool = True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.gloo.mp_tp_nosp import _Count as _Lines  # a logging handler that keeps the lines
+from tests.support.loglines import Lines as _Lines
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -15,7 +15,7 @@ import contextlib
 import torch
 
 from megatron_flashoverlap.megatron import models as tm
-from tests.gloo.mp_tp_nosp import _Count as _Lines  # a logging handler that keeps the lines
+from tests.support.loglines import Lines as _Lines
 
 
 def _model(mode, tp, sp, layers):

@@ -20,7 +20,7 @@ import logging
 import torch
 
 from megatron_flashoverlap.megatron import models as tm
-from tests.gloo.mp_tp_nosp import _Count as _Lines  # a logging handler that keeps the lines
+from tests.support.loglines import Lines as _Lines
 
 LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 

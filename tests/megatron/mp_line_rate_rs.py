@@ -74,7 +74,7 @@ def gpt(rank, world, tp=1, sp=False, steps=2):
         with lr.line_rate_reduce_scatter():
             ring = mp_ddp_gpt._run("stock", tp, sp, 2, steps, 2, {}, False, None)
         calls = {k: lr.CALLS[k] - before[k] for k in before}
-        return {"native": native["params"], "ring": ring["params"], "moved": native["moved"], "calls": calls,
+        return {"native": native["params"], "ring": ring["params"], "moved": min(native["moves"].values()), "calls": calls,
                 "dp": ps.get_data_parallel_world_size()}
     finally:
         tm.destroy()
