@@ -31,13 +31,13 @@ demo: $(VENV)/.ok
 test: test-newest test-oldest
 
 test-newest: $(VENV)/.ok
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=30
 
 # The oldest lane checks the Megatron-facing code (tests/megatron) against megatron-core 0.16.1, plus the
 # seconds-long pure tier; the operators, schedules and benchmarks do not depend on the Megatron version and run
 # once, in the newest lane.
 test-oldest: $(OLD)/.ok
-	$(OLD)/bin/python -m pytest -q -m "not newest_only" tests/pure tests/megatron
+	$(OLD)/bin/python -m pytest -q --durations=15 -m "not newest_only" tests/pure tests/megatron
 
 clean:
 	rm -rf $(VENV) $(OLD)
