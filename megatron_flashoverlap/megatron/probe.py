@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import activate
+from ..runtime.clock import cuda_timed
 from ..runtime.once import LogOnce
 from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
@@ -34,16 +35,6 @@ _SAID = LogOnce(log, logging.INFO)  # the figures and the choices, once per proc
 _REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
 ROUNDS = 3
-
-
-def _cuda_seconds(fn) -> float:
-    """Seconds of one fn() between two CUDA events on the current stream."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def _median(call) -> float:
@@ -56,7 +47,7 @@ def _gemm_seconds(shapes) -> list[float]:
     for m, k, n in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        out.append(_median(lambda: _cuda_seconds(lambda: torch.matmul(a, b))))
+        out.append(_median(lambda: cuda_timed(lambda: torch.matmul(a, b))))
     return out
 
 
@@ -72,7 +63,7 @@ def _exchange(peer: int | None, nbytes: int, group) -> float:
         ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    return _cuda_seconds(run)
+    return cuda_timed(run)
 
 
 def _hop_seconds(peer: int | None, group) -> list[float]:

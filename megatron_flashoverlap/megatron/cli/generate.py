@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from typing import Optional, Sequence
 
 from . import launch
@@ -118,12 +117,8 @@ def run() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """`argv` = [--cpu] [--nproc-per-node N] <megatron args and this entry's flags>."""
-    cpu, nproc, rest = launch.launcher_options(sys.argv[1:] if argv is None else argv)
-    if nproc is not None:
-        raise SystemExit(launch.torchrun("megatron_flashoverlap.generate", cpu, nproc, rest))
-    launch.prepare("generate", rest, cpu)
-    run()
+    """`argv` = [--cpu] [--nproc-per-node N] <megatron args and this entry's flags> (launch.run_entry)."""
+    launch.run_entry("megatron_flashoverlap.generate", "generate", run, argv)
 
 
 if __name__ == "__main__":

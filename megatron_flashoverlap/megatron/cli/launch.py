@@ -34,7 +34,7 @@ import os
 import runpy
 import subprocess
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .args import apply_flash_overlap_args, with_flash_overlap_args
 
@@ -167,6 +167,16 @@ def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:
     from .. import sites  # imports Megatron: after the checkout's folder went first on sys.path
 
     sites.install()
+
+
+def run_entry(module: str, prog: str, run: Callable[[], None], argv: Optional[Sequence[str]]) -> None:
+    """The project's entries (pretrain_gpt, generate): `argv` = [--cpu] [--nproc-per-node N] <megatron args>;
+    with N, torchrun starts N ranks of `python -m module`; without, this rank prepares (as `prog`) and runs."""
+    cpu, nproc, rest = launcher_options(sys.argv[1:] if argv is None else argv)
+    if nproc is not None:
+        raise SystemExit(torchrun(module, cpu, nproc, rest))
+    prepare(prog, rest, cpu)
+    run()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

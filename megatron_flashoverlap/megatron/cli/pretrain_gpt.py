@@ -20,7 +20,6 @@ Megatron-LM's own `pretrain_gpt.py` through `flashoverlap-launch`.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Optional, Sequence
 
 import torch
@@ -89,12 +88,8 @@ def run() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """`argv` = [--cpu] [--nproc-per-node N] <megatron args>."""
-    cpu, nproc, rest = launch.launcher_options(sys.argv[1:] if argv is None else argv)
-    if nproc is not None:
-        raise SystemExit(launch.torchrun("megatron_flashoverlap.pretrain_gpt", cpu, nproc, rest))
-    launch.prepare("pretrain_gpt", rest, cpu)
-    run()
+    """`argv` = [--cpu] [--nproc-per-node N] <megatron args> (launch.run_entry)."""
+    launch.run_entry("megatron_flashoverlap.pretrain_gpt", "pretrain_gpt", run, argv)
 
 
 if __name__ == "__main__":
