@@ -22,3 +22,13 @@ def state(rank, world):
     t = torch.ones(1)
     dist.all_reduce(t)
     return os.getpid(), _threads(), len(c10d._world.pg_map), t.item()
+
+
+def set_environment(rank, world, name, value):
+    """-> the variable's value before this job set it (a job that changes the environment, as Megatron's
+    attention-backend check sets NVTE_*)."""
+    import os
+
+    before = os.environ.get(name)
+    os.environ[name] = value
+    return before

@@ -22,3 +22,11 @@ def test_groups_left_behind_reset_the_workers_in_place():
         assert [s[2] for s in again] == [2.0, 2.0]
     finally:
         pool.close()
+
+
+def test_a_jobs_environment_ends_with_it(pools):
+    """Megatron sets NVTE_FLASH_ATTN / NVTE_FUSED_ATTN for the attention backend a model asks for and then
+    refuses a model asking another in the same process: a job's variables must not reach the next job."""
+    pool = pools(2)
+    assert pool.run(f"{BODY}:set_environment", "FLASHOVERLAP_POOL_PROBE", "1") == [None, None]
+    assert pool.run(f"{BODY}:set_environment", "FLASHOVERLAP_POOL_PROBE", "2") == [None, None]

@@ -89,6 +89,7 @@ def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
     from tests.support.mutations import apply_from_env
 
     apply_from_env()  # a deliberate defect, only where FLASHOVERLAP_TEST_MUTATION names one (mutations.py)
+    environ = dict(os.environ)
     while True:
         job = jobs.get()
         if job is None:
@@ -100,6 +101,9 @@ def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
             results.put((rank, True, (out, _reset())))
         except BaseException:  # noqa: BLE001 - the traceback goes back to the test
             results.put((rank, False, traceback.format_exc()))
+        finally:  # what a job set (Megatron's NVTE_* for an attention backend, LOCAL_WORLD_SIZE) ends with it
+            os.environ.clear()
+            os.environ.update(environ)
     dist.destroy_process_group()
 
 
