@@ -128,6 +128,7 @@ def static_batch_vs_single(rank, world, tp=2, generate=0):
             out[name] = {"batch": _static_run(controller, prompts, generate, ids), "single": single}
         return out
     finally:
+        InferenceMode.unset_active()  # process-wide: a later job in this worker trains (the test pool)
         tm.destroy()
 
 
@@ -169,6 +170,9 @@ def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
                          "reversed": {i: _dynamic_record(r) for i, r in enumerate(backwards)}}
         return out
     finally:
+        from megatron.core.inference.utils import InferenceMode
+
+        InferenceMode.unset_active()  # the engine sets it process-wide; a later job in this worker trains
         tm.destroy()
 
 
