@@ -84,9 +84,11 @@ class OverlapContext:
         n = 1
         for d in shape:
             n *= d
-        flat = entry[0] if entry is not None and entry[0].numel() >= n else \
-            torch.empty(size_class(n), dtype=dtype, device=device)
-        view = flat[:n].view(shape)
+        # never an inference tensor or view: a buffer first asked for under torch.inference_mode (Megatron's
+        with torch.inference_mode(False):  # inference engine) is written in place by training after it
+            flat = entry[0] if entry is not None and entry[0].numel() >= n else \
+                torch.empty(size_class(n), dtype=dtype, device=device)
+            view = flat[:n].view(shape)
         self._buffers[key] = (flat, shape, view)
         return view
 

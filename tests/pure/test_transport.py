@@ -93,3 +93,14 @@ def test_schedules_and_merges_are_built_once():
     r = schedule(reduce_scatter_ring, 1, 4, bidirectional=False, tag=0)
     assert merged(r, a) is merged(r, a)
     assert prepare(merged(r, a)) is prepare(merged(r, a))
+
+
+def test_a_buffer_first_made_under_inference_mode_is_writable_in_training_after():
+    ctx, cpu = OverlapContext(), torch.device("cpu")
+    with torch.inference_mode():  # Megatron's inference engine decodes under inference_mode
+        first = ctx.buffer("rs.acc.0.0", (4, 3), torch.float32, cpu)
+        first.fill_(1.0)
+    again = ctx.buffer("rs.acc.0.0", (4, 3), torch.float32, cpu)  # the same buffer, now outside: training
+    assert again.data_ptr() == first.data_ptr() and not again.is_inference()
+    torch.mm(torch.ones(4, 2), torch.ones(2, 3), out=again)  # what a GEMM slice writer does; raised before
+    assert torch.equal(again, torch.full((4, 3), 2.0))
