@@ -45,18 +45,27 @@ def run(module: str, args: list[str], what: str, timeout: float) -> tuple[str, f
     return proc.stdout, time.perf_counter() - t0
 
 
+def train_args(ckpt: str, iters: int) -> list[str]:
+    """The training run's per-rank arguments: `iters` steps of the tiny GPT, `ckpt` saved at the last."""
+    return [*MODEL, *TRAIN, "--train-iters", str(iters), "--save", ckpt, "--save-interval", str(iters)]
+
+
+def generate_args(arm: str, ckpt: str, prompts: int, tokens: int, out: str) -> list[str]:
+    """One generation run's per-rank arguments (arm "stock" or "flash"): `prompts` random prompts of 3-29
+    tokens, `tokens` greedy tokens each, the requests written to `out`."""
+    return [*MODEL, "--micro-batch-size", "1", "--load", ckpt, "--num-prompts", str(prompts),
+            "--prompt-length-range", "3", "29", "--num-tokens-to-generate", str(tokens), "--output-path", out,
+            *(["--flash-overlap"] if arm == "flash" else [])]
+
+
 def train(ckpt: str, iters: int, timeout: float) -> float:
     """Megatron's pretrain() (stock), saving `ckpt` at the last iteration; -> seconds."""
-    _, seconds = run("megatron_flashoverlap.pretrain_gpt", [*MODEL, *TRAIN, "--train-iters", str(iters), "--save",
-                                                            ckpt, "--save-interval", str(iters)], "training", timeout)
-    return seconds
+    return run("megatron_flashoverlap.pretrain_gpt", train_args(ckpt, iters), "training", timeout)[1]
 
 
 def generate(arm: str, ckpt: str, opts: argparse.Namespace, out: str) -> dict:
     """One generation run from `ckpt`; -> {"requests": [{prompt, tokens, log_probs}], "sites", "seconds"}."""
-    args = [*MODEL, "--micro-batch-size", "1", "--load", ckpt, "--num-prompts", str(opts.prompts),
-            "--prompt-length-range", "3", "29", "--num-tokens-to-generate", str(opts.tokens), "--output-path", out,
-            *(["--flash-overlap"] if arm == "flash" else [])]
+    args = generate_args(arm, ckpt, opts.prompts, opts.tokens, out)
     stdout, seconds = run("megatron_flashoverlap.generate", args, f"{arm} generation", opts.timeout)
     sites = [ln for ln in stdout.splitlines() if ln.startswith("GEMM sites: ")]
     with open(out) as f:

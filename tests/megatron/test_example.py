@@ -7,14 +7,12 @@ under the project entry with --cpu) run in the session's shared start-up (the `p
 checks the command is the entry on 2 ranks with those arguments)."""
 import json
 import math
-import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-from tests.support.pretrain_runs import Job
+from tests.support.pretrain_runs import Job, from_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -28,27 +26,6 @@ SITES = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
 ARGS = {"stock": tuple(pretrain_tiny_gpt.megatron_args(ITERS, "gpt2"))}
 ARGS["flash"] = (*ARGS["stock"], "--flash-overlap")
 JOBS = [Job(f"demo-{arm}", "pretrain_gpt", ("--cpu", *args)) for arm, args in ARGS.items()]
-
-
-def from_batch(pretrain, name: str, expected: dict, yaml: dict | None = None):
-    """A stand-in for the subprocess module the examples' `run_entry` launches the entry with: the command must
-    be the entry on 2 ranks with one of `expected`'s argument lists (arm -> args; a --flash-overlap-config YAML
-    in them: the same file content as `yaml[arm]`), and its output is what that job's ranks logged in the
-    batch (job `<name>-<arm>`). The example's own code builds the command and reads the losses and sites line."""
-    head = [sys.executable, "-m", "megatron_flashoverlap.pretrain_gpt", "--cpu", "--nproc-per-node", "2"]
-
-    def run(cmd, **kwargs):
-        assert cmd[:len(head)] == head, cmd
-        args = list(cmd[len(head):])
-        for arm, want in expected.items():
-            if yaml and arm in yaml and args[:-1] == list(want[:-1]):
-                assert Path(args[-1]).read_text() == yaml[arm][1], arm
-                args[-1] = want[-1]
-            if args == list(want):
-                job = pretrain(f"{name}-{arm}").check()
-                return subprocess.CompletedProcess(cmd, 0, stdout="\n".join(job.logs), stderr="")
-        raise AssertionError(f"the example asked for a run no job declares: {args}")
-    return types.SimpleNamespace(run=run)
 
 
 @pytest.mark.newest_only

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.megatron.test_example import from_batch
-from tests.support.pretrain_runs import Job
+from tests.support.pretrain_runs import Job, from_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

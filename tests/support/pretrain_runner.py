@@ -5,7 +5,8 @@
 Each rank imports torch, Megatron and the plugin once, then for every job of the JSON list JOBS, in order:
     1. `reset()`: Megatron's global state (training/global_vars, the microbatch calculator, parallel_state's
        groups and memory buffer, the rerun machine, the RNG tracker, the MoE loss tracker) and the plugin's
-       (the activated config, pretrain()'s DDP class back to Megatron's, every log-once set), and the
+       (the activated config, pretrain()'s DDP class back to Megatron's, every log-once set), inference's
+       process-wide InferenceMode, and the
        environment (Megatron's validate_args writes NVTE_* variables for --attention-backend) back to what it
        was when the batch started, after the CPU shims (what every job's --cpu installs first, once per
        process) were installed; so nothing of one job reaches the next (tests/megatron/test_pretrain_runner.py
@@ -16,6 +17,8 @@ Each rank imports torch, Megatron and the plugin once, then for every job of the
                           (= `python -m megatron_flashoverlap.pretrain_gpt` on one rank)
           "launch"        megatron_flashoverlap.megatron.cli.launch.main(argv)
                           (= `torchrun ... -m megatron_flashoverlap.launch` on one rank)
+          "generate"      megatron_flashoverlap.megatron.cli.generate.main(argv)
+                          (= `python -m megatron_flashoverlap.generate` on one rank)
     4. OUT/<name>.rank<r>.done: "ok", or the traceback of what it raised (then the next job runs: a failure
        Megatron raises on every rank leaves the process usable; one that strands a peer in a collective ends
        the batch, so jobs expected to fail run last). A job still running after JOB_S seconds (a hang) dumps
@@ -54,6 +57,11 @@ def _reset_megatron() -> None:
     assert not parallel_state.model_parallel_is_initialized()
     mrandom.get_cuda_rng_tracker().reset()
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    try:  # the dynamic engine sets it process-wide (megatron-core 0.19; 0.16.1 has no such flag)
+        from megatron.core.inference.utils import InferenceMode
+    except ImportError:
+        return
+    InferenceMode.unset_active()
 
 
 def _destroy_groups() -> None:
@@ -95,8 +103,12 @@ def run_job(job: dict) -> None:
         from megatron_flashoverlap.megatron.cli import launch
 
         launch.main(argv)
+    elif job["entry"] == "generate":
+        from megatron_flashoverlap.megatron.cli import generate
+
+        generate.main(argv)
     else:
-        raise ValueError(f"job {job['name']}: entry {job['entry']!r} is not pretrain_gpt or launch")
+        raise ValueError(f"job {job['name']}: entry {job['entry']!r} is not pretrain_gpt, launch or generate")
 
 
 class _Redirect:

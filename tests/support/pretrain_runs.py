@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,7 @@ LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
 SITES = "GEMM sites: "
 STARTUP_S, JOB_S = 180, 150  # seconds: a job's limit (the runner's), a batch's: start-up plus each job's
 FIRST, DEFAULT, AFTER, LAST = 0, 1, 2, 3  # Job.order
+ENTRIES = {"megatron_flashoverlap.pretrain_gpt": "pretrain_gpt", "megatron_flashoverlap.generate": "generate"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,3 +106,27 @@ def read_result(out: Path, name: str, why: str | None) -> Result:
         losses.update({int(i): float(v) for i, v in LOSS.findall(log)})
     sites = [ln for ln in (logs[0] if logs else "").splitlines() if ln.startswith(SITES)]
     return Result(losses, sites[-1] if sites else None, logs, "\n".join(errors) or None)
+
+
+def from_batch(pretrain, name: str, expected: dict, yaml: dict | None = None):
+    """A stand-in for the subprocess module an example launches the project's entries with: the command must be
+    an entry of ENTRIES with --cpu on 2 ranks and one of `expected`'s argument lists (arm -> args, "{tmp}" the
+    session folder; a --flash-overlap-config YAML in them: the same file content as `yaml[arm]`), and its
+    output is what that job's ranks logged in the batch (job `<name>-<arm>`). The example's own code builds the
+    command and reads what the entry printed or wrote."""
+    heads = [[sys.executable, "-m", module, "--cpu", "--nproc-per-node", "2"] for module in ENTRIES]
+
+    def run(cmd, **kwargs):
+        head = next((h for h in heads if cmd[:len(h)] == h), None)
+        assert head is not None, f"not a project entry on 2 CPU ranks: {cmd}"
+        args = list(cmd[len(head):])
+        for arm, want in expected.items():
+            want = [a.replace("{tmp}", str(pretrain.tmp)) for a in want]
+            if yaml and arm in yaml and args[:-1] == want[:-1]:
+                assert Path(args[-1]).read_text() == yaml[arm][1], arm
+                args[-1] = want[-1]
+            if args == want:
+                job = pretrain(f"{name}-{arm}").check()
+                return subprocess.CompletedProcess(cmd, 0, stdout="\n".join(job.logs), stderr="")
+        raise AssertionError(f"the example asked for a run no job declares: {args}")
+    return types.SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired)
