@@ -1,6 +1,6 @@
 """The project's environments run what Megatron-LM's scripts import beyond megatron-core's own requirements.
 
-Tier: pure (imports only, both lanes). `pretrain_gpt.py --save` writes through dist_checkpointing's
+Tier: pure (imports only, both lanes: the one pure file the oldest lane runs). `pretrain_gpt.py --save` writes through dist_checkpointing's
 filesystem_async (imports psutil); Megatron's inference engines import tqdm (and psutil). Both are pinned in
 requirements/newest.txt and requirements/oldest.txt; the end-to-end `--save` runs in
 tests/megatron/test_pretrain.py (the CP=1 run's checkpoint).
@@ -8,6 +8,7 @@ tests/megatron/test_pretrain.py (the CP=1 run's checkpoint).
 import importlib
 import importlib.metadata
 import pathlib
+import re
 import sys
 
 import pytest
@@ -33,3 +34,23 @@ def test_megatrons_checkpoint_writer_finds_psutil():
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     assert filesystem_async.HAVE_PSUTIL
+
+
+MEGATRON_IMPORT = re.compile(r"^\s*(from megatron[. ]|import megatron\b)", re.M)
+
+
+def oldest_lane_paths() -> list[str]:
+    """The Makefile's OLDEST_TESTS: the paths the oldest lane (megatron-core 0.16.1) runs."""
+    line = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if ln.startswith("OLDEST_TESTS :="))
+    return line.split(":=", 1)[1].split()
+
+
+def test_every_pure_file_that_imports_megatron_core_runs_in_the_oldest_lane():
+    """The oldest lane runs tests/megatron and only the pure files that import megatron-core: a new one that
+    does must be listed there, or the 0.16.1 wheel never sees it."""
+    lane = oldest_lane_paths()
+    assert "tests/megatron" in lane and "tests/pure" not in lane
+    importing = [f"tests/pure/{p.name}" for p in sorted((ROOT / "tests" / "pure").glob("*.py"))
+                 if MEGATRON_IMPORT.search(p.read_text())]
+    assert "tests/pure/test_environment.py" in importing  # the pattern finds this file's own import
+    assert [p for p in importing if p not in lane] == []
