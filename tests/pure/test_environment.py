@@ -33,3 +33,16 @@ def test_megatrons_checkpoint_writer_finds_psutil():
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     assert filesystem_async.HAVE_PSUTIL
+
+
+SERVE = ("pyzmq", "msgpack", "quart", "hypercorn")  # Megatron's HTTP server (tests/megatron/test_serve.py)
+
+
+@pytest.mark.newest_only
+def test_the_serve_extra_is_pinned_as_the_newest_lane_installs_it():
+    """pyproject's `serve` extra names requirements/newest.txt's versions, the ones installed here."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    assert sorted(extra) == sorted(f"{name}=={pins('newest')[name]}" for name in SERVE)
+    assert all(importlib.metadata.version(name) == pins("newest")[name] for name in SERVE)
