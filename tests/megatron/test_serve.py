@@ -1,6 +1,6 @@
 """Megatron's OpenAI-compatible HTTP server (`python -m megatron_flashoverlap.serve`: the wheel's
 MegatronAsyncLLM.serve, coordinator mode) answers one completion request identically stock and --flash-overlap,
-and stops cleanly on SIGTERM.
+and stops cleanly on SIGTERM; a start on a taken port fails with its error and leaves no process behind.
 
 Tier 2 (the shared pretrain() start-up saves the checkpoint; then two torchrun starts, one server per arm, TP=2 on
 2 CPU ranks over gloo; newest lane: the high-level inference API ships in the 0.19 wheel; needs the `serve`
@@ -85,17 +85,21 @@ def stop(proc: subprocess.Popen) -> tuple:
     return seconds, [p.pid for p in alive]
 
 
-def serve_once(arm: str, ckpt: str, tmp: Path) -> dict:
-    """Start the server of `arm`, send the request, stop it -> {"response", "log", "stop_s", "left"}."""
-    port, log = free_port(), tmp / f"serve-{arm}.log"
+def start(arm: str, ckpt: str, port: int, log: Path) -> subprocess.Popen:
+    """`python -m megatron_flashoverlap.serve --cpu --nproc-per-node 2 ...` in its own session, output to `log`."""
     cmd = [sys.executable, "-m", "megatron_flashoverlap.serve", "--cpu", "--nproc-per-node", "2", *MODEL,
            "--micro-batch-size", "1", "--load", ckpt, "--host", "127.0.0.1", "--port", str(port),
            *(["--flash-overlap"] if arm == "flash" else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def serve_once(arm: str, ckpt: str, tmp: Path) -> dict:
+    """Start the server of `arm`, send the request, stop it -> {"response", "log", "stop_s", "left"}."""
+    port, log = free_port(), tmp / f"serve-{arm}.log"
+    url, proc = f"http://127.0.0.1:{port}", start(arm, ckpt, port, log)
     try:
         wait_ready(proc, url, log)
         response = post(url + "/v1/completions", {"prompt": PROMPTS, "max_tokens": TOKENS, "temperature": 0,
@@ -126,3 +130,31 @@ def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanl
     assert len({tuple(t) for _, t, _, _ in answers(runs["stock"]["response"])}) > 1, "the prompts answer differently"
     assert "GEMM sites: stock\n" in runs["stock"]["log"]
     assert SITES in runs["flash"]["log"]  # ours ran
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(SAVE)
+def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(pretrain, tmp_path):
+    """The engines and Megatron's coordinator already run when the frontend cannot bind: rank 0 stops them, then
+    raises; the launcher exits non-zero well before torchrun's own teardown (30 s) would have to kill anything."""
+    pretrain("serve-ckpt").check()
+    log = tmp_path / "serve-taken.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = start("stock", CKPT.replace("{tmp}", str(pretrain.tmp)), taken.getsockname()[1], log)
+        try:
+            family, deadline = [], time.monotonic() + START_S
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(psutil.Error):
+                    family = list({p.pid: p for p in [*family, *psutil.Process(proc.pid).children(recursive=True)]}
+                                  .values())
+                time.sleep(0.5)
+            rc = proc.poll()
+        finally:
+            _, left = stop(proc)
+    text = log.read_text()
+    assert rc not in (None, 0), f"the server did not fail on a taken port (exit {rc}):\n{text[-3000:]}"
+    assert "OSError: [Errno 98] Address already in use" in text and "Unable to shutdown" not in text, text[-3000:]
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive and not left, (alive, left)

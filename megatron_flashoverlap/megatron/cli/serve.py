@@ -12,11 +12,12 @@ coordinator process, rank 0's HTTP frontend processes: needs the `serve` extra, 
 Rank 0 prints `serving on http://HOST:PORT` once the frontend is up.
 
 Stopping: SIGTERM (to the launcher, to torchrun or to the ranks) or SIGINT. Rank 0 then stops the frontends,
-the engines of every rank and the coordinator (`MegatronAsyncLLM.shutdown`, at most SHUTDOWN_S seconds) and
-prints `server stopped`; the other ranks end when rank 0 stops their engines. torchrun signals each rank's
-whole process group, and Ctrl-C reaches every process of the terminal: the coordinator process is started with
-both signals ignored, so the orderly shutdown still finds it alive (its faulthandler prints its stack on
-SIGTERM, then carries on); the frontends (hypercorn) stop on the signal themselves.
+the engines of every rank and the coordinator (`MegatronAsyncLLM.shutdown`; past SHUTDOWN_S seconds the
+coordinator is killed) and prints `server stopped`; the other ranks end when rank 0 stops their engines.
+torchrun signals each rank's whole process group, and Ctrl-C reaches every process of the terminal: the
+coordinator process is started with both signals ignored, so the orderly shutdown still finds it alive (its
+faulthandler prints its stack on SIGTERM, then carries on); the frontends (hypercorn) stop on the signal
+themselves. A start that fails once the engines run (the port taken) stops them the same way, then raises.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from typing import Optional, Sequence
 
 from . import launch
 
-SHUTDOWN_S = 60.0  # seconds rank 0 waits for the engines and the coordinator to stop before it gives up
+SHUTDOWN_S = 20.0  # seconds rank 0 waits for the engines and the coordinator to stop: under torchrun's 30 s
+#                    between its SIGTERM and its SIGKILL, so a stuck stop still kills the coordinator
 
 
 def add_serve_args(parser):
@@ -61,27 +63,45 @@ def stop_event() -> asyncio.Event:
     return event
 
 
+async def stop_server(llm) -> None:
+    """Rank 0: `llm.shutdown()` (frontends, every rank's engine, the coordinator) within SHUTDOWN_S; past it the
+    coordinator process, which ignores SIGTERM, is killed and SystemExit says so."""
+    try:
+        await asyncio.wait_for(llm.shutdown(), SHUTDOWN_S)
+    except asyncio.TimeoutError as err:
+        coordinator = getattr(llm.engine, "inference_coordinator_process", None)
+        if coordinator is not None and coordinator.is_alive():
+            coordinator.kill()
+        raise SystemExit(f"the server did not stop within {SHUTDOWN_S:.0f} s (engines or coordinator stuck); "
+                         f"its coordinator process was killed") from err
+
+
 async def serve(args, model, tokenizer, config) -> None:
     """Coordinator-mode MegatronAsyncLLM serving HTTP on rank 0 until a signal (module docstring)."""
     import torch.distributed as dist
     from megatron.core.inference.apis import MegatronAsyncLLM, ServeConfig
 
+    primary = dist.get_rank() == 0
     with signals_ignored():
         llm = MegatronAsyncLLM(model=model, tokenizer=tokenizer, inference_config=config, use_coordinator=True,
                                coordinator_host=args.coordinator_host, coordinator_port=args.coordinator_port)
-        await llm.serve(ServeConfig(host=args.host, port=args.port, frontend_replicas=args.frontend_replicas),
-                        blocking=False)
+    try:
+        with signals_ignored():
+            await llm.serve(ServeConfig(host=args.host, port=args.port, frontend_replicas=args.frontend_replicas),
+                            blocking=False)
+    except BaseException:  # e.g. the port is taken: stop what started (every rank's engine, the coordinator)
+        if primary:
+            with contextlib.suppress(SystemExit):
+                await stop_server(llm)
+        raise
     stop = stop_event()
-    if dist.get_rank() != 0:
+    if not primary:
         await llm.wait_for_shutdown()  # rank 0 stops this rank's engine
         return
     print(f"serving on http://{args.host}:{args.port}", flush=True)
     engine = asyncio.ensure_future(llm.wait_for_shutdown())
     await asyncio.wait([engine, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-    try:
-        await asyncio.wait_for(llm.shutdown(), SHUTDOWN_S)
-    except asyncio.TimeoutError as err:
-        raise SystemExit(f"the server did not stop within {SHUTDOWN_S:.0f} s (engines or coordinator stuck)") from err
+    await stop_server(llm)
     print("server stopped", flush=True)
 
 
