@@ -76,7 +76,8 @@ def node_env(local: int):
     return env
 
 
-def _rank_env(local: int):
+def rank_env(local: int):
+    """rank -> LOCAL_RANK, LOCAL_WORLD_SIZE of its emulated node (`local` ranks each) and node_env."""
     def env(rank: int) -> dict:
         return {"LOCAL_RANK": str(rank % local), "LOCAL_WORLD_SIZE": str(local), **node_env(local)(rank)}
     return env
@@ -85,4 +86,4 @@ def _rank_env(local: int):
 def run_layout(ns, world: int, local: int, calibrate_argv: list[str], shim: str, timeout: float) -> None:
     """All ranks of one layout, each `calibrate_allreduce calibrate_argv` bound to its node address."""
     target = ["megatron_flashoverlap.tools.calibrate_allreduce", "--local-world-size", str(local), *calibrate_argv]
-    run_ranks(target, world, ns=ns, env={"LD_PRELOAD": shim}, rank_env=_rank_env(local), timeout=timeout)
+    run_ranks(target, world, ns=ns, env={"LD_PRELOAD": shim}, rank_env=rank_env(local), timeout=timeout)

@@ -54,3 +54,16 @@ def test_every_pure_file_that_imports_megatron_core_runs_in_the_oldest_lane():
                  if MEGATRON_IMPORT.search(p.read_text())]
     assert "tests/pure/test_environment.py" in importing  # the pattern finds this file's own import
     assert [p for p in importing if p not in lane] == []
+
+
+SERVE = ("pyzmq", "msgpack", "quart", "hypercorn")  # Megatron's HTTP server (tests/megatron/test_serve.py)
+
+
+@pytest.mark.newest_only
+def test_the_serve_extra_is_pinned_as_the_newest_lane_installs_it():
+    """pyproject's `serve` extra names requirements/newest.txt's versions, the ones installed here."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    assert sorted(extra) == sorted(f"{name}=={pins('newest')[name]}" for name in SERVE)
+    assert all(importlib.metadata.version(name) == pins("newest")[name] for name in SERVE)

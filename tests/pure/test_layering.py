@@ -25,7 +25,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "megatron_flashoverlap"
 FLOORS = {"config": 0, "schedules": 0, "runtime": 1, "plan": 1, "ops": 2, "megatron": 3, "tools": 4,
-          "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5, "generate": 5}
+          "__init__": 5, "spec": 5, "launch": 5, "pretrain_gpt": 5, "generate": 5,
+          "serve": 5}
 WING = "megatron"  # the package's one folder that imports megatron
 WING_FLOORS = {"ddp": 0, "moe": 0, "layers": 1, "cli": 2}  # the wing's rooms ("layers": its loose modules)
 TEST_HELPERS = ("tests",)

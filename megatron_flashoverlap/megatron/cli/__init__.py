@@ -5,4 +5,6 @@
     pretrain_gpt.py   `python -m megatron_flashoverlap.pretrain_gpt`: Megatron's pretrain() with our spec on mock data
     generate.py       `python -m megatron_flashoverlap.generate`: offline_inference.py's job through
                       the wheel (MegatronLLM, greedy) from a pretrain_gpt.py checkpoint
+    serve.py          `python -m megatron_flashoverlap.serve`: launch_inference_server.py's job through the wheel
+                      (MegatronAsyncLLM.serve, Megatron's OpenAI-compatible HTTP server) on the same model
 """

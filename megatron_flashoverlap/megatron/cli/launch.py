@@ -32,6 +32,7 @@ import importlib.metadata
 import importlib.util
 import os
 import runpy
+import signal
 import subprocess
 import sys
 from typing import Callable, Optional, Sequence
@@ -146,11 +147,17 @@ def launcher_options(argv: Sequence[str]) -> tuple[bool, Optional[int], list[str
 
 
 def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
-    """Start `nproc` ranks of `python -m module [--cpu] rest...` under torchrun (standalone); -> exit code."""
+    """Start `nproc` ranks of `python -m module [--cpu] rest...` under torchrun (standalone); -> exit code.
+    SIGTERM to this process is passed to torchrun (which passes it to every rank): the server stops in order."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *(["--cpu"] if cpu else []), *rest]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+    old = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))  # torchrun stops its ranks
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:

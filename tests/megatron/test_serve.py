@@ -1,0 +1,160 @@
+"""Megatron's OpenAI-compatible HTTP server (`python -m megatron_flashoverlap.serve`: the wheel's
+MegatronAsyncLLM.serve, coordinator mode) answers one completion request identically stock and --flash-overlap,
+and stops cleanly on SIGTERM; a start on a taken port fails with its error and leaves no process behind.
+
+Tier 2 (the shared pretrain() start-up saves the checkpoint; then two torchrun starts, one server per arm, TP=2 on
+2 CPU ranks over gloo; newest lane: the high-level inference API ships in the 0.19 wheel; needs the `serve`
+extra, pinned in requirements/newest.txt). One HTTP request: four token-id prompts of mixed lengths, greedy
+(temperature 0), 6 tokens each (ignore_eos: every answer has its full length), log-probs on. Exact: tokens and
+log-probs are compared to the bit (same weights, same core attention; each TP all-reduce sums two partials, a + b
+== b + a). The server runs in its own session with a start-up, a request and a stop deadline; whatever the test
+meets, every process it started is gone when it ends (psutil: the launcher's descendants, killed by id where the
+SIGTERM did not stop them).
+"""
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.pretrain_runs import FIRST, Job
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from examples.train_then_generate import MODEL, TRAIN  # noqa: E402  (the tiny GPT of the train-then-generate example)
+
+CKPT = "{tmp}/serve-ckpt"
+SAVE = Job("serve-ckpt", "pretrain_gpt", ("--cpu", *MODEL, *TRAIN, "--train-iters", "2", "--save", CKPT,
+                                          "--save-interval", "2"), order=FIRST)
+PROMPTS = [[1, 5, 9, 17, 3], [4] * 11, list(range(20, 47)), [7, 7]]
+TOKENS = 6
+START_S, REQUEST_S, STOP_S = 300, 120, 60  # seconds: torchrun + Megatron + the coordinator; one request; SIGTERM
+SITES = "GEMM sites: dense[1-2]: qkv=flash (all-reduce, no SP)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
+    """Until GET /health answers 200; the server exiting or START_S passing fails with its log's tail."""
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server exited ({proc.returncode}) before serving:\n{log.read_text()[-4000:]}"
+        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        time.sleep(1)
+    raise AssertionError(f"the server did not answer /health within {START_S} s:\n{log.read_text()[-4000:]}")
+
+
+def stop(proc: subprocess.Popen) -> tuple:
+    """SIGTERM to the launcher; -> (seconds to exit or None, pids still alive after STOP_S: then killed)."""
+    family = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    t0 = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_S)
+        seconds = time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        seconds = None
+    _, alive = psutil.wait_procs(family, timeout=max(1.0, STOP_S - (time.monotonic() - t0)))
+    for p in [*alive, *([psutil.Process(proc.pid)] if proc.poll() is None else [])]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait(timeout=10)
+    return seconds, [p.pid for p in alive]
+
+
+def start(arm: str, ckpt: str, port: int, log: Path) -> subprocess.Popen:
+    """`python -m megatron_flashoverlap.serve --cpu --nproc-per-node 2 ...` in its own session, output to `log`."""
+    cmd = [sys.executable, "-m", "megatron_flashoverlap.serve", "--cpu", "--nproc-per-node", "2", *MODEL,
+           "--micro-batch-size", "1", "--load", ckpt, "--host", "127.0.0.1", "--port", str(port),
+           *(["--flash-overlap"] if arm == "flash" else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def serve_once(arm: str, ckpt: str, tmp: Path) -> dict:
+    """Start the server of `arm`, send the request, stop it -> {"response", "log", "stop_s", "left"}."""
+    port, log = free_port(), tmp / f"serve-{arm}.log"
+    url, proc = f"http://127.0.0.1:{port}", start(arm, ckpt, port, log)
+    try:
+        wait_ready(proc, url, log)
+        response = post(url + "/v1/completions", {"prompt": PROMPTS, "max_tokens": TOKENS, "temperature": 0,
+                                                  "logprobs": 1, "ignore_eos": True}, REQUEST_S)
+    finally:
+        seconds, left = stop(proc)
+    return {"response": response, "log": log.read_text(), "stop_s": seconds, "left": left}
+
+
+def answers(response: dict) -> list:
+    return [(c["prompt_token_ids"], c["generation_token_ids"], c["generation_log_probs"], c["text"])
+            for c in sorted(response["choices"], key=lambda c: c["index"])]
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(SAVE)
+def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanly(pretrain, tmp_path):
+    pretrain("serve-ckpt").check()
+    ckpt = CKPT.replace("{tmp}", str(pretrain.tmp))
+    runs = {arm: serve_once(arm, ckpt, tmp_path) for arm in ("stock", "flash")}
+    for arm, run in runs.items():
+        got = answers(run["response"])
+        assert [p for p, *_ in got] == PROMPTS, arm
+        assert all(len(t) == TOKENS and len(lp) == TOKENS for _, t, lp, _ in got), (arm, got)
+        assert run["stop_s"] is not None and not run["left"], (arm, run["stop_s"], run["left"], run["log"][-3000:])
+        assert "\nserver stopped\n" in run["log"], run["log"][-3000:]
+    assert answers(runs["stock"]["response"]) == answers(runs["flash"]["response"])
+    assert len({tuple(t) for _, t, _, _ in answers(runs["stock"]["response"])}) > 1, "the prompts answer differently"
+    assert "GEMM sites: stock\n" in runs["stock"]["log"]
+    assert SITES in runs["flash"]["log"]  # ours ran
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(SAVE)
+def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(pretrain, tmp_path):
+    """The engines and Megatron's coordinator already run when the frontend cannot bind: rank 0 stops them, then
+    raises; the launcher exits non-zero well before torchrun's own teardown (30 s) would have to kill anything."""
+    pretrain("serve-ckpt").check()
+    log = tmp_path / "serve-taken.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = start("stock", CKPT.replace("{tmp}", str(pretrain.tmp)), taken.getsockname()[1], log)
+        try:
+            family, deadline = [], time.monotonic() + START_S
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(psutil.Error):
+                    family = list({p.pid: p for p in [*family, *psutil.Process(proc.pid).children(recursive=True)]}
+                                  .values())
+                time.sleep(0.5)
+            rc = proc.poll()
+        finally:
+            _, left = stop(proc)
+    text = log.read_text()
+    assert rc not in (None, 0), f"the server did not fail on a taken port (exit {rc}):\n{text[-3000:]}"
+    assert "OSError: [Errno 98] Address already in use" in text and "Unable to shutdown" not in text, text[-3000:]
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive and not left, (alive, left)
