@@ -26,15 +26,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.pretrain_runs import FIRST, Job
+from tests.megatron.test_train_then_generate import JOBS as TTG_JOBS
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from examples.train_then_generate import MODEL, TRAIN  # noqa: E402  (the tiny GPT of the train-then-generate example)
+from examples.train_then_generate import MODEL  # noqa: E402  (the tiny GPT of the train-then-generate example)
 
-CKPT = "{tmp}/serve-ckpt"
-SAVE = Job("serve-ckpt", "pretrain_gpt", ("--cpu", *MODEL, *TRAIN, "--train-iters", "2", "--save", CKPT,
-                                          "--save-interval", "2"), order=FIRST)
+# the checkpoint of the train-then-generate test's training job (the same tiny GPT, 2 iterations): one job saves
+# it for both tests in the shared start-up
+SAVE = TTG_JOBS[0]
+CKPT = SAVE.argv[SAVE.argv.index("--save") + 1]
 PROMPTS = [[1, 5, 9, 17, 3], [4] * 11, list(range(20, 47)), [7, 7]]
 TOKENS = 6
 START_S, REQUEST_S, STOP_S = 300, 120, 60  # seconds: torchrun + Megatron + the coordinator; one request; SIGTERM
@@ -117,7 +118,7 @@ def answers(response: dict) -> list:
 @pytest.mark.newest_only
 @pytest.mark.pretrain(SAVE)
 def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanly(pretrain, tmp_path):
-    pretrain("serve-ckpt").check()
+    pretrain(SAVE.name).check()
     ckpt = CKPT.replace("{tmp}", str(pretrain.tmp))
     runs = {arm: serve_once(arm, ckpt, tmp_path) for arm in ("stock", "flash")}
     for arm, run in runs.items():
@@ -137,7 +138,7 @@ def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanl
 def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(pretrain, tmp_path):
     """The engines and Megatron's coordinator already run when the frontend cannot bind: rank 0 stops them, then
     raises; the launcher exits non-zero well before torchrun's own teardown (30 s) would have to kill anything."""
-    pretrain("serve-ckpt").check()
+    pretrain(SAVE.name).check()
     log = tmp_path / "serve-taken.log"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
