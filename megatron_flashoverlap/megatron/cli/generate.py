@@ -73,10 +73,8 @@ def generate(args, model, prompts: list[list[int]]) -> list[dict]:
     from megatron.core.inference.apis import MegatronLLM
     from megatron.core.inference.sampling_params import SamplingParams
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
-    from megatron.training.argument_utils import inference_cfg_from_args
-
     tokenizer = build_tokenizer(args)
-    config = inference_cfg_from_args(args).to_inference_config(model, enable_cuda_graphs=False, verbose=False)
+    config = inference_config(args, model)
     config.max_sequence_length = max(map(len, prompts)) + args.num_tokens_to_generate
     sampling = SamplingParams(temperature=1.0, top_k=1, return_log_probs=True, skip_prompt_log_probs=True,
                               num_tokens_to_generate=args.num_tokens_to_generate, termination_id=tokenizer.eod)
@@ -96,19 +94,32 @@ def report(results: list[dict], output_path: Optional[str]) -> None:
             json.dump(results, f)
 
 
-def run() -> None:
-    """One rank, `sys.argv` prepared (launch.prepare)."""
-    import torch.distributed as dist
+def inference_config(args, model):
+    """Megatron's runtime InferenceConfig from the args (no CUDA graphs: the CPU path has none)."""
+    from megatron.training.argument_utils import inference_cfg_from_args
+
+    return inference_cfg_from_args(args).to_inference_config(model, enable_cuda_graphs=False, verbose=False)
+
+
+def loaded_model(extra_args_provider):
+    """Megatron's args (with an entry's flags), initialize_megatron, the checkpoint's model -> (args, model)."""
     from megatron.training import get_args, initialize_megatron
     from megatron.training.arguments import parse_and_validate_args
 
-    from .. import sites
-
-    parse_and_validate_args(extra_args_provider=add_generate_args,
+    parse_and_validate_args(extra_args_provider=extra_args_provider,
                             args_defaults={"no_load_rng": True, "no_load_optim": True})
     initialize_megatron()
     args = get_args()
-    model = load_model(args)
+    return args, load_model(args)
+
+
+def run() -> None:
+    """One rank, `sys.argv` prepared (launch.prepare)."""
+    import torch.distributed as dist
+
+    from .. import sites
+
+    args, model = loaded_model(add_generate_args)
     line = sites.sites_line([model])
     results = generate(args, model, prompt_tokens(args, args.vocab_size or args.padded_vocab_size))
     if dist.get_rank() == 0:

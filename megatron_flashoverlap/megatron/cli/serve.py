@@ -105,28 +105,15 @@ async def serve(args, model, tokenizer, config) -> None:
     print("server stopped", flush=True)
 
 
-def inference_config(args, model):
-    """Megatron's runtime InferenceConfig from the args (no CUDA graphs: the CPU path has none)."""
-    from megatron.training.argument_utils import inference_cfg_from_args
-
-    return inference_cfg_from_args(args).to_inference_config(model, enable_cuda_graphs=False, verbose=False)
-
-
 def run() -> None:
     """One rank, `sys.argv` prepared (launch.prepare)."""
     import torch.distributed as dist
     from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
-    from megatron.training import get_args, initialize_megatron
-    from megatron.training.arguments import parse_and_validate_args
 
     from .. import sites
-    from .generate import load_model
+    from .generate import inference_config, loaded_model
 
-    parse_and_validate_args(extra_args_provider=add_serve_args,
-                            args_defaults={"no_load_rng": True, "no_load_optim": True})
-    initialize_megatron()
-    args = get_args()
-    model = load_model(args)
+    args, model = loaded_model(add_serve_args)
     if dist.get_rank() == 0:
         print(sites.sites_line([model]), flush=True)
     asyncio.run(serve(args, model, build_tokenizer(args), inference_config(args, model)))
