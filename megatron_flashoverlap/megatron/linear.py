@@ -37,6 +37,7 @@ once): its dW goes to `.grad` and Megatron's DDP hook adds it into main_grad, th
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -102,6 +103,12 @@ def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: 
     return sp, OpPlan(site.algo, chunks)
 
 
+@functools.lru_cache(maxsize=64)
+def _decode_plan(plan: OpPlan) -> OpPlan:
+    """The plan of a decode-only step: `plan` with decode_step=True (made once per plan)."""
+    return dataclasses.replace(plan, decode_step=True)
+
+
 class _FlashMixin:
     """Shared set-up and the stock/overlap decision; the subclasses keep Megatron's own ctor."""
 
@@ -118,6 +125,7 @@ class _FlashMixin:
         self.flash_context = shared_context("layer", self.flash_config.timeout_s)
         _load_table(self.flash_config.all_reduce.table)
         self._flash_checked: set = set()
+        self.flash_decode_step = False  # set per forward by megatron/step.py (a decode-only inference step)
         self.config = config  # the stock ctor saw _stock_config(config)
         self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
         self.gradient_accumulation_fusion = self.flash_fuse_wgrad and _apex_fused_wgrad()  # the stock forward's
@@ -262,9 +270,11 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         return None if self.input_is_parallel else "input_is_parallel=False"
 
     def _forward_without_sp(self, input_):
-        """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce;
-        the bias is added after it, as in the stock layer."""
-        output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=self.flash_nosp_plan,
+        """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce, or,
+        on a decode-only inference step (`flash_decode_step`, megatron/step.py), whole after the GEMM (the decode
+        all-reduce, whatever the engine's token layout); the bias is added after it, as in the stock layer."""
+        plan = _decode_plan(self.flash_nosp_plan) if self.flash_decode_step else self.flash_nosp_plan
+        output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan,
                                    wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias

@@ -47,6 +47,7 @@ from .probe import planned
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 from .moe.layer import check_moe_config, flash_moe_spec
 from .structure import check_structure, moe_layer_pattern
+from .step import watch_decode_steps
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
@@ -73,7 +74,8 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
                normalization: str | None = None, qk_l2_norm: bool = False, attention_backend="auto",
                num_experts: int | None = None, moe_grouped_gemm: bool = False,
                transformer_impl: str = "local") -> ModuleSpec:
-    """TransformerLayer spec = get_gpt_layer_local_spec(...) with linear_qkv/proj/fc1/fc2 ours, and the norms
+    """TransformerLayer spec = get_gpt_layer_local_spec(...) (its layer: FlashOverlapTransformerLayer, a
+    TransformerLayer that records decode-only steps) with linear_qkv/proj/fc1/fc2 ours, and the norms
     and core attention of `_norms_and_attention` (attention_backend: Megatron's --attention-backend, an
     AttnBackend or its name; transformer_impl: Megatron's --transformer-impl; see sdpa.core_attention_for;
     by default get_gpt_layer_local_spec's DotProductAttention). num_experts: the MLP is Megatron's MoE spec
@@ -87,6 +89,7 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
     _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm,
                          (attention_backend, transformer_impl))
     spec.submodules.mlp = mlp_spec(provider, num_experts, moe_grouped_gemm)
+    spec.module = FlashOverlapTransformerLayer  # TransformerLayer + the decode-step record (megatron/step.py)
     return spec
 
 
@@ -195,12 +198,15 @@ class FlashOverlapTransformerLayer(TransformerLayer):
     layer's TransformerConfig): the spec of the model's layer it is (dense or MoE, by its number in the model),
     so one module-level ModuleSpec, `flashoverlap_layer`, serves every Megatron path that takes a `--spec` object
     as it is (legacy gpt_builder, tools/checkpoint, --use-checkpoint-args) as well as 0.19's GPTModelBuilder.
-    Same modules, state_dict keys and forward as the layer flashoverlap_layer_spec builds there."""
+    Given `submodules` (layer_spec's specs), it is that layer. Same modules, state_dict keys and forward as a
+    TransformerLayer; each forward first tells its row-parallel linears whether it is a decode-only inference
+    step (megatron/step.py)."""
 
     def __init__(self, config, submodules=None, layer_number: int = 1, *args, **kwargs):
         if submodules is None:
             submodules = model_layer_specs(config)[_model_layer_id(config, layer_number, kwargs)].submodules
         super().__init__(config, submodules, layer_number, *args, **kwargs)
+        watch_decode_steps(self)
 
 
 def _model_layer_id(config, layer_number: int, kwargs: dict) -> int:

@@ -33,6 +33,9 @@ The OpPlan knobs:
     wire_dtype         what reduce-scatter partials travel in: "input" (stock's bytes) or "fp32"
     decode_all_reduce  matmul_all_reduce on decode-shaped x [1, b, k/P]: the all_reduce algo ("auto": the
                        calibrated choice; None: run `algo` on decode inputs too)
+    decode_step        matmul_all_reduce: the caller knows this call belongs to a decode-only step (one new
+                       token per sequence in any layout, e.g. the dynamic engine's [n, 1, k/P]): the decode
+                       all-reduce runs whatever x's shape (False: decode-shaped x [1, b, k/P] only)
 Per call a wrapper only resolves its plan (`resolve`, cached per operator and plan: a knob the operator does
 not read is refused, not ignored; force_reference() gives the reference plan; the all-reduce operators' flash
 chunks are filled in); the TP/SP operators then fix hop_chunks for the group size and shard (tp_sp/hops.py
@@ -132,7 +135,7 @@ RINGS = ("flash", "flash_bidir")  # the algos that walk a decomposed ring
 KNOBS = {
     "all_gather_matmul": ("num_chunks", "hop_chunks", "keep_gathered"),
     "matmul_reduce_scatter": ("num_chunks", "hop_chunks"),
-    "matmul_all_reduce": ("num_chunks", "decode_all_reduce"),
+    "matmul_all_reduce": ("num_chunks", "decode_all_reduce", "decode_step"),
     "matmul_allreduce_dgrad": ("num_chunks",),
     "query_split_attention": ("num_chunks",),
     "matmul_wgrad_reduce_scatter": ("hop_chunks",),
@@ -149,6 +152,7 @@ class OpPlan:
     keep_gathered: bool = False
     wire_dtype: str = "input"
     decode_all_reduce: str | None = "auto"
+    decode_step: bool = False
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -167,6 +171,8 @@ class OpPlan:
         if self.decode_all_reduce is not None and self.decode_all_reduce not in ALL_REDUCE_ALGOS:
             raise ValueError(f"decode_all_reduce {self.decode_all_reduce!r}: choose one of {ALL_REDUCE_ALGOS} "
                              f"or None (decode inputs run `algo` too)")
+        if not isinstance(self.decode_step, bool):
+            raise ValueError(f"decode_step must be True or False, got {self.decode_step!r}")
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
         object.__setattr__(self, "_rings", {})  # (name, tag) -> Ring: made once per plan
 

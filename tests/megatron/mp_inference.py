@@ -149,9 +149,38 @@ def _dynamic_record(req) -> dict:
             "generated_log_probs": _floats(req.generated_log_probs)}
 
 
+class _Routes:
+    """Counts, per step kind of the dynamic engine, the row-parallel calls that ran the decode all-reduce
+    (`all_reduce` as matmul_all_reduce calls it) and the decomposed one (`ar_matmul_forward`): the operator's
+    own functions, wrapped for the block. The step kind is the engine's: its context's prefill request count."""
+
+    def __init__(self, llm):
+        from megatron_flashoverlap.ops.tp_nosp import all_reduce_matmul as arm
+
+        self.arm, self.context, self.calls = arm, llm.engine.context, []
+        self.real = {"decode": arm.all_reduce, "decomposed": arm.ar_matmul_forward}
+
+    def _counting(self, kind):
+        real = self.real[kind]
+
+        def call(x, *args, **kwargs):
+            step = "prefill" if self.context.num_prefill_requests else "decode"
+            self.calls.append((step, kind, tuple(x.shape)))
+            return real(x, *args, **kwargs)
+        return call
+
+    def __enter__(self):
+        self.arm.all_reduce, self.arm.ar_matmul_forward = self._counting("decode"), self._counting("decomposed")
+        return self
+
+    def __exit__(self, *exc):
+        self.arm.all_reduce, self.arm.ar_matmul_forward = self.real["decode"], self.real["decomposed"]
+
+
 def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
     """Megatron's dynamic engine through MegatronLLM.generate, each model: every prompt together, then each
-    alone, then in reverse order -> {model: {"batch" | "single" | "reversed": {id: record}}}."""
+    alone, then in reverse order -> {model: {"batch" | "single" | "reversed": {id: record}}, "routes": the batch
+    run's row-parallel calls of our model, [(step kind, operator, x's shape)] (_Routes)}."""
     tm.init_tp(tp)
     try:
         prompts, out = _prompts(), {}
@@ -159,7 +188,10 @@ def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
         sampling.top_n_logprobs = 0
         for name, model in _models(tp).items():
             with _llm(model) as llm:
-                batch = llm.generate(prompts, sampling)
+                with _Routes(llm) as routes:
+                    batch = llm.generate(prompts, sampling)
+                if name == "flash":
+                    out["routes"] = routes.calls
                 llm.engine.reset()
                 single = {}
                 for i, p in enumerate(prompts):
@@ -179,6 +211,8 @@ def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
 def batch_invariance(rank, world, tp=2, generate=8):
     """Both paths in one job (one model build): {"static0": Megatron's zero-token case (prompt log-probs, top-n),
     "static": static batching generating `generate` tokens, "dynamic": the dynamic engine}."""
-    return {"static0": static_batch_vs_single(rank, world, tp, 0),
-            "static": static_batch_vs_single(rank, world, tp, generate),
-            "dynamic": dynamic_batch_vs_single(rank, world, tp, generate)}
+    out = {"static0": static_batch_vs_single(rank, world, tp, 0),
+           "static": static_batch_vs_single(rank, world, tp, generate),
+           "dynamic": dynamic_batch_vs_single(rank, world, tp, generate)}
+    out["routes"] = out["dynamic"].pop("routes")
+    return out

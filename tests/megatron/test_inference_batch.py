@@ -18,6 +18,7 @@ import pytest
 
 JOB = "tests.megatron.mp_inference:batch_invariance"
 GENERATE = 8
+PROMPTS = (15, 42, 57, 9)  # mp_inference.PROMPT_LENGTHS
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +84,21 @@ def test_spec_function_carries_the_attention_backend(backend, expected):
     spec = get_gpt_layer_flashoverlap_spec(attention_backend=AttnBackend[backend], context_parallel_size=1)
     core = submodules_of(spec.submodules.self_attention).core_attention
     assert getattr(core, "module", core).__name__ == expected
+
+
+@pytest.mark.newest_only
+def test_dynamic_engine_decode_steps_take_the_decode_all_reduce(results):
+    """The dynamic engine lays tokens out flat, [n, 1, h] (n: the step's tokens, padded up by the engine): a
+    decode-only step of the four requests is not [1, b, h], yet each of its row-parallel calls (proj and fc2 of
+    4 layers: 8 per step) runs the GEMM then one all-reduce of its n >= 4 new tokens (all_reduce sees
+    [1, n, h = 32]); the prefill step runs the decomposed all-reduce on all >= 123 prompt tokens at once.
+    The requests decode together: one prefill step, then GENERATE - 1 decode-only steps."""
+    for rank in results:
+        calls = rank["routes"]
+        decode = [(op, shape) for step, op, shape in calls if step == "decode"]
+        prefill = [(op, shape) for step, op, shape in calls if step == "prefill"]
+        assert len(decode) == 8 * (GENERATE - 1) and len(prefill) == 8, calls
+        assert all(op == "decode" and shape[0] == 1 and shape[1] >= len(PROMPTS) and shape[2] == 32
+                   for op, shape in decode), decode
+        assert all(op == "decomposed" and shape[0] >= sum(PROMPTS) and shape[1] == 1 for op, shape in prefill), \
+            prefill

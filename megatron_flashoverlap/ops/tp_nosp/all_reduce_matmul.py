@@ -6,8 +6,9 @@
         forward y = x @ w^T + bias      backward dx = AR(dy @ w) with the wgrad filling its tail, dw, db
 
 The decomposition and the plain functions: ar_matmul.py. Decode (x [1, b, k/P], one new token per
-sequence): a single row cannot be cut in rank blocks, so `matmul_all_reduce` runs the whole GEMM and
-then `all_reduce(algo=plan.decode_all_reduce)` ("auto": ours only where the calibration measured it faster,
+sequence; or any x whose plan says `decode_step=True`: a decode-only step of an engine whose layout is
+[n, 1, k/P], summed as [1, n, h]): a single row cannot be cut in rank blocks, so `matmul_all_reduce` runs the
+whole GEMM and then `all_reduce(algo=plan.decode_all_reduce)` ("auto": ours only where the calibration measured it faster,
 else stock). That choice is explicit: `OpPlan(decode_all_reduce=None)` runs `algo` for decode inputs too,
 and algo="reference" or `force_reference()` run the reference (GEMM, then dist.all_reduce) whatever the shape.
 Sequence not divisible by P (a prompt of any length, and not decode): the decomposed algorithms run on the input
@@ -42,9 +43,18 @@ _REFERENCE = OpPlan("reference")
 
 
 def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
-    """Decode-shaped x [1, b, k/P] under a fused algo, unless the plan turned the choice off.
-    Basis: one row has no rank blocks to decompose; all_reduce("auto") follows the measured table."""
-    return plan.decode_all_reduce is not None and plan.algo != "reference" and is_decode_shaped(x)
+    """A decode step under a fused algo (x decode-shaped [1, b, k/P], or plan.decode_step: the caller's word for
+    any layout), unless the plan turned the choice off. Basis: one token per sequence has no rank blocks worth
+    decomposing (a few rows padded to P, many small hops); all_reduce("auto") follows the measured table."""
+    return plan.decode_all_reduce is not None and plan.algo != "reference" and (plan.decode_step or
+                                                                                 is_decode_shaped(x))
+
+
+def _decode_all_reduce(y, group, plan: OpPlan, octx):
+    """y [s, b, h] of a decode step -> AR(y), summed as [1, s * b, h] (one token per row: the decode layout
+    all_reduce("auto") and its calibration key on; the same bytes whatever the engine's layout)."""
+    flat = y.reshape(1, -1, y.shape[-1])
+    return all_reduce(flat, group, algo=plan.decode_all_reduce, context=octx).view(y.shape)
 
 
 def _padded(x, world: int):
@@ -108,7 +118,7 @@ class MatmulAllReduce(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.route = route
         if _should_use_decode_all_reduce(x, plan):
-            return all_reduce(F.linear(x, weight), group, algo=plan.decode_all_reduce, context=octx)
+            return _decode_all_reduce(F.linear(x, weight), group, plan, octx)
         return ar_matmul_forward(x, weight, group, octx, plan)
 
     @staticmethod
@@ -148,7 +158,8 @@ def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo
     """y [s, b, h] = AR(x [s, b, k/P] @ weight[h, k/P]^T), replicated, with autograd (row-parallel, no SP).
 
     plan.num_chunks: sequence chunks C (flash: the exposed tail is 1/C of an all-gather; slicing: chunks).
-    plan.decode_all_reduce: the all_reduce algo for decode-shaped x [1, b, k/P] (module docstring); None = off.
+    plan.decode_all_reduce: the all_reduce algo for decode-shaped x [1, b, k/P], or any x under plan.decode_step
+    (module docstring); None = off.
     wgrad: where dW goes (module docstring; default: returned)."""
     route = RETURNED if wgrad is None else wgrad
     plan = resolve("matmul_all_reduce", plan_of("matmul_all_reduce", algo, plan), default_chunks=DEFAULT_CHUNKS)
