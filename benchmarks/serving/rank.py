@@ -3,7 +3,8 @@
     run_ranks(["benchmarks.serving.rank", "serve", STOP, *serve_argv], world, ns=ns, ...)
         rank 0 -> [engine record per finished request]; the server stops when the file STOP appears
     run_ranks(["benchmarks.serving.rank", "generate", "-", *generate_argv], world, ns=ns, ...)
-        rank 0 -> {"seconds", "tokens", "requests"}: the MegatronLLM generate call alone, timed
+        rank 0 -> {"seconds", "tokens", "requests"}: the MegatronLLM generate call alone, timed after one untimed
+        generate of the first prompt (the warm-up: engine set-up and the start-up all-reduce calibration)
 
 Engine records (rank 0): Megatron 0.19's completions endpoint does not stream, so the first and last token
 times come from the engine itself: every finished request passes DynamicInferenceRequestRecord.merge on its
@@ -72,6 +73,7 @@ def generate(argv: list[str]) -> None:
     timed, original = {}, entry.generate
 
     def generate_timed(args, model, prompts):
+        original(args, model, prompts[:1])  # warm-up, not timed: the first decode's start-up all-reduce calibration
         t0 = time.perf_counter()
         results = original(args, model, prompts)
         timed.update(seconds=time.perf_counter() - t0, tokens=sum(len(r["tokens"]) for r in results),
