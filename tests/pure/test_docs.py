@@ -95,3 +95,13 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert len(bad) == 2 and "missing.md" in bad[0] and "#nope" in bad[1], bad
     page.write_text("# Head one\n\n`--layouts 4:2` ran in 1.2 s [y](#head-one)\n")
     assert not dated_lines(page, tmp_path) and not broken_links(page, tmp_path)
+
+
+CONFLICT = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+
+
+def test_no_merge_conflict_markers_in_the_pages_and_the_changelog():
+    """A merge that left its markers in prose (Python would not import; Markdown renders them)."""
+    pages = [*user_pages(), ROOT / "CHANGELOG.md", *sorted(ROOT.glob("benchmarks/*/RESULTS.md"))]
+    assert [str(p.relative_to(ROOT)) for p in pages if CONFLICT.search(p.read_text())] == []
+    assert CONFLICT.search("text\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> branch\n")  # the pattern finds one
