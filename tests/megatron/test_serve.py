@@ -14,6 +14,7 @@ SIGTERM did not stop them).
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,9 +44,14 @@ SITES = "GEMM sites: dense[1-2]: qkv=flash (all-reduce, no SP)"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: the server binds it ~30 s later, and meanwhile the
+    suite's gloo, torchrun and zmq sockets take ephemeral ports (one of them took a port bind(0) had returned)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(low // 2, low), 200):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise AssertionError(f"no free port in {low // 2}-{low - 1}")
 
 
 def post(url: str, body: dict, timeout: float) -> dict:
@@ -97,8 +103,18 @@ def start(arm: str, ckpt: str, port: int, log: Path) -> subprocess.Popen:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def serve_once(arm: str, ckpt: str, tmp: Path) -> dict:
-    """Start the server of `arm`, send the request, stop it -> {"response", "log", "stop_s", "left"}."""
+def serve_once(arm: str, ckpt: str, tmp: Path, tries: int = 3) -> dict:
+    """Start the server of `arm`, send the request, stop it -> {"response", "log", "stop_s", "left"}. A start that
+    lost its port to another process between the choice and the bind is retried on another port (`tries`)."""
+    try:
+        return _serve_once(arm, ckpt, tmp)
+    except AssertionError as err:
+        if tries <= 1 or "Address already in use" not in str(err):
+            raise
+    return serve_once(arm, ckpt, tmp, tries - 1)
+
+
+def _serve_once(arm: str, ckpt: str, tmp: Path) -> dict:
     port, log = free_port(), tmp / f"serve-{arm}.log"
     url, proc = f"http://127.0.0.1:{port}", start(arm, ckpt, port, log)
     try:
