@@ -9,8 +9,9 @@ skipped DP shard, a wrong decode all-reduce, ...) and lists the tests that claim
     pytest --mutation NAME tests/...                         any test under one mutation (conftest.py)
 
 How it reaches the code: `--mutation NAME` applies NAME in the pytest process (pytest_configure, before the
-test modules are imported) and exports FLASHOVERLAP_TEST_MUTATION=NAME, which every gloo pool worker reads
-at start (tests/support/pool.py) and applies in its own process. A mutation replaces a function or method
+test modules are imported) and exports FLASHOVERLAP_TEST_MUTATION=NAME, which every gloo pool worker and every
+rank of the shared pretrain() start-up reads at start (tests/support/pool.py, pretrain_runner.py) and applies in
+its own process. A mutation replaces a function or method
 where it is defined AND in every loaded module that imported it by name (`_replace`), so the call sites the
 tests reach all see it. Nothing here runs unless asked: a normal test run has no mutation.
 """
@@ -232,6 +233,12 @@ def _ulysses_extra_parameter() -> list:
     return _replace("megatron_flashoverlap.megatron.attention", "UlyssesDotProductAttention.__init__", init)
 
 
+def _flash_overlap_flag_ignored() -> list:
+    """`--flash-overlap` parsed and then ignored: the run builds stock's layers (a silently stock model)."""
+    return _replace("megatron_flashoverlap.megatron.cli.args", "apply_flash_overlap_args",
+                    lambda args: args)  # DEFECT
+
+
 _S = "tests/pure/test_schedules.py::"
 _O = "tests/gloo/test_ops.py::"
 _U = "tests/gloo/test_attention_ulysses.py::"
@@ -281,6 +288,10 @@ MUTATIONS: dict[str, Mutation] = {
     "query_split_dw_one_percent_high": Mutation(
         "the query-split backward's linear_proj dW 1 % too large (forward exact)",
         (_G + "test_gpt_tp2_query_split_matches_local_spec[flash]",), _query_split_dw_one_percent_high),
+    "flash_overlap_flag_ignored": Mutation(
+        "the launcher parses --flash-overlap and ignores it (stock's layers built)",
+        ("tests/megatron/test_pretrain.py::test_launcher_runs_an_unmodified_pretrain_script_on_cpu",),
+        _flash_overlap_flag_ignored),
     "ulysses_extra_parameter": Mutation(
         "UlyssesDotProductAttention registers a parameter the stock core attention has not",
         (_G + "test_gpt_cp2_default_causal_mask_and_gqa",), _ulysses_extra_parameter),

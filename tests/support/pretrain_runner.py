@@ -154,8 +154,10 @@ def run_logged(job: dict, stem: str, environ: dict, job_s: float) -> str:
 
 def main(jobs_path: str, out: str, job_s: float) -> None:
     from megatron_flashoverlap.megatron import cpu
+    from tests.support.mutations import apply_from_env
 
     rank = int(os.environ["RANK"])
+    apply_from_env()  # a deliberate defect, only where FLASHOVERLAP_TEST_MUTATION names one (mutations.py)
     cpu.enable()  # no-op on a GPU machine; sets CUDA_DEVICE_MAX_CONNECTIONS, part of the environment kept
     environ = dict(os.environ)
     with open(jobs_path) as f:
