@@ -18,10 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "planner" / "data"
 
 
-RUNS = ("", "_2")  # the two committed calibrations: data/calibration.json, data/calibration_2.json
+RUNS = ("", "_2", "_3")  # the three committed calibrations: data/calibration{,_2,_3}.json
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=["first", "second"])
+@pytest.fixture(scope="module", params=RUNS, ids=["first", "second", "third"])
 def predictions(request):
     cal = json.loads((DATA / f"calibration{request.param}.json").read_text())
     return request.param, cal, {stat: predict_all(cal, stat) for stat in ("lo", "median")}
