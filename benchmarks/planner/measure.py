@@ -26,7 +26,7 @@ HTB_BURST = "256kb"  # benchmarks/topology/run.py's default
 
 def _ranks(world: int, cfg: dict, ns=None, timeout: float = 3600.0, **kw) -> dict:
     """Rank 0's figures; a run whose ranks failed is run once more, said on stderr (a rank has aborted at exit,
-    "terminate called without an active exception", in 2 of about 20 runs: not diagnosed)."""
+    "terminate called without an active exception", in 2 of about 30 runs: not diagnosed)."""
     try:
         return run_ranks(TARGET, world, args=(cfg,), ns=ns, timeout=timeout, **kw)[0]
     except RuntimeError as err:
