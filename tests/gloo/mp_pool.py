@@ -32,3 +32,13 @@ def set_environment(rank, world, name, value):
     before = os.environ.get(name)
     os.environ[name] = value
     return before
+
+
+def set_inference_mode(rank, world):
+    """-> whether Megatron's process-wide InferenceMode was on when this job started; then sets it, as the
+    dynamic engine does and leaves it."""
+    from megatron.core.inference.utils import InferenceMode
+
+    before = InferenceMode.is_active()
+    InferenceMode.set_active()
+    return before

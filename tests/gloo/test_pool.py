@@ -30,3 +30,11 @@ def test_a_jobs_environment_ends_with_it(pools):
     pool = pools(2)
     assert pool.run(f"{BODY}:set_environment", "FLASHOVERLAP_POOL_PROBE", "1") == [None, None]
     assert pool.run(f"{BODY}:set_environment", "FLASHOVERLAP_POOL_PROBE", "2") == [None, None]
+
+
+def test_megatrons_inference_mode_ends_with_the_job(pools):
+    """The dynamic engine sets Megatron's InferenceMode process-wide and leaves it set; a training job after it
+    in the same worker would take inference paths ('Inference must always gather TP logits')."""
+    pool = pools(2)
+    assert pool.run(f"{BODY}:set_inference_mode") == [False, False]
+    assert pool.run(f"{BODY}:set_inference_mode") == [False, False]

@@ -201,10 +201,7 @@ def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
             out[name] = {"batch": {i: _dynamic_record(r) for i, r in enumerate(batch)}, "single": single,
                          "reversed": {i: _dynamic_record(r) for i, r in enumerate(backwards)}}
         return out
-    finally:
-        from megatron.core.inference.utils import InferenceMode
-
-        InferenceMode.unset_active()  # the engine sets it process-wide; a later job in this worker trains
+    finally:  # the engine's process-wide InferenceMode: the pool ends it with the job (tests/support/pool.py)
         tm.destroy()
 
 

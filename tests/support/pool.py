@@ -65,6 +65,14 @@ def _reset() -> int:
     return _threads()
 
 
+def end_inference_mode() -> None:
+    """Megatron's process-wide InferenceMode off (the dynamic engine sets it and leaves it set; a later training
+    job in the same process then takes inference paths). Only where a job imported it (megatron-core 0.19)."""
+    utils = sys.modules.get("megatron.core.inference.utils")
+    if utils is not None and hasattr(utils, "InferenceMode"):
+        utils.InferenceMode.unset_active()
+
+
 def _destroy_groups() -> int:
     """Destroys every process group but the default one; -> how many. A group's threads are joined when its
     last reference goes, so this holds none past its return."""
@@ -101,9 +109,10 @@ def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
             results.put((rank, True, (out, _reset())))
         except BaseException:  # noqa: BLE001 - the traceback goes back to the test
             results.put((rank, False, traceback.format_exc()))
-        finally:  # what a job set (Megatron's NVTE_* for an attention backend, LOCAL_WORLD_SIZE) ends with it
-            os.environ.clear()
+        finally:  # what a job set (Megatron's NVTE_* for an attention backend, LOCAL_WORLD_SIZE, the inference
+            os.environ.clear()  # engine's process-wide InferenceMode) ends with it
             os.environ.update(environ)
+            end_inference_mode()
     dist.destroy_process_group()
 
 

@@ -51,17 +51,15 @@ def _reset_megatron() -> None:
     from megatron.training import global_vars
     from megatron.training.training import destroy_global_state
 
+    from tests.support.pool import end_inference_mode
+
     destroy_global_state()  # global vars, microbatches, memory buffer, symmetric memory, model parallel, rerun
     _destroy_groups()
     global_vars.unset_global_variables()
     assert not parallel_state.model_parallel_is_initialized()
     mrandom.get_cuda_rng_tracker().reset()
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
-    try:  # the dynamic engine sets it process-wide (megatron-core 0.19; 0.16.1 has no such flag)
-        from megatron.core.inference.utils import InferenceMode
-    except ImportError:
-        return
-    InferenceMode.unset_active()
+    end_inference_mode()  # the dynamic engine sets it process-wide (a generate job before this one)
 
 
 def _destroy_groups() -> None:
