@@ -30,7 +30,9 @@ YAML (files in configs/ only choose values; every key is optional):
                                                   # not name, hop_chunks, dp.fuse auto, the decode all-reduce
                                                   # table) from the planner after a start-up probe
                                                   # (megatron/probe.py); off: the CPU rules everywhere
-    timeout_s: 300
+    timeout_s: 300                                # an upper bound on every wait of ours; unset: the
+                                                  # process group's own timeout (Megatron's
+                                                  # --distributed-timeout-minutes), as stock waits
     description: "..."                            # free text
     stock_megatron: {...}                         # documents an equivalent stock run (kept, not interpreted)
 Where the YAML is silent the environment fills in (FLASHOVERLAP_TIMEOUT_S, FLASHOVERLAP_ALLREDUCE_TABLE,
@@ -68,7 +70,7 @@ PLANNER_PROBES = ("auto", "off")  # megatron/probe.py: auto = on CUDA only
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = None  # no bound of ours: each wait ends at its process group's own timeout
 _SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"),
              "moe": ("algo",), "dp": ("fuse",), "planner": ("probe",)}
 _DOC_KEYS = ("description", "stock_megatron")
@@ -192,7 +194,7 @@ class FlashOverlapConfig:
     dp: DPSettings = field(default_factory=DPSettings)
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     named: tuple = ()  # the layers the YAML named (own entry, or all of them under `default:`): the planner keeps them
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float | None = DEFAULT_TIMEOUT_S  # None: the group's own timeout; a number bounds it further
     description: str = ""
     stock_megatron: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
 
@@ -201,8 +203,10 @@ class FlashOverlapConfig:
             if getattr(self, layer).keep_gathered and layer not in COLUMN_LAYERS:
                 raise ValueError(f"keep_gathered applies to column layers {COLUMN_LAYERS} only; remove it from "
                                  f"{layer}")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        t = self.timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+            raise ValueError(f"timeout_s must be a number of seconds > 0 (or absent: the process group's own "
+                             f"timeout), got {t!r}")
 
     def plan(self, layer: str) -> LayerPlan:
         """The plan of `layer` (qkv/proj/fc1/fc2)."""
@@ -297,7 +301,15 @@ def load_config(path: str | Path, env: Environment | None = None) -> FlashOverla
         raise ValueError(f"flash-overlap config {str(path)!r} does not exist (working directory {os.getcwd()}); "
                          f"see configs/*.yaml for examples")
     try:
-        return from_dict(yaml.safe_load(path.read_text()) or {}, env)
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
+        raise ValueError(f"{where}: not valid YAML ({what or type(err).__name__}); fix the file (configs/*.yaml "
+                         f"are examples)") from None
+    try:
+        return from_dict(data or {}, env)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
 
@@ -330,7 +342,7 @@ def active() -> FlashOverlapConfig:
 
 ENV_VARS = {
     "config_path": "FLASHOVERLAP_CONFIG",            # YAML that active() loads when no config was activated
-    "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # seconds a P2P wait may take before PeerTimeoutError
+    "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # a bound (s) below the group's own timeout on each wait
     "allreduce_table": "FLASHOVERLAP_ALLREDUCE_TABLE",  # calibration JSON for all_reduce(algo="auto")
     "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
     "ulysses": "FLASHOVERLAP_ULYSSES",               # "flash" (default) or "reference": the a2a of Ulysses attention
@@ -342,7 +354,7 @@ ENV_VARS = {
 class Environment:
     """Every FLASHOVERLAP_* variable, parsed and checked (`environment()` reads them)."""
     config_path: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
     allreduce_table: str | None = None
     query_split: bool = False
     ulysses: str = "flash"
@@ -357,7 +369,7 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
         timeout = float(get["timeout_s"]) if get["timeout_s"] else DEFAULT_TIMEOUT_S
     except ValueError:
         raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} is not a number of seconds") from None
-    if timeout <= 0:
+    if timeout is not None and timeout <= 0:
         raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} must be > 0 seconds")
     if get["query_split"] not in (None, "", "0", "1"):
         raise ValueError(f"{ENV_VARS['query_split']}={get['query_split']!r}: use 1 (on) or 0 (off)")

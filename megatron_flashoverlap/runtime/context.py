@@ -5,7 +5,7 @@ One `OverlapContext` is created once (per process, or per layer set) and passed 
 allocate their ring buffers per call. How a walk waits on its transfers depends on the group's backend
 (runtime/transport.py): on NCCL a wait only orders the current stream after NCCL's (no host sync, and
 `timeout` is not used: the process group's own timeout and watchdog catch a dead peer); on gloo every
-wait is bounded by `timeout`.
+wait ends at the group's own timeout, or at `timeout` where that is smaller (None: the group's alone).
 
 Buffers, by size class: a request (name, shape, dtype, device) is a view of one flat storage per
 (name, dtype, device), whose length is the element count rounded up to its size class (1/8 steps:
@@ -35,8 +35,9 @@ CHECK_PEERS = ("once", "always", "never")
 _CHECKED_PER_GROUP = 1024  # shape facts remembered per group; past that the group's set starts over
 
 
-def _default_timeout() -> timedelta:
-    return timedelta(seconds=environment().timeout_s)
+def _default_timeout() -> timedelta | None:
+    seconds = environment().timeout_s
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 def size_class(n: int) -> int:
@@ -59,9 +60,9 @@ class TraceEvent:
 
 @dataclass
 class OverlapContext:
-    """Reusable buffers by size class, the gloo wait timeout, the peer checks passed, optional trace."""
+    """Reusable buffers by size class, the gloo wait bound, the peer checks passed, optional trace."""
 
-    timeout: timedelta = field(default_factory=_default_timeout)
+    timeout: timedelta | None = field(default_factory=_default_timeout)
     check_peers: str | bool = "once"  # "once" | "always" | "never" (module docstring)
     trace: list[TraceEvent] | None = None
     _buffers: dict = field(default_factory=dict, repr=False)
@@ -133,7 +134,7 @@ _SHARED: dict[tuple, OverlapContext] = {}
 
 def shared_context(use: str = "default", timeout_s: float | None = None) -> OverlapContext:
     """The context every caller of `use` shares (USES above), created on first use; timeout_s None: the
-    configured timeout (environment().timeout_s)."""
+    environment's bound (FLASHOVERLAP_TIMEOUT_S; unset: each group's own timeout alone)."""
     if use not in USES:
         raise ValueError(f"shared_context(use={use!r}): choose one of {tuple(USES)}")
     check_peers, per_process, per_timeout = USES[use]

@@ -2,6 +2,8 @@
 
     transport_kind(backend, device_type) -> "stream" | "timed"   a pure function of the two names
     link(group, device) -> Link                                   the group's transport, built once and cached
+    @names_operator                                               on an autograd Function: a PeerError raised in
+                                                                  its forward / backward names it first
     wait_collective(works, group, ctx, label)                     async collectives (references, baselines)
 
 "stream" (NCCL, any CUDA backend, torch's "fake" backend): `work.wait()` without a timeout. On NCCL that
@@ -10,8 +12,11 @@
     host loop polling completion). A dead peer surfaces through the process group's own timeout and
     watchdog (`init_process_group(timeout=...)`, TORCH_NCCL_ASYNC_ERROR_HANDLING), not OverlapContext.timeout.
     The fake backend (every transfer completes at once) stands in for NCCL when the host cost is timed.
-"timed" (gloo, mpi and any other host-driven backend): `work.wait(ctx.timeout)`. Past the deadline:
-    PeerTimeoutError. A peer whose connection is gone, at post or at wait: PeerLostError naming the
+"timed" (gloo, mpi and any other host-driven backend): `work.wait(limit)`, limit = the group's own timeout
+    (read at each wait: `init_process_group(timeout=)`, `new_group(timeout=)`, Megatron's
+    --distributed-timeout-minutes, a later `_set_pg_timeout`), or ctx.timeout where that is smaller: one
+    deadline for our waits and stock's collectives. Past it: PeerTimeoutError naming the group, the peer's
+    global rank and the step. A peer whose connection is gone, at post or at wait: PeerLostError naming the
     peer's global rank and the step (never reported as a timeout).
 
 Posting off the compute thread (gloo, and any host-driven backend that posts directly): a step's posts
@@ -25,8 +30,11 @@ step with `batch_isend_irecv`, which coalesces where the backend can (NCCL: one 
 """
 from __future__ import annotations
 
+import functools
+from datetime import timedelta
 from typing import Sequence
 
+import torch
 import torch.distributed as dist
 
 from .commthread import Pending, comm_thread, threaded
@@ -79,7 +87,13 @@ class Link:
         self.timed = self.kind == "timed"
         self.direct = backend_for(self.backend, device_type) in DIRECT_POSTING
         self.threaded = self.timed and self.direct  # gloo: posts run on the communication thread
+        self.device = torch.device(device_type)
         self._global: dict[int, int] = {}
+
+    def limit(self, timeout: timedelta | None) -> timedelta:
+        """A timed wait's deadline: the group's own timeout, or `timeout` where that is smaller."""
+        own = group_timeout(self.pg, self.device)
+        return own if timeout is None or own <= timeout else timeout
 
     def global_rank(self, peer: int) -> int:
         g = self._global.get(peer)
@@ -120,7 +134,10 @@ class Link:
         return dist.batch_isend_irecv(ops)
 
     def wait(self, works: Sequence, where: str, ops: Sequence | None, timeout) -> None:
-        """Wait for `works` (ops[k] = (verb, group peer) of works[k], or None: the whole group)."""
+        """Wait for `works` (ops[k] = (verb, group peer) of works[k], or None: the whole group); timed: at most
+        `limit(timeout)`."""
+        if self.timed:
+            timeout = self.limit(timeout)
         if isinstance(works, Pending):
             works = self._posted(works, where, ops, timeout)
         if not self.timed:
@@ -137,7 +154,7 @@ class Link:
 
     def _posted(self, pending: Pending, where: str, ops, timeout) -> list:
         """The works of a step posted on the communication thread (its PeerLostError re-raised here)."""
-        works = pending.result(None if timeout is None else timeout.total_seconds())
+        works = pending.result(timeout.total_seconds())
         if works is None:
             raise self._timeout(where, ("transfers", None), timeout, ops)
         return works
@@ -147,6 +164,10 @@ class Link:
             return f"with global rank {self.global_rank(peer)} (group rank {peer})"
         peers = sorted({p for _, p in ops}) if ops else list(range(dist.get_world_size(self.group)))
         return f"with global ranks {[self.global_rank(p) for p in peers]}"
+
+    def _group(self) -> str:
+        desc, name = getattr(self.pg, "group_desc", ""), getattr(self.pg, "group_name", "")
+        return f"process group {desc or name!r}" + (f" ({name})" if desc and name and desc != name else "")
 
     def _failed(self, e: RuntimeError, where: str, op, timeout, ops) -> PeerError:
         if _is_timeout(e):
@@ -158,9 +179,30 @@ class Link:
     def _timeout(self, where: str, op, timeout, ops) -> PeerTimeoutError:
         verb, peer = op
         return PeerTimeoutError(
-            f"{where}: the {verb} {self._who(peer, ops)} did not complete its transfer within {timeout}. A peer "
-            f"died or the ranks called different operators or shapes. {_RESTART} (the limit is "
-            f"OverlapContext(timeout=...), by default the configured timeout_s)")
+            f"{where}: the {verb} {self._who(peer, ops)} in {self._group()} did not complete within {timeout}. "
+            f"A peer died or stopped, or the ranks called different operators or shapes. {_RESTART} (the limit is "
+            f"the group's own timeout, Megatron's --distributed-timeout-minutes, or the config's timeout_s / "
+            f"FLASHOVERLAP_TIMEOUT_S where smaller)")
+
+
+def names_operator(cls):
+    """Class decorator of an autograd Function: a PeerError from its forward or backward starts with
+    "<Function>.forward: " (the type and traceback kept), so the error names the operator beside the step."""
+    for pass_ in ("forward", "backward"):
+        fn = cls.__dict__[pass_].__func__
+        setattr(cls, pass_, staticmethod(_naming(fn, f"{cls.__name__}.{pass_}")))
+    return cls
+
+
+def _naming(fn, label: str):
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except PeerError as e:
+            e.args = (f"{label}: {e.args[0] if e.args else ''}", *e.args[1:])
+            raise
+    return run
 
 
 _RESTART = "The process group is unusable now: restart the job"
@@ -185,6 +227,14 @@ def _is_timeout(e: RuntimeError) -> bool:
 
 def _reason(e: RuntimeError) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def group_timeout(pg, device: torch.device) -> timedelta:
+    """The timeout `pg` was made with for tensors of `device` (torch's default where the backend hides it)."""
+    try:
+        return pg._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return dist.default_pg_timeout
 
 
 def link(group, device) -> Link:

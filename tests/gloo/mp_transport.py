@@ -34,7 +34,7 @@ def _attempt(fn) -> dict:
 
 
 def _ag(group, algo="flash", timeout_s=2.0):
-    ctx = fo.OverlapContext(timeout=timedelta(seconds=timeout_s), check_peers="never")
+    ctx = fo.OverlapContext(timeout=None if timeout_s is None else timedelta(seconds=timeout_s), check_peers="never")
     plan = fo.OpPlan(algo, num_chunks=2 if algo == "slicing" else None)
     return lambda: fo.all_gather_matmul(torch.randn(4, 2, 8), torch.randn(6, 8), group, plan=plan, context=ctx)
 
@@ -68,6 +68,34 @@ def dead_peers(rank, world):
             time.sleep(1.0)  # the closed connection reaches rank 0 before it posts
         out[case] = _attempt(_deferred_rs(sub) if case == "deferred_timeout" else
                              _ag(sub, "slicing" if case == "slicing_timeout" else "flash"))
+        dist.barrier()
+    return out
+
+
+GROUP_TIMEOUT_S = 3.0
+
+
+def _stock_ag(group):
+    x = torch.randn(4, 2, 8)
+    return lambda: dist.all_gather_into_tensor(torch.empty(8, 2, 8), x, group=group)
+
+
+def group_timeouts(rank, world):
+    """Rank 1 skips each call; rank 0 reports when it gave up. Each case on its own fresh subgroup made with a
+    GROUP_TIMEOUT_S timeout: stock's all-gather, ours with no bound of its own (the group's timeout alone),
+    ours with a larger bound (60 s: the group's is smaller and wins), ours with a smaller bound (1 s wins)."""
+    out = {}
+    for case, bound in (("stock", None), ("ours", None), ("ours_larger_bound", 60.0), ("ours_smaller_bound", 1.0)):
+        sub = dist.new_group([0, 1], timeout=timedelta(seconds=GROUP_TIMEOUT_S), group_desc=f"CASE_{case.upper()}")
+        if rank == 0:
+            t0 = time.monotonic()
+            try:
+                (_stock_ag(sub) if case == "stock" else _ag(sub, timeout_s=bound))()
+                out[case] = {"kind": None, "message": None, "seconds": time.monotonic() - t0}
+            except fo.PeerTimeoutError as e:
+                out[case] = {"kind": "timeout", "message": str(e), "seconds": time.monotonic() - t0}
+            except RuntimeError as e:  # stock: gloo's own "Timed out waiting ..."
+                out[case] = {"kind": "stock", "message": str(e), "seconds": time.monotonic() - t0}
         dist.barrier()
     return out
 

@@ -44,6 +44,27 @@ def test_absent_peer_times_out_with_its_rank(dead):
     assert 1.5 < r["seconds"] < 30  # the context's 2 s deadline, not the pool's
 
 
+@pytest.fixture(scope="module")
+def timeouts():
+    pool = Pool(2)  # its own pool: the cases break subgroups of its workers on purpose
+    try:
+        yield pool.run(BODY + "group_timeouts", timeout=120)[0]
+    finally:
+        pool.close()
+
+
+def test_our_waits_end_at_the_groups_own_timeout_as_stocks_do(timeouts):
+    """init_process_group / new_group(timeout=3 s): stock's all-gather and ours give up at about 3 s; a bound of
+    ours only shortens that (60 s does not lengthen it, 1 s shortens it); the error names the group and peer."""
+    stock, ours = timeouts["stock"], timeouts["ours"]
+    assert stock["kind"] == "stock" and "Timed out" in stock["message"] and 2.5 < stock["seconds"] < 6, stock
+    assert ours["kind"] == "timeout" and 2.5 < ours["seconds"] < 6, ours
+    assert "CASE_OURS" in ours["message"] and "global rank 1" in ours["message"] and "0:00:03" in ours["message"]
+    larger, smaller = timeouts["ours_larger_bound"], timeouts["ours_smaller_bound"]
+    assert larger["kind"] == "timeout" and 2.5 < larger["seconds"] < 6, larger
+    assert smaller["kind"] == "timeout" and 0.8 < smaller["seconds"] < 2.5 and "0:00:01" in smaller["message"]
+
+
 def test_slicing_baseline_waits_through_the_transport(dead):
     r = dead["slicing_timeout"]
     assert r["kind"] == "timeout", r

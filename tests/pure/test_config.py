@@ -34,7 +34,7 @@ def test_config_file_loads(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     algo, chunks = EXPECTED[name]
     assert [cfg.plan(layer) for layer in ("qkv", "proj", "fc1", "fc2")] == [LayerPlan(algo, chunks, False)] * 4
-    assert cfg.description and cfg.timeout_s == 300.0 and cfg.attention.query_split is False
+    assert cfg.description and cfg.timeout_s is None and cfg.attention.query_split is False
 
 
 def test_te_file_documents_the_stock_gpu_run():
@@ -158,6 +158,14 @@ def test_bad_file_errors_name_the_file(tmp_path):
     bad.write_text("qkv: {algo: warp}\n")
     with pytest.raises(ValueError, match="bad.yaml: qkv: unknown algo 'warp'"):
         load_config(bad)
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("description: ok\nqkv: {algo: flash\nfc1: {algo: slicing}\n")  # the brace never closes
+    with pytest.raises(ValueError) as err:
+        load_config(broken)
+    assert f"{broken}:3:" in str(err.value) and "not valid YAML" in str(err.value), str(err.value)
 
 
 def test_unknown_layer_plan():

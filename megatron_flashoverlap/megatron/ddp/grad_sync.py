@@ -205,7 +205,8 @@ def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
     if site.asynchronous:  # the shape check here, in program order; the ring on the worker (worker.py)
         peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, ctx, site.grad_flat.numel(),
                     site.offset, dy.shape[-1], x.shape[-1])
-        ctx = shared_context("worker", ctx.timeout.total_seconds())  # the worker's own (runtime/context.py)
+        bound = None if ctx.timeout is None else ctx.timeout.total_seconds()
+        ctx = shared_context("worker", bound)  # the worker's own (runtime/context.py)
     bucket = DPBucket(site.grad_flat, site.offset, site.scale, local if local.wanted(group_) else None)
     run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, bucket, site.group, algo=site.algo, context=ctx)
     if site.asynchronous:

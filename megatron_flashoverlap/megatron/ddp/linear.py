@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...runtime import all_gather_into, group_info, reduce_scatter_into
+from ...runtime import all_gather_into, group_info, names_operator, reduce_scatter_into
 from .grad_sync import dp_wgrad, enable_dp_overlap
 from .choice import auto_linears
 from .layout import isolated_buckets, relayout, stock_bucket_size
@@ -36,6 +36,7 @@ def _gather(x, group):
     return out
 
 
+@names_operator
 class LinearDPWgrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, allreduce_dgrad, sequence_parallel, tp_group):

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ...config import ALL_REDUCE_ALGOS
-from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info
+from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info, names_operator
 from .calibrate import startup_table
 from .select import choose, dtype_name, install, is_decode_shaped, needs_startup, node_layout, warn_once
 from ..checks import peers_agree
@@ -106,6 +106,7 @@ def all_reduce_hierarchical_pipelined(x, group, ctx, local_world_size=None):
     return exchange(x, "hierarchical_pipelined", group, ctx, local_world_size=g)
 
 
+@names_operator
 class _AllReduce(torch.autograd.Function):
     """forward out = sum_r x_r;  backward dx = dout (identity: Megatron's reduce_from_tensor_model_parallel
     region contract, the output is replicated and every rank holds the same dout)."""

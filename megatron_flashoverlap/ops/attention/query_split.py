@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import OverlapContext, Producer, default_context, gather_and_consume, group_info
-from ...runtime import partial_linear, produce_and_scatter, sums, wgrad
+from ...runtime import names_operator, partial_linear, produce_and_scatter, sums, wgrad
 from ...runtime.numerics import zeros_acc
 from ..checks import check_divisible, peers_agree
 from ..registry import OpPlan, plain, plan_of, register, resolve
@@ -83,6 +83,7 @@ def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, qs: QSPlan):
     return dq, dk.to(k.dtype), dv.to(v.dtype), dw.to(weight.dtype)
 
 
+@names_operator
 class QuerySplitAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, weight, qs, group, octx):

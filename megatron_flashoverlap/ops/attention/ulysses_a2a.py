@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ...runtime import consume_all_to_all, group_info, produce_all_to_all
+from ...runtime import consume_all_to_all, group_info, names_operator, produce_all_to_all
 from ..registry import plain, register
 
 S2H, H2S = "ulysses.seq_to_heads", "ulysses.heads_to_seq"
@@ -90,6 +90,7 @@ def heads_to_seq(ys: Sequence[torch.Tensor], group, ctx, algo: str = "flash") ->
     return plain(H2S, algo)(ys, group, ctx)
 
 
+@names_operator
 class _AllToAll(torch.autograd.Function):
     """Forward one direction (`there`), backward the other (`back`) on the gradients: the dual."""
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import OverlapContext, acc_dtype, consume_all_to_all, default_context, group_info
-from ...runtime import produce_all_to_all, wgrad
+from ...runtime import names_operator, produce_all_to_all, wgrad
 from ...runtime.numerics import zeros_acc
 from ..checks import peers_agree
 from ..registry import plain, register, resolve_algo
@@ -129,6 +129,7 @@ def _backward(dy_s, inputs, saved, fp: FusedPlan, group, octx, has_bias):
     return dx.to(x_s.dtype), dw.to(w_qkv.dtype), None if db is None else db.to(w_qkv.dtype), dwp.to(w_proj.dtype)
 
 
+@names_operator
 class UlyssesFused(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_s, w_qkv, b_qkv, w_proj, fp, group, octx):

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ...runtime import group_info
+from ...runtime import group_info, names_operator
 from ...runtime.executor import execute
 from ...schedules import Schedule, Slice, Step, Transfer, all_to_all_consume, all_to_all_produce
 from ..registry import check_algo, forced, plain, register
@@ -120,6 +120,7 @@ def all_to_all_v_reference(x: torch.Tensor, out_splits, in_splits, group, ctx, *
     return out
 
 
+@names_operator
 class ExpertAllToAll(torch.autograd.Function):
     """forward out = A2Av(x; in -> out splits) in `order`; backward dx = A2Av(dout; out -> in) in the dual order."""
 

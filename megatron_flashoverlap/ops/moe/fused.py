@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from ...runtime import group_info
+from ...runtime import group_info, names_operator
 from ..registry import check_algo, forced, plain, register
 from .exchange import COMBINE, DISPATCH, expert_all_to_all, offsets
 from .walk import Plan, walk
@@ -84,6 +84,7 @@ class _Graphs:
         return [torch.zeros_like(p) if g is None else g.to(p.dtype) for g, p in zip(self.grads, self.params)]
 
 
+@names_operator
 class _FusedExperts(torch.autograd.Function):
     """forward y = combine(experts(dispatch(tokens, probs))) in one walk; backward the dual walk."""
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...runtime import OverlapContext, group_info, wgrad
+from ...runtime import OverlapContext, group_info, names_operator, wgrad
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ...runtime.accumulate import linear_into, weight_grad
@@ -110,6 +110,7 @@ def _local_wgrad(dy, x, weight, into):
     return None
 
 
+@names_operator
 class MatmulAllReduce(torch.autograd.Function):
     """Row-parallel without SP: forward y = AR(x w^T); backward local (dy is replicated)."""
 
@@ -132,6 +133,7 @@ class MatmulAllReduce(torch.autograd.Function):
         return dx, _weight_grad(weight, dW, dw, x.dtype), None, None, None, None
 
 
+@names_operator
 class MatmulAllReduceDgrad(torch.autograd.Function):
     """Column-parallel without SP: forward local y = x w^T + b; backward dx = AR(dy w), the dual."""
 

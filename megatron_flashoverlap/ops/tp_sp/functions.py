@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from ...runtime import OverlapContext, group_info
+from ...runtime import OverlapContext, group_info, names_operator
 from ...runtime.accumulate import linear_into, weight_grad
 from ..checks import checked_context
 from ..registry import RETURNED, OpPlan, WgradRoute, plain, plan_of, resolve
@@ -39,6 +39,7 @@ from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the regis
 from .hops import sized
 
 
+@names_operator
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_shard, weight, bias, plan, route, group, octx):
@@ -60,6 +61,7 @@ class AllGatherMatmul(torch.autograd.Function):
         return dx, dW, db, None, None, None, None
 
 
+@names_operator
 class MatmulReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, plan, route, group, octx):
