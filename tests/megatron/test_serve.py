@@ -1,6 +1,7 @@
 """Megatron's OpenAI-compatible HTTP server (`python -m megatron_flashoverlap.serve`: the wheel's
 MegatronAsyncLLM.serve, coordinator mode) answers one completion request identically stock and --flash-overlap,
-and stops cleanly on SIGTERM; a start on a taken port fails with its error and leaves no process behind.
+and stops cleanly on SIGTERM; a request out of range (top_p 2.0, logprobs 1000) gets a 400 naming the field and the
+server keeps serving; a start on a taken port fails with its error and leaves no process behind.
 
 Tier 2 (the shared pretrain() start-up saves the checkpoint; then two torchrun starts, one server per arm, TP=2 on
 2 CPU ranks over gloo; newest lane: the high-level inference API ships in the 0.19 wheel; needs the `serve`
@@ -114,16 +115,29 @@ def serve_once(arm: str, ckpt: str, tmp: Path, tries: int = 3) -> dict:
     return serve_once(arm, ckpt, tmp, tries - 1)
 
 
+BAD = {"top_p": 2.0, "logprobs": 1000}  # each dropped Megatron's engine (every later request hung) before the checks
+
+
+def rejected(url: str, body: dict) -> tuple:
+    """(status, the error's message) of a request the server must refuse."""
+    try:
+        post(url, body, REQUEST_S)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)["error"]["message"]
+    return 200, ""
+
+
 def _serve_once(arm: str, ckpt: str, tmp: Path) -> dict:
     port, log = free_port(), tmp / f"serve-{arm}.log"
     url, proc = f"http://127.0.0.1:{port}", start(arm, ckpt, port, log)
+    body = {"prompt": PROMPTS, "max_tokens": TOKENS, "temperature": 0, "logprobs": 1, "ignore_eos": True}
     try:
         wait_ready(proc, url, log)
-        response = post(url + "/v1/completions", {"prompt": PROMPTS, "max_tokens": TOKENS, "temperature": 0,
-                                                  "logprobs": 1, "ignore_eos": True}, REQUEST_S)
+        refused = {k: rejected(url + "/v1/completions", {**body, "temperature": 0.5, k: v}) for k, v in BAD.items()}
+        response = post(url + "/v1/completions", body, REQUEST_S)  # the server still serves
     finally:
         seconds, left = stop(proc)
-    return {"response": response, "log": log.read_text(), "stop_s": seconds, "left": left}
+    return {"response": response, "refused": refused, "log": log.read_text(), "stop_s": seconds, "left": left}
 
 
 def answers(response: dict) -> list:
@@ -143,6 +157,8 @@ def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanl
         assert all(len(t) == TOKENS and len(lp) == TOKENS for _, t, lp, _ in got), (arm, got)
         assert run["stop_s"] is not None and not run["left"], (arm, run["stop_s"], run["left"], run["log"][-3000:])
         assert "\nserver stopped\n" in run["log"], run["log"][-3000:]
+        for field, (status, message) in run["refused"].items():  # a 400 naming the field, before the engine
+            assert status == 400 and message.startswith(f"{field}:"), (arm, field, status, message)
     assert answers(runs["stock"]["response"]) == answers(runs["flash"]["response"])
     assert len({tuple(t) for _, t, _, _ in answers(runs["stock"]["response"])}) > 1, "the prompts answer differently"
     assert "GEMM sites: stock\n" in runs["stock"]["log"]

@@ -9,7 +9,9 @@ built and loaded as megatron/cli/generate.py does, `--flash-overlap` understood.
 Per rank: the launcher's steps (`launch.prepare`), `initialize_megatron`, generate.load_model (our spec under
 --flash-overlap), the GEMM sites line (rank 0), then `MegatronAsyncLLM` in coordinator mode (Megatron's
 coordinator process, rank 0's HTTP frontend processes: needs the `serve` extra, pyzmq msgpack quart hypercorn).
-Rank 0 prints `serving on http://HOST:PORT` once the frontend is up.
+Rank 0 prints `serving on http://HOST:PORT` once the frontend is up. Every completion and chat request is
+checked first (request_checks.py: token ids, sampling ranges, max_tokens, logprobs): out of range, a 400 naming
+the field and its range, and the engine never sees it.
 
 Stopping: SIGTERM (to the launcher, to torchrun or to the ranks) or SIGINT. Rank 0 then stops the frontends,
 the engines of every rank and the coordinator (`MegatronAsyncLLM.shutdown`; past SHUTDOWN_S seconds the
@@ -26,7 +28,7 @@ import contextlib
 import signal
 from typing import Optional, Sequence
 
-from . import launch
+from . import launch, request_checks
 
 SHUTDOWN_S = 20.0  # seconds rank 0 waits for the engines and the coordinator to stop: under torchrun's 30 s
 #                    between its SIGTERM and its SIGKILL, so a stuck stop still kills the coordinator
@@ -82,6 +84,10 @@ async def serve(args, model, tokenizer, config) -> None:
     from megatron.core.inference.apis import MegatronAsyncLLM, ServeConfig
 
     primary = dist.get_rank() == 0
+    if primary:  # before the frontends fork from this process
+        positions = min(getattr(config, "max_sequence_length", None) or args.max_position_embeddings,
+                        args.max_position_embeddings)
+        request_checks.install(request_checks.Limits(vocab=tokenizer.vocab_size, positions=positions))
     with signals_ignored():
         llm = MegatronAsyncLLM(model=model, tokenizer=tokenizer, inference_config=config, use_coordinator=True,
                                coordinator_host=args.coordinator_host, coordinator_port=args.coordinator_port)
