@@ -191,3 +191,57 @@ def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(pretr
     assert "OSError: [Errno 98] Address already in use" in text and "Unable to shutdown" not in text, text[-3000:]
     _, alive = psutil.wait_procs(family, timeout=10)
     assert not alive and not left, (alive, left)
+
+
+def _rank(launcher: psutil.Process, rank: str) -> psutil.Process:
+    """The rank process `rank` of the launcher's torchrun (not one of its children, which inherit RANK)."""
+    family = launcher.children(recursive=True)
+    ranks = [p for p in family if p.environ().get("RANK") == rank and p.parent().environ().get("RANK") != rank]
+    assert len(ranks) == 1, [(p.pid, p.cmdline()[:3]) for p in family]
+    return ranks[0]
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(SAVE)
+def test_a_killed_rank_0_takes_the_frontend_and_coordinator_with_it(pretrain, tmp_path):
+    """kill -9 of rank 0 mid-request: its HTTP frontend and Megatron's coordinator (its children; the coordinator
+    ignores SIGTERM) used to outlive it, re-parented to init, /health answering 200 and every request hanging.
+    The launcher adopts them (a subreaper) and kills them: /health stops answering within 10 s, the in-flight
+    request ends (its connection closed: the frontend that held it is gone), the launcher exits non-zero, and
+    no process is left."""
+    pretrain(SAVE.name).check()
+    port, log = free_port(), tmp_path / "serve-kill0.log"
+    url, proc = f"http://127.0.0.1:{port}", start("stock", CKPT.replace("{tmp}", str(pretrain.tmp)), port, log)
+    family, outcome = [], {}
+    try:
+        wait_ready(proc, url, log)
+        family = psutil.Process(proc.pid).children(recursive=True)
+
+        def request():
+            try:
+                post(url + "/v1/completions", {"prompt": PROMPTS, "max_tokens": 40, "temperature": 0}, REQUEST_S)
+                outcome["request"] = "answered"
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+                outcome["request"] = type(err).__name__
+        import threading
+        asker = threading.Thread(target=request)
+        asker.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        _rank(psutil.Process(proc.pid), "0").kill()
+        while time.monotonic() - t0 < 10 and "health_s" not in outcome:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1):
+                    pass
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                outcome["health_s"] = time.monotonic() - t0
+            time.sleep(0.2)
+        asker.join(REQUEST_S)
+        rc = proc.wait(timeout=STOP_S)
+    finally:
+        _, left = stop(proc)
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert outcome.get("health_s") is not None, (outcome, log.read_text()[-3000:])
+    assert outcome["request"] != "answered" and rc not in (0, None), (outcome, rc)
+    assert "a rank died leaving processes" in log.read_text()
+    assert not alive and not left, (alive, left)

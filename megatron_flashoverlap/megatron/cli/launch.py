@@ -148,16 +148,84 @@ def launcher_options(argv: Sequence[str]) -> tuple[bool, Optional[int], list[str
 
 def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
     """Start `nproc` ranks of `python -m module [--cpu] rest...` under torchrun (standalone); -> exit code.
-    SIGTERM to this process is passed to torchrun (which passes it to every rank): the server stops in order."""
+    SIGTERM to this process is passed to torchrun (which passes it to every rank): the server stops in order.
+    A rank that dies leaves its own children (a server's HTTP frontends, Megatron's coordinator) to this
+    launcher (a subreaper on Linux): they are killed at once and torchrun told to stop the job; none outlives
+    the launcher."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *(["--cpu"] if cpu else []), *rest]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    adopting = _become_subreaper()
     proc = subprocess.Popen(cmd, env=env)
     old = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))  # torchrun stops its ranks
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(ORPHAN_POLL_S if adopting else None)
+            except subprocess.TimeoutExpired:
+                pass
+            orphans = _adopted(proc.pid)
+            if orphans:  # a rank died and left its children (a server's frontends, Megatron's coordinator)
+                print(f"flashoverlap-launch: a rank died leaving processes {orphans}: killing them and stopping "
+                      f"the job", file=sys.stderr, flush=True)
+                _kill(orphans)
+                proc.send_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, old)
+        _kill(_adopted(proc.pid) if adopting else [])
+
+
+ORPHAN_POLL_S = 0.5  # how often the launcher looks for processes a dead rank left behind
+
+
+def _become_subreaper() -> bool:
+    """Linux: a rank's children whose rank died are re-parented to this launcher instead of init (prctl
+    PR_SET_CHILD_SUBREAPER), so it sees them and ends them; False where that is not available."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _adopted(torchrun_pid: int) -> list[int]:
+    """This process's children other than torchrun: processes whose parent rank died (reaped where exited)."""
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == torchrun_pid:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # fields: state, ppid, ...
+            if fields[0] == "Z":
+                _reap(int(name))
+            else:
+                out.append(int(name))
+    return out
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _kill(pids: Sequence[int]) -> None:
+    """SIGKILL: their owner is gone, and Megatron's coordinator ignores SIGTERM by design."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def prepare(prog: str, args: Sequence[str], cpu: bool) -> None:
