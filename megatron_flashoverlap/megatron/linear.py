@@ -163,6 +163,10 @@ class _FlashMixin:
             return f"layer {self.flash_site} runs algo 'reference'"
         if group_info(self.tp_group)[1] == 1:
             return "tensor-parallel size 1"
+        shared_overlap = not self.is_expert and getattr(self.config, "moe_shared_expert_overlap", False)
+        if self.explicit_expert_comm and shared_overlap:
+            return ("--moe-shared-expert-overlap: Megatron's shared expert runs its own all-gather and "
+                    "reduce-scatter, on a side stream beside the token dispatch")
         if self.explicit_expert_comm or getattr(self, "gtp_remat_size", 1) != 1:
             return "expert / GTP-remat layer"
         return None if self.sequence_parallel else self._no_sp_reason()

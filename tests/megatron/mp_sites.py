@@ -72,3 +72,18 @@ def moe_line(rank, world, algo):
     finally:
         activate(previous)
         tm.destroy()
+
+
+def shared_overlap_reasons(rank, world):
+    """The stock reason our linear gives as a shared expert under --moe-shared-expert-overlap (Megatron's
+    SharedExpertMLP sets explicit_expert_comm on it), and as a routed expert (is_expert), TP = world."""
+    import types
+
+    from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear
+    from megatron_flashoverlap.config import LayerPlan
+
+    def layer(is_expert):
+        return types.SimpleNamespace(flash_plan=LayerPlan("flash"), flash_site="fc1", tp_group=None,
+                                     explicit_expert_comm=True, is_expert=is_expert, sequence_parallel=True,
+                                     config=types.SimpleNamespace(moe_shared_expert_overlap=True))
+    return [FlashColumnParallelLinear._stock_reason(layer(e)) for e in (False, True)]

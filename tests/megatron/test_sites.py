@@ -55,3 +55,9 @@ def test_moe_line(pools, algo, exchange):
     shared = f"qkv={TP1}, proj={TP1}, shared_fc1={TP1}, shared_fc2={TP1}"
     expected = f"GEMM sites: dense[1]: {TP1}; moe[2]: {shared}, {exchange}"
     assert pools(2).run(f"{BODY}:moe_line", algo, timeout=300) == [expected] * 2
+
+
+def test_shared_experts_under_shared_expert_overlap_get_their_own_reason(pools):
+    shared, routed = pools(2).run(f"{BODY}:shared_overlap_reasons", timeout=120)[0]
+    assert shared.startswith("--moe-shared-expert-overlap: Megatron's shared expert runs its own all-gather"), shared
+    assert routed == "expert / GTP-remat layer"
