@@ -20,6 +20,8 @@ torchrun signals each rank's whole process group, and Ctrl-C reaches every proce
 coordinator process is started with both signals ignored, so the orderly shutdown still finds it alive (its
 faulthandler prints its stack on SIGTERM, then carries on); the frontends (hypercorn) stop on the signal
 themselves. A start that fails once the engines run (the port taken) stops them the same way, then raises.
+An engine loop that ends on an error (Megatron logs it and stops only that loop) ends its rank non-zero: torchrun
+ends the job and the launcher (launch.py) ends what the rank leaves, so no server answers without its engines.
 """
 from __future__ import annotations
 
@@ -101,14 +103,53 @@ async def serve(args, model, tokenizer, config) -> None:
                 await stop_server(llm)
         raise
     stop = stop_event()
-    if not primary:
-        await llm.wait_for_shutdown()  # rank 0 stops this rank's engine
+    engine, down = asyncio.ensure_future(llm.wait_for_shutdown()), asyncio.ensure_future(engine_down(llm))
+    if not primary:  # rank 0 stops this rank's engine; an engine that failed ends this rank
+        await asyncio.wait([engine, down], return_when=asyncio.FIRST_COMPLETED)
+        _raise_if_down(down, llm)
         return
     print(f"serving on http://{args.host}:{args.port}", flush=True)
-    engine = asyncio.ensure_future(llm.wait_for_shutdown())
-    await asyncio.wait([engine, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([engine, down, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    _raise_if_down(down, llm)
     await stop_server(llm)
     print("server stopped", flush=True)
+
+
+ENGINE_POLL_S = 0.5  # how often each rank looks at its engine's loop
+
+
+def engine_failure(llm) -> str | None:
+    """Why this rank's engine loop ended on an error (None: it runs, or it stopped in order). Megatron's loop
+    logs its exception and ends its own thread (trace_async_exceptions: sys.exit), leaving the process up."""
+    task = getattr(getattr(llm, "engine", None), "engine_loop_task", None)
+    if task is None or not task.done() or task.cancelled():
+        return None
+    error = task.exception()
+    if error is None:
+        return None
+    cause = error.__context__ if isinstance(error, SystemExit) and error.__context__ is not None else error
+    return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+
+
+async def engine_down(llm) -> str:
+    while True:
+        await asyncio.sleep(ENGINE_POLL_S)
+        why = engine_failure(llm)
+        if why is not None:
+            return why
+
+
+def _raise_if_down(down: asyncio.Future, llm) -> None:
+    """An engine that failed: Megatron's coordinator (rank 0's child; it ignores SIGTERM) is killed and the rank
+    exits non-zero, so torchrun ends the job and the launcher ends what the rank leaves (the frontends)."""
+    if not down.done():
+        down.cancel()
+        return
+    coordinator = getattr(llm.engine, "inference_coordinator_process", None)
+    if coordinator is not None and coordinator.is_alive():
+        coordinator.kill()
+    raise SystemExit(f"the inference engine on this rank stopped on an error ({down.result()}); the server "
+                     f"ends (restart it)")
 
 
 def run() -> None:
