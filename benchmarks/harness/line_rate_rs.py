@@ -87,10 +87,14 @@ class Handle:
         return self._pending._done.is_set()
 
 
+def _seconds(timeout):
+    return None if timeout is None else timeout.total_seconds()
+
+
 def _thread(group, dp_bucket: bool):
     """(thread, context) of a ring on `group` (module docstring: threads)."""
     if dp_bucket:  # the worker's own context, as its fused rings use (one thread: never two rings at once)
-        return dp_worker.worker(), shared_context("worker", default_context().timeout.total_seconds())
+        return dp_worker.worker(), shared_context("worker", _seconds(default_context().timeout))
     if group not in _THREADS:
         _THREADS[group] = (CommThread("flashoverlap-stock-rs"), OverlapContext(check_peers="never"))
     return _THREADS[group]

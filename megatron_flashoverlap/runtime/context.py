@@ -134,7 +134,7 @@ _SHARED: dict[tuple, OverlapContext] = {}
 
 def shared_context(use: str = "default", timeout_s: float | None = None) -> OverlapContext:
     """The context every caller of `use` shares (USES above), created on first use; timeout_s None: the
-    environment's bound (FLASHOVERLAP_TIMEOUT_S; unset: each group's own timeout alone)."""
+    environment's bound (config.environment(); unset: each group's own timeout alone)."""
     if use not in USES:
         raise ValueError(f"shared_context(use={use!r}): choose one of {tuple(USES)}")
     check_peers, per_process, per_timeout = USES[use]

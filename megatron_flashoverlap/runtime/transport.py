@@ -181,8 +181,8 @@ class Link:
         return PeerTimeoutError(
             f"{where}: the {verb} {self._who(peer, ops)} in {self._group()} did not complete within {timeout}. "
             f"A peer died or stopped, or the ranks called different operators or shapes. {_RESTART} (the limit is "
-            f"the group's own timeout, Megatron's --distributed-timeout-minutes, or the config's timeout_s / "
-            f"FLASHOVERLAP_TIMEOUT_S where smaller)")
+            f"the group's own timeout, Megatron's --distributed-timeout-minutes, or the config's timeout_s where "
+            f"smaller)")
 
 
 def names_operator(cls):
