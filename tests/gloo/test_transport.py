@@ -14,13 +14,18 @@ def test_gloo_is_timed_and_fake_is_stream_ordered(pools):
         assert r == {"gloo": "timed", "fake": "stream", "fake_shape": (4, 1, 3)}
 
 
-@pytest.fixture(scope="module")
-def dead():
-    pool = Pool(2)  # its own pool: the cases break subgroups of its workers on purpose
+def _on_own_pool(body: str, timeout: float) -> dict:
+    """Rank 0's result of `body` on a pool of its own (the cases break subgroups of its workers on purpose)."""
+    pool = Pool(2)
     try:
-        yield pool.run(BODY + "dead_peers", timeout=180)[0]
+        return pool.run(BODY + body, timeout=timeout)[0]
     finally:
         pool.close()
+
+
+@pytest.fixture(scope="module")
+def dead():
+    return _on_own_pool("dead_peers", 180)
 
 
 def test_peer_gone_before_post_names_rank_and_step(dead):
@@ -46,11 +51,7 @@ def test_absent_peer_times_out_with_its_rank(dead):
 
 @pytest.fixture(scope="module")
 def timeouts():
-    pool = Pool(2)  # its own pool: the cases break subgroups of its workers on purpose
-    try:
-        yield pool.run(BODY + "group_timeouts", timeout=120)[0]
-    finally:
-        pool.close()
+    return _on_own_pool("group_timeouts", 120)
 
 
 def test_our_waits_end_at_the_groups_own_timeout_as_stocks_do(timeouts):

@@ -67,15 +67,20 @@ def stop_event() -> asyncio.Event:
     return event
 
 
+def kill_coordinator(llm) -> None:
+    """SIGKILL to Megatron's coordinator process (it ignores SIGTERM by design), where it still runs."""
+    coordinator = getattr(llm.engine, "inference_coordinator_process", None)
+    if coordinator is not None and coordinator.is_alive():
+        coordinator.kill()
+
+
 async def stop_server(llm) -> None:
     """Rank 0: `llm.shutdown()` (frontends, every rank's engine, the coordinator) within SHUTDOWN_S; past it the
     coordinator process, which ignores SIGTERM, is killed and SystemExit says so."""
     try:
         await asyncio.wait_for(llm.shutdown(), SHUTDOWN_S)
     except asyncio.TimeoutError as err:
-        coordinator = getattr(llm.engine, "inference_coordinator_process", None)
-        if coordinator is not None and coordinator.is_alive():
-            coordinator.kill()
+        kill_coordinator(llm)
         raise SystemExit(f"the server did not stop within {SHUTDOWN_S:.0f} s (engines or coordinator stuck); "
                          f"its coordinator process was killed") from err
 
@@ -145,9 +150,7 @@ def _raise_if_down(down: asyncio.Future, llm) -> None:
     if not down.done():
         down.cancel()
         return
-    coordinator = getattr(llm.engine, "inference_coordinator_process", None)
-    if coordinator is not None and coordinator.is_alive():
-        coordinator.kill()
+    kill_coordinator(llm)
     raise SystemExit(f"the inference engine on this rank stopped on an error ({down.result()}); the server "
                      f"ends (restart it)")
 
