@@ -3,7 +3,7 @@
     run_ranks("benchmarks.attention.rows:main", P, args=(cfg,))[0] -> {"config", "world", "rows"}
     cfg: {"seq", "batch", "hidden", "width", "head_dim", "repeats"}
 
-Per block kind, one interleaved loop (tools/rounds.py) over method x mode x measure, one warm-up round:
+Per block kind, one interleaved loop (runtime/timing.py) over method x mode x measure, one warm-up round:
     block    the block on the real group
     compute  the same block on torch's fake process group (every transfer is free)
     comm     qsa: the block at width 1 (same bytes); ulysses: its two exchanges only (`comm_alone`), doubled
@@ -20,7 +20,7 @@ import torch
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.attention.blocks import ATTENTION_BLOCKS
 from benchmarks.harness.blocks import Shape, comm_only, method_by_name
-from megatron_flashoverlap.tools.rounds import interleaved, pass_seconds, rank_max
+from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
 from benchmarks.harness.timing import MEASURES, MODES, fake_group
 
 KINDS = {"qsa": ["stock", "slicing k=2", "slicing k=4", "flash", "flash_bidir"],

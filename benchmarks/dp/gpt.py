@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.tools.rounds import interleaved, rank_max
+from megatron_flashoverlap.runtime.timing import interleaved, rank_max
 
 IN_BACKWARD_ARM = "ours, auto, ring in bwd"  # asynchronous=False: each fused ring waited in its layer's backward
 WORKER_ARM = "ours, auto, worker"  # asynchronous=True: every fused ring on the DP worker thread

@@ -25,7 +25,7 @@ from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduc
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.harness import timing
 from benchmarks.harness.blocks import BLOCKS, Block, Method, Shape
-from megatron_flashoverlap.tools.rounds import interleaved, rank_max, timed
+from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
 
 TP_METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2),
               Method("slicing k=4", "slicing", 4), Method("flash C=2", "flash", 2), Method("flash C=4", "flash", 4),

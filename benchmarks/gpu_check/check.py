@@ -15,7 +15,7 @@
     flash against reference.
 (e) CUDA graph: capture one Flash MLP layer forward (fake group, P = 2 and 4, 8k tokens, d_model 4096),
     replay, compare with eager bit for bit; host time of eager vs replay.
-Timing: tools/rounds.py `interleaved` + `cuda_timed` (CUDA events), upper median of the rounds.
+Timing: runtime/timing.py `interleaved` + `cuda_timed` (CUDA events), upper median of the rounds.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.gpu_check.ops import FUSED, fake_group, first_sync, flash_layer, layer_forward, operator_calls
-from megatron_flashoverlap.tools.rounds import cuda_timed, interleaved
+from megatron_flashoverlap.runtime.timing import cuda_timed, interleaved
 
 PARTS = (2, 4, 8)
 ALGOS = FUSED + ("reference",)

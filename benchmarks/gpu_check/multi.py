@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import megatron_flashoverlap.ops as fo
 from megatron_flashoverlap.runtime import OverlapContext, all_gather_into, reduce_scatter_into
-from megatron_flashoverlap.tools.rounds import cuda_timed, interleaved
+from megatron_flashoverlap.runtime.timing import cuda_timed, interleaved
 
 ROUNDS, WARMUP = 10, 3
 

@@ -15,5 +15,5 @@
     cli.py           every run.py's parser (the checkout note), default --out, --render
 
 The one timing loop (`interleaved`, `timed`, `rank_max`, `pass_seconds`, `cuda_timed`) is the package's
-megatron_flashoverlap/tools/rounds.py: the all-reduce calibration a user runs needs it too.
+megatron_flashoverlap/runtime/timing.py: the all-reduce calibration a user runs needs it too.
 """

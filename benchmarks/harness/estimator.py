@@ -31,7 +31,7 @@ def _check(*lists: Sequence[float]) -> int:
     n = len(lists[0])
     if n < 1 or any(len(s) != n for s in lists):
         raise ValueError(f"estimator: sample lists of lengths {[len(s) for s in lists]}; pass one sample per "
-                         f"kept round for every variant (equal, non-zero lengths: tools/rounds.interleaved)")
+                         f"kept round for every variant (equal, non-zero lengths: runtime/timing.interleaved)")
     return n
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.harness.blocks import Method
-from megatron_flashoverlap.tools.rounds import interleaved, pass_seconds, rank_max, timed
+from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max, timed
 
 
 def _build(config, mlp_spec, seed: int):

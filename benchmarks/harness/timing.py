@@ -6,7 +6,7 @@ For one (block kind, shape) and every method, each repeat times, in this order:
              executor walk, but every transfer completes at once without moving data
     comm     the block on the real group with inner width 1: identical transfers, GEMMs shrunk to O(bytes)
 A sample is the max over ranks of one call's duration (every rank starts after a barrier); the loop is
-tools/rounds.py `interleaved`, every (method, mode, measure) one variant of a round.
+runtime/timing.py `interleaved`, every (method, mode, measure) one variant of a round.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.harness.blocks import Method, Shape, comm_only, make_block
 from benchmarks.harness.estimator import estimate
-from megatron_flashoverlap.tools.rounds import interleaved, pass_seconds, rank_max
+from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
 
 MODES = ("fwd", "fwd+bwd")
 MEASURES = ("block", "compute", "comm")

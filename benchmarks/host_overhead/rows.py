@@ -8,7 +8,7 @@ One process is rank 0 of a fake world of P ranks (`init_process_group("fake")`):
 completes at once without moving data, so a call's time is the host's: Python, dispatch, the tiny GEMMs
 (tensors of a few hundred elements), the executor walk. Each operator runs its flash algo and its reference
 ("reference": the stock collective, then the GEMM); all_reduce compares "ring" with "reference". A figure
-is the median over rounds (tools/rounds.py `interleaved`, one warm-up round) of `calls` back-to-back calls.
+is the median over rounds (runtime/timing.py `interleaved`, one warm-up round) of `calls` back-to-back calls.
 steps = executor steps per call (forward + backward where it has one), counted from the context's trace in
 a separate call; step_us = fwdbwd_us / steps (fwd_us / steps where the operator has no backward).
 Peer checks are off (check_peers="never"): on the fake group the check's all-gather returns no data.
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import megatron_flashoverlap.ops as ops
 from megatron_flashoverlap.runtime import OverlapContext
-from megatron_flashoverlap.tools.rounds import interleaved
+from megatron_flashoverlap.runtime.timing import interleaved
 
 B, H, HEADS, HN = 2, 16, 8, 4  # batch, hidden, attention heads (divisible by 8 for Ulysses), head dim
 _PLANS = {a: ops.OpPlan(a) for a in ("flash", "reference")}  # made once, as a layer makes its plan

@@ -6,7 +6,7 @@
 Methods (rows): "stock" = Megatron's unmodified MoELayer (MoEAlltoAllTokenDispatcher: all_to_all_single),
 then ours (FlashMoELayer) once per word of config.MOE_ALGOS, whatever that tuple holds. Modes fwd and
 fwd+bwd. Per (method, mode) three measured calls, every one a variant of one interleaved loop
-(tools/rounds.py; one warm-up round; a sample = the max over ranks of one call after a barrier):
+(runtime/timing.py; one warm-up round; a sample = the max over ranks of one call after a barrier):
 
     block    the layer on the real (shaped) EP group
     compute  the SAME layer object, its dispatcher's `ep_group` swapped for torch's fake process group of the
@@ -31,7 +31,7 @@ import torch
 
 from megatron_flashoverlap.config import MOE_ALGOS
 from benchmarks.harness import timing
-from megatron_flashoverlap.tools.rounds import interleaved, pass_seconds, rank_max
+from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
 
 MODES = ("fwd", "fwd+bwd")
 

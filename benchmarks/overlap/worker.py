@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from megatron_flashoverlap.runtime import OverlapContext, all_gather_into
 from benchmarks.harness.blocks import Shape, method_by_name
 from benchmarks.harness.progress import Progress
-from megatron_flashoverlap.tools.rounds import interleaved, rank_max, timed
+from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
 from benchmarks.harness.timing import MEASURES, MODES, Runner, combine, derived, fake_group, measure
 
 

@@ -1,6 +1,6 @@
 """What the planner is calibrated with on the CPU proxy, measured on every rank at once (one gloo process per
 rank, one thread each, as every benchmark runs them). Every figure is a median over rounds of the one timing loop
-(megatron_flashoverlap/tools/rounds.py: variants interleaved, one warm-up round, max over ranks), with its
+(megatron_flashoverlap/runtime/timing.py: variants interleaved, one warm-up round, max over ranks), with its
 spread (min, max over rounds).
 
     gemm        {"m,k,n": s}      y[m, n] = x[m, k] @ w[k, n] in fp32, every rank computing at once
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron_flashoverlap.runtime import OverlapContext, all_gather_into, gather_and_consume
-from megatron_flashoverlap.tools.rounds import interleaved, rank_max, timed
+from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
 
 
 def _stats(samples: dict) -> dict:

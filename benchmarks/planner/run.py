@@ -8,7 +8,7 @@ point of the committed benchmark tables from their settings alone, compare with 
 
 calibrate  benchmarks/planner/measure.py (what runs where) and calibrate.py (what each rank times: the GEMM
            table by shape, GELU, adds, our executor's hop and gloo's all-gather / all-reduce per size on
-           each tbf rate, a GEMM beside a transfer; the one timing loop of tools/rounds.py)
+           each tbf rate, a GEMM beside a transfer; the one timing loop of runtime/timing.py)
 predict    benchmarks/planner/predict.py: megatron_flashoverlap.plan priced with the calibration
            (plan/proxy.py: a measured GEMM table, ProxyNet's fitted link), the tables' settings from
            benchmarks/planner/settings.py; no measured block time is read

@@ -12,7 +12,7 @@ Megatron prints `elapsed time per iteration (ms)` (its interval timer, stopped a
 `lm loss` every iteration on the last rank, the per-phase timers ((min, max) across ranks, we keep the max)
 after each iteration line, and our entry prints `GEMM sites: ...` on rank 0.
 
-    round r | stock  flash  slicing  flash+keep  stock@unshaped |   one run each, order rotated by r (tools/rounds.py)
+    round r | stock  flash  slicing  flash+keep  stock@unshaped |   one run each, order rotated by r (runtime/timing.py)
     sample  = median(elapsed ms of iterations > warmup) of that run
     speedup = harness/estimator.speedup(stock samples, arm samples): median ratio, 90 % bootstrap interval
 """

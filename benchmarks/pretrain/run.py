@@ -6,7 +6,7 @@ vs the slicing config, TP=2 + SP on 2 CPU ranks.
     .venv/bin/python benchmarks/pretrain/run.py --render benchmarks/pretrain/data/line_rate_raw.json  # tables again
 
 Every round launches `python -m megatron_flashoverlap.pretrain_gpt --cpu ...` once per arm (order rotated
-per round: tools/rounds.py) inside one network namespace whose loopback is tbf-shaped to --rate (the
+per round: runtime/timing.py) inside one network namespace whose loopback is tbf-shaped to --rate (the
 stock@unshaped arm: the same namespace with its qdisc removed). A run's sample is the median `elapsed time per
 iteration` Megatron logs after --warmup iterations; each arm's speedup over stock is benchmarks/harness/estimator.py's
 (median ratio, 90 % bootstrap interval over rounds; a win only where the interval excludes 1.0). Same seed
@@ -36,7 +36,7 @@ from benchmarks.harness.netns import shaped_namespace  # noqa: E402
 from benchmarks.pretrain.profiling import categorize, profile_argv, profile_table, trace_path  # noqa: E402
 from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table  # noqa: E402
 from benchmarks.pretrain.rows import ARMS, entry_argv, merge, run_stat  # noqa: E402
-from megatron_flashoverlap.tools.rounds import interleaved  # noqa: E402
+from megatron_flashoverlap.runtime.timing import interleaved  # noqa: E402
 
 RANK = "benchmarks.pretrain.rank"
 
@@ -85,7 +85,7 @@ def _set_link(ns, arm: str, a) -> None:
 
 
 def _variant(arm: str, a, ns, cfg: dict, runs: dict):
-    """A tools/rounds.py variant: one run of `arm`, its merged parse kept in runs[arm]; -> its statistic."""
+    """A runtime/timing.py variant: one run of `arm`, its merged parse kept in runs[arm]; -> its statistic."""
     def one() -> float:
         _set_link(ns, arm, a)
         log = os.path.join(os.path.abspath(a.logs), f"{arm}.round{len(runs[arm])}") if a.logs else "-"

@@ -18,8 +18,9 @@ SP operator, one for the all-reduce operator without SP; a forward hands that ob
 Where the overlap does not apply (TP=1, algo `reference`, another buffer name, gather_output, an explicit
 weight, experts) the stock forward runs, logged once per layer kind and reason. Without SP the all-reduce
 runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `all_reduce.num_chunks`
-sequence chunks for the flash algos. The config's `timeout_s` bounds every P2P wait of these layers and
-its `all_reduce.table` is loaded for `all_reduce(algo="auto")`.
+sequence chunks for the flash algos in training; an inference step (megatron/step.py) takes the chooser's plan
+(plan/chooser.py: the decode all-reduce's algorithm, or stock vs decomposed for prefill and mixed steps).
+The config's `timeout_s` bounds every P2P wait of these layers.
 
 Data parallel (megatron/ddp/linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
 hands its complete wgrad operands to `ddp.dp_wgrad` from inside the TP walk (`wgrad_fn`), which produces dW
@@ -40,14 +41,16 @@ import copy
 import dataclasses
 import functools
 import logging
-import os
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel import layers as megatron_layers
 
 from ..config import LAYERS, FlashOverlapConfig, LayerPlan, active
-from ..ops.all_reduce.select import set_calibration
+from ..ops.all_reduce.all_reduce import resolve_local_world_size
+from ..ops.all_reduce.calibrate import decode_key, decode_pick, group_layout
+from ..ops.tp_nosp.choose import inference_plan, prefill_key
+from ..plan.chooser import chooser_of
 from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
 from ..ops.checks import check_peers_agree
@@ -59,19 +62,6 @@ from .structure import refuse_low_precision
 
 log = logging.getLogger(__name__)
 _LOGGED = LogOnce(log, logging.INFO)
-_TABLE: list = [None]  # the calibration table path last loaded from a config
-
-
-def _load_table(path: str | None) -> None:
-    """The config's all-reduce calibration table, for all_reduce(algo="auto") (loaded once per path)."""
-    if path is not None and _TABLE[0] != path:
-        if not os.path.isfile(path):
-            raise ValueError(f"all_reduce.table {path!r}: no such file (working directory {os.getcwd()}); write one "
-                             f"with python -m megatron_flashoverlap.tools.calibrate_allreduce, or unset it")
-        set_calibration(path)
-        _TABLE[0] = path
-
-
 def _stock_config(config):
     """The config the stock constructor sees: a shallow copy with gradient_accumulation_fusion off (the
     stock ColumnParallelLinear raises without apex); Megatron's own config object is left as it is."""
@@ -104,9 +94,9 @@ def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: 
 
 
 @functools.lru_cache(maxsize=64)
-def _decode_plan(plan: OpPlan) -> OpPlan:
-    """The plan of a decode-only step: `plan` with decode_step=True (made once per plan)."""
-    return dataclasses.replace(plan, decode_step=True)
+def _decode_plan(plan: OpPlan, algo: str) -> OpPlan:
+    """The plan of a decode-only step: `plan` with decode_step=True and the decode all-reduce's algorithm."""
+    return dataclasses.replace(plan, decode_step=True, decode_all_reduce=algo)
 
 
 class _FlashMixin:
@@ -123,9 +113,9 @@ class _FlashMixin:
         self.flash_sp_plan, self.flash_nosp_plan = _op_plans(self.flash_plan, self.flash_config,
                                                              isinstance(self, ColumnParallelLinear))
         self.flash_context = shared_context("layer", self.flash_config.timeout_s)
-        _load_table(self.flash_config.all_reduce.table)
+        self.flash_chooser = chooser_of(self.flash_config)  # the config's: every layer of it shares the decisions
         self._flash_checked: set = set()
-        self.flash_decode_step = False  # set per forward by megatron/step.py (a decode-only inference step)
+        self.flash_step_kind = "train"  # set per forward by megatron/step.py (train, prefill, decode, mixed)
         self.config = config  # the stock ctor saw _stock_config(config)
         self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
         self.gradient_accumulation_fusion = self.flash_fuse_wgrad and _apex_fused_wgrad()  # the stock forward's
@@ -269,15 +259,33 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
 
+    def _inference_plan(self, x) -> OpPlan:
+        """A decode step (or any x [1, b, k/P]): the GEMM, then the whole all-reduce of its tokens [1, s * b, h]
+        (whatever the engine's layout) by the chooser's algorithm; a prefill or mixed step: stock or decomposed,
+        the chooser's (plan/chooser.py; measured once per token bucket on this group)."""
+        if not hasattr(self, "_flash_layout"):  # ranks per node (None: not node-contiguous), layout, members
+            world = group_info(self.tp_group)[1]
+            self._flash_per_node = resolve_local_world_size(world, None, self.tp_group, strict=False)
+            self._flash_layout = group_layout(self.tp_group, self._flash_per_node, x.dtype)
+        g, kind = self._flash_per_node, self.flash_step_kind
+        if kind == "decode" or x.shape[0] == 1:  # [1, b, k/P]: one new token per sequence, whatever the context says
+            key = decode_key(x.shape[0] * x.shape[1], self.weight.shape[0], x.dtype, *self._flash_layout)
+            algo = "reference" if g is None else decode_pick(self.flash_chooser, key, x.dtype, x.device,
+                                                             self.tp_group, self.flash_context, g)
+            return _decode_plan(self.flash_nosp_plan, algo)
+        key = prefill_key(self.flash_site, kind, x, self.weight, *self._flash_layout)
+        return inference_plan(self.flash_chooser, key, x, self.weight, self.tp_group, self.flash_context,
+                              self.flash_nosp_plan)
+
     def _no_sp_reason(self) -> str | None:
         """Without SP: stock where the input is not TP-split (Megatron scatters it first)."""
         return None if self.input_is_parallel else "input_is_parallel=False"
 
     def _forward_without_sp(self, input_):
-        """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce, or,
-        on a decode-only inference step (`flash_decode_step`, megatron/step.py), whole after the GEMM (the decode
-        all-reduce, whatever the engine's token layout); the bias is added after it, as in the stock layer."""
-        plan = _decode_plan(self.flash_nosp_plan) if self.flash_decode_step else self.flash_nosp_plan
+        """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce in
+        training; an inference step runs the chooser's plan (`_inference_plan`); the bias is added after it, as
+        in the stock layer."""
+        plan = self.flash_nosp_plan if self.flash_step_kind == "train" else self._inference_plan(input_)
         output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan,
                                    wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:

@@ -9,7 +9,7 @@ every rank, handed to the planner (plan/choices.py) for the choices the YAML lea
                              rules (hops.py, megatron/ddp/choice.py, the measured all-reduce table) keep working.
     measure(shapes, sizes, gpus_per_node, group=None) -> figures   the GPU part (plan/choices.py: Figures)
         GEMMs: each shape in bf16, median of 3 calls after a warm-up, CUDA events (the wing may not import
-               tools/rounds.py, a floor above it: tests/pure/test_layering.py; as megatron/ddp/choice.py times its probe)
+               runtime/timing.py, a floor above it: tests/pure/test_layering.py; as megatron/ddp/choice.py times its probe)
         hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
                call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
                node (ranks without a pair report nothing)
@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import activate
-from ..runtime.clock import cuda_timed
+from ..plan.chooser import chooser_of
+from ..runtime.timing import cuda_timed
 from ..runtime.once import LogOnce
 from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
@@ -142,9 +143,8 @@ def planned(cfg):
                  "rules", err)
         return cfg
     out = apply(choices, cfg)
-    if out.all_reduce.table is None and choices.decode_table is not None:
-        from ..ops.all_reduce.select import set_calibration
-        set_calibration(choices.decode_table)
+    if choices.decode_table is not None:  # the model tier of the decode all-reduce (plan/chooser.py)
+        chooser_of(out).model_tables = list(choices.decode_table["tables"])
     _SAID(("probe", model, layout), "flash-overlap probe: %s", figures)
     _SAID(("choices", model, layout), "flash-overlap %s", choices.log)
     activate(out)

@@ -47,7 +47,7 @@ from .probe import planned
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 from .moe.layer import check_moe_config, flash_moe_spec
 from .structure import check_structure, moe_layer_pattern
-from .step import watch_decode_steps
+from .step import watch_step_kinds
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
@@ -206,7 +206,7 @@ class FlashOverlapTransformerLayer(TransformerLayer):
         if submodules is None:
             submodules = model_layer_specs(config)[_model_layer_id(config, layer_number, kwargs)].submodules
         super().__init__(config, submodules, layer_number, *args, **kwargs)
-        watch_decode_steps(self)
+        watch_step_kinds(self)
 
 
 def _model_layer_id(config, layer_number: int, kwargs: dict) -> int:

@@ -1,27 +1,33 @@
-"""The step kind of an inference forward, told to the row-parallel linears of a layer (Megatron's side only).
+"""The step kind of a forward, told to the row-parallel linears of a layer (Megatron's side only).
 
-    watch_decode_steps(layer)   a forward pre-hook (with kwargs) on `layer` (a TransformerLayer): before each
-                                forward, every FlashRowParallelLinear inside it gets `flash_decode_step` =
-                                whether that forward's `inference_context` says decode-only
-                                (`is_decode_only()`: StaticInferenceContext and DynamicInferenceContext alike;
-                                no context, e.g. training: False)
+    step_kind(inference_context) -> "train" (no context: training, or a forward outside an engine)
+                                    "decode" (`is_decode_only()`: StaticInferenceContext and DynamicInferenceContext)
+                                    "mixed" (a dynamic step holding prefill and decode requests)
+                                    "prefill" (every other inference step)
+    watch_step_kinds(layer)         a forward pre-hook (with kwargs) on `layer` (a TransformerLayer): before each
+                                    forward, every FlashRowParallelLinear inside it gets `flash_step_kind`
 
-The linear hands it to its operator inside its plan (`OpPlan.decode_step`, megatron/linear.py): a decode-only
-step runs the decode all-reduce whatever its layout (the static engine's [1, b, h], the dynamic engine's
-flattened [n, 1, h]); prefill and mixed prefill + decode steps keep the decomposed all-reduce. The word is a
-Python bool the context already holds (no device sync, so it is safe under CUDA graph capture).
+The linear asks the chooser (plan/chooser.py) for an inference kind's plan: the decode all-reduce's algorithm
+on a decode step, stock or decomposed on prefill and mixed steps. The words come from Python ints and bools
+the context already holds (no device sync, so they are safe under CUDA graph capture).
 """
 from __future__ import annotations
 
 import torch
 
 
-def is_decode_step(inference_context) -> bool:
-    """Whether a forward with this `inference_context` (None: not inference) is a decode-only step."""
-    return inference_context is not None and bool(inference_context.is_decode_only())
+def step_kind(inference_context) -> str:
+    """The kind of a forward with this `inference_context` (module docstring)."""
+    if inference_context is None:
+        return "train"
+    if inference_context.is_decode_only():
+        return "decode"
+    active = getattr(inference_context, "total_request_count", 0) - getattr(inference_context, "paused_request_count", 0)
+    prefill = getattr(inference_context, "num_prefill_requests", active)
+    return "mixed" if active - prefill > 0 else "prefill"
 
 
-def watch_decode_steps(layer: torch.nn.Module) -> None:
+def watch_step_kinds(layer: torch.nn.Module) -> None:
     """Record each forward's step kind on the FlashRowParallelLinears inside `layer` (module docstring)."""
     from .linear import FlashRowParallelLinear
 
@@ -30,8 +36,8 @@ def watch_decode_steps(layer: torch.nn.Module) -> None:
         return
 
     def record(_module, _args, kwargs):
-        decode = is_decode_step(kwargs.get("inference_context"))
+        kind = step_kind(kwargs.get("inference_context"))
         for row in rows:
-            row.flash_decode_step = decode
+            row.flash_step_kind = kind
 
     layer.register_forward_pre_hook(record, with_kwargs=True)

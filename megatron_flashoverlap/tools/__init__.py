@@ -2,6 +2,4 @@
 
     calibrate_allreduce.py   `python -m megatron_flashoverlap.tools.calibrate_allreduce`: the latency table
                              `all_reduce(algo="auto")` reads (ops/all_reduce/select.py)
-    rounds.py                the one timing loop (`interleaved`, `timed`, `rank_max`), shared with the
-                             benchmark harness of a source checkout (benchmarks/harness/)
 """

@@ -3,13 +3,14 @@ that `all_reduce(algo="auto")` reads (ops/all_reduce/select.py).
 
     torchrun --nproc-per-node 4 -m megatron_flashoverlap.tools.calibrate_allreduce \
         --out allreduce_calibration.json [--local-world-size 2] [--dtype bfloat16]
-    then point "auto" at the file: set_calibration(path), or the variable config.ENV_VARS["allreduce_table"]
+    then point the decode all-reduce at the file: all_reduce.table in the config, or the variable
+    config.ENV_VARS["allreduce_table"] (it then chooses by the file instead of measuring at first use)
 
-Each size: `warmup + iters` rounds of tools/rounds.py `interleaved`; a round runs every algorithm once
+Each size: `warmup + iters` rounds of runtime/timing.py `interleaved`; a round runs every algorithm once
 (order rotated per round), each behind a barrier; a round's time is the slowest rank's; the table keeps
 the median, the minimum and every kept round (`<algo>_rounds_us`, for intervals). "auto" is measured too, on
-the same message shaped [1, 1, n] (decode-shaped): what the start-up calibration chose (ops/all_reduce/
-calibrate.py, run once before the first size), timed like the others; the lookup ignores its column.
+the same message shaped [1, 1, n] (decode-shaped): what the chooser picks there (plan/chooser.py; its own
+paired measurement runs in the warm-up round), timed like the others; the lookup ignores its column.
 The file holds one table per (world_size, local_world_size, backend, dtype), the key `auto` looks up
 (a gloo or float32 table never steers NCCL or bfloat16); a run replaces its own entry.
 """
@@ -25,13 +26,13 @@ import torch
 import torch.distributed as dist
 
 from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, resolve_local_world_size
-from ..ops.all_reduce.select import dtype_name, table_for
+from ..ops.all_reduce.select import dtype_name
 from ..runtime import OverlapContext
-from .rounds import interleaved, rank_max, timed
+from ..runtime.timing import interleaved, rank_max, timed
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MEASURED = AR_ALGOS  # auto (what the start-up calibration chose), stock, ours
-TABLE_KEY = ("world_size", "local_world_size", "backend", "dtype")  # what select.table_for matches
+TABLE_KEY = ("world_size", "local_world_size", "backend", "dtype")  # what plan/chooser.py table_layout matches
 
 
 def default_sizes(lo: int = 8 << 10, hi: int = 8 << 20) -> list[int]:
@@ -60,9 +61,6 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
     local = resolve_local_world_size(world, local_world_size, group)
     ctx = OverlapContext(check_peers=False)  # the peer check is one extra all-gather: not part of the op
     esize = torch.empty((), dtype=dtype).element_size()
-    if "auto" in algos:  # the start-up calibration, once, before any size is timed
-        all_reduce(torch.ones(1, 1, max(sizes[0] // esize, 1), device=device).to(dtype), group, algo="auto",
-                   local_world_size=local_world_size, context=ctx)
     rows = []
     for nbytes in sizes:
         x = torch.randn(max(nbytes // esize, 1), device=device).to(dtype)
@@ -78,15 +76,12 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
 
 
 def table(rows, group=None, local_world_size=None, dtype=torch.bfloat16, iters=20, note="") -> dict:
-    """The file's entry; "startup": the start-up calibration auto measured in this run (what auto ran), if any."""
+    """The file's entry: the layout, dtype, versions and conditions beside the rows."""
     world = dist.get_world_size(group)
     local = resolve_local_world_size(world, local_world_size, group)
     out = {"world_size": world, "local_world_size": local, "backend": str(dist.get_backend(group)),
            "dtype": dtype_name(dtype), "iters": iters, "torch": torch.__version__, "note": note, "rows": rows,
            "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    startup = table_for(world, local, out["backend"], out["dtype"]) if local is not None else None
-    if startup is not None and startup.get("source") == "start-up calibration":
-        out["startup"] = startup
     return out
 
 

@@ -68,16 +68,13 @@ def autograd_identity(rank, world, algo):
 
 def auto_choice(rank, world, table, shape, local_world_size=None):
     """Which path "auto" took: a trace with executor waits means ours ran, none means stock."""
-    from megatron_flashoverlap.ops.all_reduce.select import set_calibration
+    from tests.support.chooser import active
 
-    set_calibration(table)
-    try:
+    with active(table=table):
         ctx = OverlapContext(check_peers=False, trace=[])
         x = torch.ones(shape)
         out = fo.all_reduce(x, algo="auto", local_world_size=local_world_size, context=ctx)
         return bool(ctx.trace), bool(torch.equal(out, torch.full(shape, float(world))))
-    finally:
-        set_calibration(None)
 
 
 def bad_input(rank, world, kind):

@@ -15,6 +15,7 @@ import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.all_reduce import select
 from megatron_flashoverlap.runtime import OverlapContext
 from tests.gloo.mp_allreduce import UNIT_ROUNDOFF, _contribution
+from tests.support.chooser import active
 from tests.support.loglines import Lines
 
 SHAPE = (1, 2, 5)  # decode-shaped [1, b, h], 40 bytes: inside the test tables' window
@@ -63,15 +64,14 @@ def auto_on_subgroups(rank, world, groups, local_sizes, table, seed=3):
     """Every (group, LOCAL_WORLD_SIZE) case this rank belongs to; `table` is set for "auto"."""
     log = Lines(logging.WARNING)
     logging.getLogger(select.__name__).addHandler(log)
-    select.set_calibration(table)
     select.warn_once.clear()  # earlier jobs in this worker may have logged the same layouts
     pgs = [dist.new_group(g) for g in groups]  # collective: every rank creates every group, in order
     try:
-        return [_case(rank, g, pg, lws, seed, log) for g, pg in zip(groups, pgs) if rank in g
-                for lws in local_sizes]
+        with active(table=table):
+            return [_case(rank, g, pg, lws, seed, log) for g, pg in zip(groups, pgs) if rank in g
+                    for lws in local_sizes]
     finally:
         os.environ.pop("LOCAL_WORLD_SIZE", None)
-        select.set_calibration(None)
         logging.getLogger(select.__name__).removeHandler(log)
         for pg in pgs:
             dist.destroy_process_group(pg)

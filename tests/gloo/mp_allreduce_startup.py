@@ -1,50 +1,65 @@
-"""Worker-side bodies of the start-up calibration tests (tests/gloo/test_allreduce_startup.py)."""
+"""Worker-side bodies of the decode all-reduce's measurement tests (tests/gloo/test_allreduce_startup.py)."""
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
-import torch.distributed as dist
 
 import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.all_reduce import calibrate, select
+from megatron_flashoverlap.plan.chooser import chooser_of
 from megatron_flashoverlap.runtime import OverlapContext
-from tests.support.loglines import Lines as _Lines
+from tests.support.chooser import active
+from tests.support.loglines import Lines
 
 
-
-
-def _auto(x, ctx_trace: bool = True):
+def _auto(x):
     """One auto call -> (ours ran: the executor traced a walk, out)."""
     ctx = OverlapContext(check_peers=False, trace=[])
     out = fo.all_reduce(x, algo="auto", context=ctx)
     return bool(ctx.trace), out
 
 
-def startup(rank, world, local, shape, sizes=None, table=None):
-    """LOCAL_WORLD_SIZE=local; no table file (or `table`, an override); two decode-shaped auto calls and one
-    prefill-shaped one. -> what the test checks (the table every rank holds, the log lines, the path taken)."""
+def _slowed(rank, slow):
+    """calibrate's registry lookup, with `slow` = (algo, rank, seconds): that algorithm sleeps on that rank."""
+    plain = calibrate.plain
+
+    def lookup(op, algo):
+        fn = plain(op, algo)
+        if slow is None or algo != slow[0] or rank != slow[1]:
+            return fn
+
+        def late(*args):
+            time.sleep(slow[2])
+            return fn(*args)
+        return late
+    return lookup
+
+
+def startup(rank, world, local, shape, table=None, slow=None):
+    """LOCAL_WORLD_SIZE=local; a prefill-shaped auto call, then two decode-shaped ones of `shape`.
+    -> what the test checks (the decisions this rank holds, the log lines, the path taken, exactness)."""
     os.environ["LOCAL_WORLD_SIZE"] = str(local)
-    lines = _Lines()
+    lines = Lines()
     logging.getLogger("megatron_flashoverlap.ops.all_reduce").addHandler(lines)
-    saved = calibrate.SIZES
-    calibrate.SIZES = tuple(sizes) if sizes else saved
-    select.set_calibration(table)
     select.warn_once.clear()
+    saved = calibrate.plain
+    calibrate.plain = _slowed(rank, slow)
     try:
-        x = torch.full(shape, float(rank + 1))
-        prefill = torch.ones((2,) + tuple(shape[1:]))
-        measured_before_prefill = _auto(prefill)[0], dict(select._MEASURED)
-        ours, out = _auto(x)  # measures first (outside the trace), then runs what it chose
-        again, out2 = _auto(x)
-        key = (world, local, "gloo", "float32")
-        return {"table": select._MEASURED.get(key), "before": measured_before_prefill,
-                "ours": ours, "again": again, "exact": bool(torch.equal(out, torch.full(shape, world * (world + 1) / 2))),
-                "same_again": bool(torch.equal(out, out2)), "lines": lines.lines,
-                "best": select.best_at(select.table_for(*key), x.numel() * 4) if select.table_for(*key) else None}
+        with active(table=table) as cfg:
+            chooser = chooser_of(cfg)
+            x = torch.full(shape, float(rank + 1))
+            prefill_ours = _auto(torch.ones((2,) + tuple(shape[1:])))[0]
+            before = dict(chooser.decided)
+            ours, out = _auto(x)  # measures its bucket first (outside the trace), then runs what it chose
+            again, out2 = _auto(x)
+            decided = {k.word: (c.pick, c.source, c.reason, dict(c.medians_us)) for k, c in chooser.decided.items()}
+        return {"decided": decided, "before": (prefill_ours, before), "ours": ours, "again": again,
+                "exact": bool(torch.equal(out, torch.full(shape, world * (world + 1) / 2))),
+                "same_again": bool(torch.equal(out, out2)), "lines": lines.lines}
     finally:
-        calibrate.SIZES = saved
-        select.set_calibration(None)
+        calibrate.plain = saved
         os.environ.pop("LOCAL_WORLD_SIZE", None)
         logging.getLogger("megatron_flashoverlap.ops.all_reduce").removeHandler(lines)

@@ -7,10 +7,11 @@ that "auto" picks exactly what the table says.
 import json
 
 import pytest
-import torch
 
 from benchmarks.topology.table import markdown
-from megatron_flashoverlap.ops.all_reduce.select import best_at, choose, set_calibration
+from megatron_flashoverlap import config
+from megatron_flashoverlap.plan import chooser as ch
+from megatron_flashoverlap.plan.chooser import best_at
 from megatron_flashoverlap.tools.calibrate_allreduce import MEASURED
 
 ALGOS = ("reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
@@ -28,17 +29,14 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
     assert [r["bytes"] for r in t["rows"]] == sizes
     for r in t["rows"]:
         assert all(r[f"{a}_us"] > 0 and r[f"{a}_min_us"] <= r[f"{a}_us"] for a in ALGOS)
-    set_calibration(path)
-    try:
-        for r in t["rows"]:  # auto = the table's argmin where it beats stock (its median, and in at least 80 %
-            x = torch.zeros(1, 1, r["bytes"] // 4)  # of the paired rounds: both of these 2), decode-shaped only
-            ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])
-            paired = sum(o < s for o, s in zip(r[f"{ours}_rounds_us"], r["reference_rounds_us"]))
-            want = ours if r[f"{ours}_us"] < r["reference_us"] and paired == 2 else "reference"
-            assert choose(x, 2, 1, "gloo") == want
-            assert choose(x.view(1, -1, 1).expand(2, -1, 1).contiguous(), 2, 1, "gloo") == "reference"  # prefill
-    finally:
-        set_calibration(None)
+    chooser = ch.chooser_of(config.from_dict({"all_reduce": {"table": path}}, config.Environment()))
+    layout = ch.layout_word(2, 1, "gloo", "float32")
+    for r in t["rows"]:  # the decode all-reduce = the table's argmin where it beats stock (its median, and in
+        ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])  # at least 80 % of the paired rounds: both of these 2)
+        paired = sum(o < s for o, s in zip(r[f"{ours}_rounds_us"], r["reference_rounds_us"]))
+        want = ours if r[f"{ours}_us"] < r["reference_us"] and paired == 2 else "reference"
+        key = ch.Key(ch.DECODE_SITE, "decode", 1, layout, f"h {r['bytes'] // 4}", (0, 1), r["bytes"])
+        assert chooser.answer(key).pick == want
 
 
 def test_best_at_uses_the_nearest_measured_size_and_never_extrapolates():
@@ -50,10 +48,11 @@ def test_best_at_uses_the_nearest_measured_size_and_never_extrapolates():
     assert best_at(t, 512) is None and best_at(t, 2 << 20) is None     # outside the measured sizes
 
 
-def test_set_calibration_rejects_a_foreign_file():
+def test_a_foreign_table_file_is_refused_naming_the_tool(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="calibrate_allreduce"):
-        set_calibration({"rows": []})
-    set_calibration(None)
+        ch.chooser_of(config.from_dict({"all_reduce": {"table": str(path)}}, config.Environment()))
 
 
 def test_topology_markdown_speedup_column():

@@ -1,36 +1,31 @@
 """Worker-side body of the decode test: greedy generation with Megatron's StaticInferenceContext (KV cache)
 over a tiny GPTModel, TP without SP, stock local spec vs our spec (layer_spec(): the shipped
 FlashRowParallelLinear, whose forward without SP is matmul_all_reduce; on decode-shaped inputs [1, b, k/P]
-that operator runs the GEMM, then all_reduce(algo=plan.decode_all_reduce), "auto" by default).
-
-The algo of that decode all-reduce has no config word, so a non-"auto" case sets it on each row-parallel
-layer's resolved plan (`flash_nosp_plan.decode_all_reduce`), the field the shipped branch reads.
+that operator runs the GEMM, then the all-reduce by the chooser's algorithm: the config's all_reduce.decode,
+or under "auto" the calibration table's pick).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
 import torch.distributed as dist
 
-from megatron_flashoverlap.ops.all_reduce.select import set_calibration
 from megatron_flashoverlap.megatron import models as tm
 from tests.support import profile
+from tests.support.chooser import active
 
 PROMPT, NEW = 6, 6
 
 
-def _ours(cfg, seq: int, algo: str):
-    """GPT with our layer spec; every row-parallel layer's decode all-reduce set to `algo`."""
+def _ours(cfg, seq: int):
+    """GPT with our layer spec (the active config's: its all_reduce.decode)."""
     from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
     from megatron_flashoverlap.megatron.spec import layer_spec
 
     model = tm.build_gpt(cfg, layer_spec(), seq=seq).eval()
     rows = [m for m in model.modules() if isinstance(m, FlashRowParallelLinear)]
     assert len(rows) == 2 * cfg.num_layers, rows  # proj and fc2 of every layer are the shipped class
-    for m in rows:
-        m.flash_nosp_plan = dataclasses.replace(m.flash_nosp_plan, decode_all_reduce=algo)
     return model
 
 
@@ -73,27 +68,31 @@ def _generate(model, prompt, new_tokens, profile_step=None):
 
 def greedy(rank, world, algo, table=None, local_world_size=None, seed=5):
     """Tokens of stock and ours for one prompt and weights; our decode-step c10d op counts."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
     tm.init_tp(world)
-    set_calibration(table)
     if local_world_size:  # the node layout the layers' all-reduce reads (as torchrun would set it)
         os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
     try:
-        cfg = tm.tiny_config(world, sp=False)
-        seq = PROMPT + NEW
-        stock = tm.build_gpt(cfg, get_gpt_layer_local_spec(), seq=seq).eval()
-        ours = _ours(cfg, seq, algo)
-        tm.copy_weights(ours, stock)
-        prompt = tm.batch(seed, b=2, s=PROMPT)["input_ids"]
-        t_stock, margin, stock_ops, l_stock = _generate(stock, prompt, NEW, profile_step=1)
-        t_ours, _, our_ops, l_ours = _generate(ours, prompt, NEW, profile_step=1)
-        same = torch.tensor([int(torch.equal(t_ours, t_stock))])
-        dist.all_reduce(same, op=dist.ReduceOp.MIN)
-        return {"stock": t_stock.tolist(), "ours": t_ours.tolist(), "margin": margin, "stock_ops": stock_ops,
-                "our_ops": our_ops, "all_ranks_same": bool(same.item()),
-                "logits": ((l_ours - l_stock).abs().max() / l_stock.abs().max()).item()}
+        with active({"all_reduce": {"decode": algo}}, table=table):
+            return _compare(world, seed)
     finally:
         os.environ.pop("LOCAL_WORLD_SIZE", None)
-        set_calibration(None)
         tm.destroy()
+
+
+def _compare(world, seed):
+    """Stock and ours on the same weights and prompt: tokens, margin, op counts, logits."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    cfg = tm.tiny_config(world, sp=False)
+    seq = PROMPT + NEW
+    stock = tm.build_gpt(cfg, get_gpt_layer_local_spec(), seq=seq).eval()
+    ours = _ours(cfg, seq)
+    tm.copy_weights(ours, stock)
+    prompt = tm.batch(seed, b=2, s=PROMPT)["input_ids"]
+    t_stock, margin, stock_ops, l_stock = _generate(stock, prompt, NEW, profile_step=1)
+    t_ours, _, our_ops, l_ours = _generate(ours, prompt, NEW, profile_step=1)
+    same = torch.tensor([int(torch.equal(t_ours, t_stock))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    return {"stock": t_stock.tolist(), "ours": t_ours.tolist(), "margin": margin, "stock_ops": stock_ops,
+            "our_ops": our_ops, "all_ranks_same": bool(same.item()),
+            "logits": ((l_ours - l_stock).abs().max() / l_stock.abs().max()).item()}

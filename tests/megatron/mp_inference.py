@@ -165,7 +165,8 @@ class _Routes:
 
         def call(x, *args, **kwargs):
             step = "prefill" if self.context.num_prefill_requests else "decode"
-            self.calls.append((step, kind, tuple(x.shape)))
+            algo = args[3].algo if kind == "decomposed" else kwargs.get("algo")  # the plan / the all-reduce's algo
+            self.calls.append((step, kind, tuple(x.shape), algo))
             return real(x, *args, **kwargs)
         return call
 
@@ -192,6 +193,8 @@ def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
                     batch = llm.generate(prompts, sampling)
                 if name == "flash":
                     out["routes"] = routes.calls
+                    row = next(m for m in model.modules() if hasattr(m, "flash_chooser"))
+                    out["decided"] = {k.word: c.pick for k, c in row.flash_chooser.decided.items()}
                 llm.engine.reset()
                 single = {}
                 for i, p in enumerate(prompts):
@@ -212,4 +215,5 @@ def batch_invariance(rank, world, tp=2, generate=8):
            "static": static_batch_vs_single(rank, world, tp, generate),
            "dynamic": dynamic_batch_vs_single(rank, world, tp, generate)}
     out["routes"] = out["dynamic"].pop("routes")
+    out["decided"] = out["dynamic"].pop("decided")
     return out

@@ -91,14 +91,19 @@ def test_dynamic_engine_decode_steps_take_the_decode_all_reduce(results):
     """The dynamic engine lays tokens out flat, [n, 1, h] (n: the step's tokens, padded up by the engine): a
     decode-only step of the four requests is not [1, b, h], yet each of its row-parallel calls (proj and fc2 of
     4 layers: 8 per step) runs the GEMM then one all-reduce of its n >= 4 new tokens (all_reduce sees
-    [1, n, h = 32]); the prefill step runs the decomposed all-reduce on all >= 123 prompt tokens at once.
-    The requests decode together: one prefill step, then GENERATE - 1 decode-only steps."""
+    [1, n, h = 32]) by the algorithm the chooser decided for its bucket; the prefill step runs all >= 123
+    prompt tokens at once through the row operator with the plan the chooser decided for proj and fc2 at
+    that bucket (stock: the reference plan; decomposed: the layer's flash). The requests decode together: one
+    prefill step, then GENERATE - 1 decode-only steps."""
     for rank in results:
-        calls = rank["routes"]
-        decode = [(op, shape) for step, op, shape in calls if step == "decode"]
-        prefill = [(op, shape) for step, op, shape in calls if step == "prefill"]
+        calls, decided = rank["routes"], rank["decided"]
+        decode = [(op, shape, algo) for step, op, shape, algo in calls if step == "decode"]
+        prefill = [(op, shape, algo) for step, op, shape, algo in calls if step == "prefill"]
         assert len(decode) == 8 * (GENERATE - 1) and len(prefill) == 8, calls
         assert all(op == "decode" and shape[0] == 1 and shape[1] >= len(PROMPTS) and shape[2] == 32
-                   for op, shape in decode), decode
-        assert all(op == "decomposed" and shape[0] >= sum(PROMPTS) and shape[1] == 1 for op, shape in prefill), \
-            prefill
+                   and algo == decided[f"all_reduce/decode/{1 << (shape[1] - 1).bit_length()}"]
+                   for op, shape, algo in decode), (decode, decided)
+        assert all(op == "decomposed" and shape[0] >= sum(PROMPTS) and shape[1] == 1 for op, shape, _ in prefill)
+        want = {site: "flash" if decided[f"{site}/prefill/{1 << (prefill[0][1][0] - 1).bit_length()}"] ==
+                "decomposed" else "reference" for site in ("proj", "fc2")}
+        assert [algo for _, _, algo in prefill] == [want["proj"], want["fc2"]] * 4, (prefill, decided)

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.overlap.costmodel import ag_pipeline, causal_block_costs, exposed_hops, rs_pipeline
 from benchmarks.harness.launch import _split, command_line
-from megatron_flashoverlap.tools.rounds import interleaved, rank_max, timed
+from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
 
 
 def test_pipelines_by_hand():

@@ -47,7 +47,7 @@ def test_no_benchmark_harness_or_test_module_is_installed(wheel_files):
 
 def test_what_a_user_runs_is_installed(wheel_files):
     """The all-reduce calibration `algo="auto"` reads is a user's tool: it ships, with its timing loop."""
-    for mod in ("tools/calibrate_allreduce.py", "tools/rounds.py", "ops/all_reduce/select.py", "megatron/__init__.py"):
+    for mod in ("tools/calibrate_allreduce.py", "runtime/timing.py", "ops/all_reduce/select.py", "megatron/__init__.py"):
         assert f"{PKG}/{mod}" in wheel_files, mod
 
 

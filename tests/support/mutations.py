@@ -132,6 +132,16 @@ def _decode_all_reduce_off_by_a_permille() -> list:
     return _replace("megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul", "all_reduce", wrong)
 
 
+def _chooser_prefers_slower() -> list:
+    """The chooser's rule takes the slowest candidate (by median), whatever stock measured."""
+    import statistics
+
+    def pick(samples, stock="reference"):
+        slowest = max(samples, key=lambda k: statistics.median(samples[k]))
+        return slowest, "mutated: the slowest"
+    return _replace("megatron_flashoverlap.plan.chooser", "paired_pick", pick)
+
+
 def _decode_branch_off() -> list:
     """Decode-shaped inputs no longer take the decode all-reduce (the shipped branch is never entered)."""
     return _replace("megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul", "_should_use_decode_all_reduce",
@@ -266,6 +276,11 @@ MUTATIONS: dict[str, Mutation] = {
     "decode_all_reduce_off_by_a_permille": Mutation(
         "the row-parallel decode all-reduce returns the sum times 1.001",
         (_D + "[2-auto-None-1]", _D + "[4-recursive_doubling-None-2]"), _decode_all_reduce_off_by_a_permille),
+    "chooser_prefers_slower": Mutation(
+        "the chooser's paired rule (plan/chooser.paired_pick) takes the slowest candidate",
+        ("tests/pure/test_chooser.py::test_stock_wins_unless_a_candidate_wins_the_paired_rounds",
+         "tests/gloo/test_allreduce_startup.py::test_a_candidate_slow_on_one_rank_is_taken_by_no_rank"),
+        _chooser_prefers_slower),
     "decode_branch_off": Mutation(
         "decode-shaped inputs skip the decode all-reduce branch of matmul_all_reduce",
         (_D + "[2-ring-None-2]",), _decode_branch_off),

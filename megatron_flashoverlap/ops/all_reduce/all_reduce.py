@@ -8,10 +8,9 @@ Transfers and sums run in the input dtype, as stock all-reduce does (NCCL and gl
 the order of the sums differs from stock, so results agree within rounding, not bitwise.
 
 All plain functions share one signature: (x, group, ctx, local_world_size) -> out, registered as
-"all_reduce" in ops/registry.py. algo "auto" is resolved here by select.choose (the measured table); for a
-decode-shaped tensor on a layout not measured yet and no table file, calibrate.startup_table measures it
-first on this group (once per layout, backend and dtype; every rank of the group reaches it in the same call,
-as the all-reduce is collective) and group rank 0 logs one line with the choice per size.
+"all_reduce" in ops/registry.py. algo "auto": a decode-shaped tensor [1, b, h] takes the chooser's pick
+(plan/chooser.py, the active config's; measured once per token bucket by calibrate.decode_pick, every rank
+of the group reaching it in the same call, as the all-reduce is collective); any other shape runs stock.
 Node layout: `local_world_size` = group ranks per node, ranks node-contiguous (rank = node * G + local,
 as Megatron's tensor-parallel groups are); default derived from the group's global ranks and
 LOCAL_WORLD_SIZE (`resolve_local_world_size`, select.node_layout).
@@ -25,10 +24,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from ...config import ALL_REDUCE_ALGOS
+from ...config import ALL_REDUCE_ALGOS, active
+from ...plan.chooser import chooser_of
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info, names_operator
-from .calibrate import startup_table
-from .select import choose, dtype_name, install, is_decode_shaped, needs_startup, node_layout, warn_once
+from .calibrate import decode_key, decode_pick, group_layout
+from .select import is_decode_shaped, node_layout, warn_once
 from ..checks import peers_agree
 from ..registry import plain, register, resolve_algo
 
@@ -120,24 +120,23 @@ class _AllReduce(torch.autograd.Function):
         return dout, None, None, None, None
 
 
-def _auto(tensor, group, world: int, g: int | None, ctx) -> str:
-    """The algo "auto" runs: select.choose, from the calibration table of this backend and layout (measured
-    here first for a decode-shaped tensor where no table file is given and this layout is not measured yet)."""
-    backend = dist.get_backend(group)
-    if g is not None and is_decode_shaped(tensor) and needs_startup(world, g, backend, dtype_name(tensor.dtype)):
-        quiet = dataclasses.replace(ctx, trace=None)  # the same buffers; the measurement stays out of the trace
-        line = install(startup_table(group, g, tensor.dtype, tensor.device, quiet))
-        if group_info(group)[0] == 0:
-            log.warning(line)
-    return choose(tensor, world, g, backend)
+def _auto(tensor, group, g: int | None, ctx) -> str:
+    """The algo "auto" runs: the chooser's for a decode-shaped tensor (stock where the node layout gave no G),
+    stock for every other shape (prefill and training)."""
+    if g is None or not is_decode_shaped(tensor):
+        return "reference"
+    quiet = dataclasses.replace(ctx, trace=None)  # the same buffers; a measurement stays out of the trace
+    h = tensor.shape[-1]
+    key = decode_key(tensor.numel() // h, h, tensor.dtype, *group_layout(group, g, tensor.dtype))
+    return decode_pick(chooser_of(active()), key, tensor.dtype, tensor.device, group, quiet, g)
 
 
 def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_world_size: int | None = None,
                context: OverlapContext | None = None) -> torch.Tensor:
     """Sum `tensor [*]` over `group`; returns a new tensor, the input is left unchanged.
 
-    algo: "auto" (ours only for decode-shaped inputs where the start-up calibration, or a table file, measured
-    ours faster, the reference otherwise: ops/all_reduce/select.py, calibrate.py), "reference"
+    algo: "auto" (for decode-shaped inputs the chooser's pick, measured once per token bucket: plan/chooser.py,
+    calibrate.py; the reference otherwise), "reference"
     (torch.distributed.all_reduce), "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
     "hierarchical_hd".
     `force_reference()` makes every call the reference.
@@ -154,7 +153,7 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
     g = resolve_local_world_size(world, local_world_size, group, strict=two_level) \
         if algo == "auto" or two_level else world
     if algo == "auto":
-        algo = _auto(tensor, group, world, g, ctx)
+        algo = _auto(tensor, group, g, ctx)
     if algo != "reference":
         peers_agree("all_reduce", group, world, tensor.device, ctx, tensor.numel(), _FLOATS.index(tensor.dtype))
     return _AllReduce.apply(tensor, group, algo, ctx, g)

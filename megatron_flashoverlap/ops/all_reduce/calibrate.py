@@ -1,20 +1,14 @@
-"""Start-up calibration of all_reduce(algo="auto"): a short measurement on the real group, made once per
-(world_size, local_world_size, backend, dtype), the first time a decode-shaped tensor asks for "auto".
+"""The decode all-reduce's measurement on the real group: the chooser's measured tier (plan/chooser.py).
 
-    table = startup_table(group, g, x.dtype, x.device, ctx)   -> a calibration-table entry (select.py)
-
-What runs: messages of 2 KB - 4 MB (x2, SIZES), every candidate (the reference, and each of our algorithms
-that differs from the others on this layout: `candidates`) `warmup + rounds` times per size, interleaved
-(round r starts at candidate r mod n), the warm-up rounds dropped. A table file (all_reduce.table, its
-environment variable, set_calibration) overrides it: then nothing is measured at start-up.
-
-Timing, per device:
-    cuda  a CUDA event pair around each call on the current stream; one synchronize per size, after all its
-          rounds (none inside the op path: the operators stay stream-ordered); NCCL orders the ranks.
-    cpu   the host clock around each call, after a barrier of the group.
-Every rank decides the same: the per-call times are all-reduced (MAX) over the group, so all ranks hold the
-same numbers and select.best_at picks the same algorithm per size (the slowest rank's time is the time of a
-collective). Group rank 0 logs one line: the layout, the seconds spent, the choice per size range.
+    decode_pick(chooser, decode_key(n, h, dtype, layout, members), dtype, device, group, ctx, g)
+        -> the algorithm of a decode step's all-reduce of y [1, n, h] (n tokens, h the hidden size)
+        key: all_reduce/decode/<bucket of n>; where no higher tier answers and the budget allows, stock and
+        every candidate (`candidates`: the algorithms distinct on this layout) are timed in paired rounds
+        (runtime/timing.py `paired`) on a message [1, bucket, h] of x's dtype, ONCE per bucket; group rank 0
+        logs one line (plan/chooser.py `line`) and, under choices.write, rewrites the choice file
+    startup_table(group, g, dtype, device, ctx) -> a calibration-table entry: the same rounds at every size of
+        SIZES (the offline sweep of tools/calibrate_allreduce.py and benchmarks/topology)
+Inside a CUDA-graph capture nothing is measured: the bucket takes the choice already made, else the model's.
 """
 from __future__ import annotations
 
@@ -25,13 +19,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...plan.chooser import DECODE_SITE, Chooser, Key, bucket, layout_word, line
+from ...runtime.timing import paired
 from ..registry import plain
 from .select import dtype_name
 
 log = logging.getLogger(__name__)
 OP = "all_reduce"
 SIZES = tuple(2048 << i for i in range(12))  # 2 KB - 4 MB: decode's [1, b, h] for b * h * bytes in this range
-ROUNDS, WARMUP = 5, 1  # 5 paired rounds: select.best_at takes ours where it won 4 of them (PAIRED_WINS)
+ROUNDS, WARMUP = 5, 1  # 5 paired rounds: a candidate must win 4 of them (plan/chooser.py PAIRED_WINS)
 
 
 def candidates(world: int, local_world_size: int) -> tuple[str, ...]:
@@ -44,41 +40,62 @@ def candidates(world: int, local_world_size: int) -> tuple[str, ...]:
                                                           if two_level else ())
 
 
-def _refuse_capture(device: torch.device) -> None:
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise ValueError("all_reduce(algo='auto'): the start-up calibration would run inside CUDA graph capture; run "
-                         "one decode step eagerly before capturing (Megatron's inference warm-up does), or set a "
-                         "table file (all_reduce.table), or pass decode_all_reduce='reference'")
+def capturing(device: torch.device) -> bool:
+    """Inside a CUDA-graph capture (where nothing may be measured)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _samples(x, algos, group, ctx, g, rounds, warmup) -> list[list[float]]:
-    """[algo][round] seconds of one call on this rank (cuda: events, synchronised once at the end)."""
-    cuda = x.device.type == "cuda"
-    got: list[list] = [[] for _ in algos]
-    for r in range(warmup + rounds):
-        for k in [(r + i) % len(algos) for i in range(len(algos))]:
-            fn = plain(OP, algos[k])
-            if cuda:
-                ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                ev[0].record()
-                fn(x, group, ctx, g)
-                ev[1].record()
-            else:
-                dist.barrier(group)
-                t0 = time.perf_counter()
-                fn(x, group, ctx, g)
-                ev = time.perf_counter() - t0
-            if r >= warmup:
-                got[k].append(ev)
-    if cuda:
-        torch.cuda.synchronize(x.device)
-        got = [[a.elapsed_time(b) / 1e3 for a, b in row] for row in got]
-    return got
+def _samples(x, algos, group, ctx, g, rounds, warmup) -> dict[str, list[float]]:
+    """{algo: [seconds per kept round]} of one call of each on `x`, the max over the group."""
+    return paired({a: (lambda f=plain(OP, a): f(x, group, ctx, g)) for a in algos}, group, x.device,
+                  rounds=rounds, warmup=warmup)
+
+
+def group_layout(group, g: int | None, dtype: torch.dtype) -> tuple[str, tuple]:
+    """(the layout word of `group` with g ranks per node and this dtype, the group's global ranks)."""
+    layout = layout_word(dist.get_world_size(group), g, str(dist.get_backend(group)), dtype_name(dtype))
+    return layout, tuple(dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size()))
+
+
+def decode_key(tokens: int, h: int, dtype: torch.dtype, layout: str, members: tuple) -> Key:
+    """all_reduce/decode/<bucket of tokens>: the key of a decode step's all-reduce of y [1, tokens, h]."""
+    b = bucket(tokens)
+    return Key(DECODE_SITE, "decode", b, layout, f"h {h}", members, b * h * torch.empty((), dtype=dtype).element_size())
+
+
+def decode_pick(chooser: Chooser, key: Key, dtype: torch.dtype, device: torch.device, group, ctx, g: int) -> str:
+    """The all-reduce algorithm for `key` (decode_key; module docstring). Collective under measurement: every
+    rank of `group` reaches it in the same call, as the all-reduce itself."""
+    known = chooser.answer(key)
+    if known is not None:
+        return known.pick
+    if capturing(device):
+        choice = chooser.fallback(key, "first seen inside a CUDA-graph capture, where nothing is measured")
+    elif not chooser.can_measure():
+        choice = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s spent")
+    else:
+        h = key.nbytes // (key.bucket * torch.empty((), dtype=dtype).element_size())
+        probe = torch.ones((1, key.bucket, h), dtype=dtype, device=device)
+        choice = chooser.decide(key, _samples(probe, candidates(dist.get_world_size(group), g), group, ctx, g,
+                                              ROUNDS, WARMUP))
+    announce(chooser, key, choice, group)
+    return choice.pick
+
+
+def announce(chooser: Chooser, key: Key, choice, group) -> None:
+    """Group rank 0 logs the decision's one line; the job's rank 0 rewrites choices.write."""
+    if dist.get_rank(group) == 0:
+        log.warning(line(key, choice))
+    path = chooser.config.choices.write if chooser.config is not None else None
+    if path and dist.get_rank() == 0:
+        import yaml
+
+        with open(path, "w") as f:
+            yaml.safe_dump(chooser.as_config(), f, sort_keys=False)
 
 
 def _rows(times: torch.Tensor, algos, sizes) -> list[dict]:
-    """times [size, algo, round] (max over ranks) -> rows {"bytes", "<algo>_us" (median), "<algo>_min_us",
-    "<algo>_rounds_us"}."""
+    """times [size, algo, round] -> rows {"bytes", "<algo>_us" (median), "<algo>_min_us", "<algo>_rounds_us"}."""
     rows = []
     for s, nbytes in enumerate(sizes):
         row = {"bytes": int(nbytes)}
@@ -93,10 +110,10 @@ def _rows(times: torch.Tensor, algos, sizes) -> list[dict]:
 
 def startup_table(group, g: int, dtype: torch.dtype, device: torch.device, ctx, *, sizes=None,
                   rounds: int | None = None, warmup: int | None = None) -> dict:
-    """Measure every candidate at every size on `group` (collective: every rank calls it alike) -> the table
-    entry select.py reads, keyed by (world_size, local_world_size=g, backend, dtype). None: SIZES, ROUNDS,
-    WARMUP as they are at the call."""
-    _refuse_capture(device)
+    """Measure every candidate at every size on `group` (collective: every rank calls it alike) -> a table
+    entry keyed by (world_size, local_world_size=g, backend, dtype). None: SIZES, ROUNDS, WARMUP."""
+    if capturing(device):
+        raise ValueError("all-reduce calibration inside a CUDA-graph capture; run it before capturing")
     sizes, rounds, warmup = sizes or SIZES, rounds or ROUNDS, WARMUP if warmup is None else warmup
     world = dist.get_world_size(group)
     algos = candidates(world, g)
@@ -105,10 +122,9 @@ def startup_table(group, g: int, dtype: torch.dtype, device: torch.device, ctx, 
     per_size = []
     for nbytes in sizes:
         x = torch.ones(max(nbytes // esize, 1), dtype=dtype, device=device)
-        per_size.append(_samples(x, algos, group, ctx, g, rounds, warmup))
-    times = torch.tensor(per_size, dtype=torch.float64, device=device)  # [size, algo, round] seconds
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)           # the same numbers on every rank
-    table = {"world_size": world, "local_world_size": g, "backend": str(dist.get_backend(group)),
-             "dtype": dtype_name(dtype), "iters": rounds, "source": "start-up calibration",
-             "seconds": round(time.perf_counter() - t0, 2), "rows": _rows(times.cpu(), algos, sizes)}
-    return table
+        got = _samples(x, algos, group, ctx, g, rounds, warmup)
+        per_size.append([got[a] for a in algos])
+    times = torch.tensor(per_size, dtype=torch.float64)  # [size, algo, round] seconds, the max over ranks
+    return {"world_size": world, "local_world_size": g, "backend": str(dist.get_backend(group)),
+            "dtype": dtype_name(dtype), "iters": rounds, "source": "calibration",
+            "seconds": round(time.perf_counter() - t0, 2), "rows": _rows(times, algos, sizes)}

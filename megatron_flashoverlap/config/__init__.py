@@ -21,7 +21,18 @@ YAML (files in configs/ only choose values; every key is optional):
                                                   # core: auto (stock's core attention for the flags; SDPA
                                                   # for --attention-backend flash|fused without TE's spec),
                                                   # megatron (stock's, always), sdpa (SDPA, always)
-    all_reduce: {num_chunks: 4, table: calibration.json}
+    all_reduce: {num_chunks: 4, decode: auto, prefill: auto}
+                                                  # TP without SP at inference (plan/chooser.py): decode: the
+                                                  # decode all-reduce, auto (measured) or an algorithm of
+                                                  # ALL_REDUCE_ALGOS; prefill: the row layers' output all-reduce
+                                                  # of prefill and mixed steps, auto, reference or decomposed
+                                                  # (the layer's algo); table: a calibration JSON the decode
+                                                  # all-reduce then chooses by instead of measuring
+    choices: {budget_s: 10, write: choices.yaml}  # the chooser: seconds of paired measurement the run may spend
+                                                  # (all buckets together); where it writes its choices (this
+                                                  # file's format: passed back, every bucket it holds is pinned)
+    choices: {layout: "...", pinned: {proj/prefill/16: reference, all_reduce/decode/4: ring}}
+                                                  # what a run wrote: pinned buckets are not measured
     moe: {algo: flash}                            # the EP token exchange: flash or reference (stock a2a)
     dp: {fuse: auto}                              # pretrain()'s DDP under --flash-overlap: which TP linears
                                                   # reduce-scatter in their wgrad GEMM: auto (the cost model),
@@ -71,8 +82,10 @@ LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")
 PLAN_KNOBS = ("algo", "num_chunks", "keep_gathered", "hop_chunks")
 DEFAULT_TIMEOUT_S = None  # no bound of ours: each wait ends at its process group's own timeout
-_SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"), "all_reduce": ("num_chunks", "table"),
-             "moe": ("algo",), "dp": ("fuse",), "planner": ("probe",)}
+_SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"),
+             "all_reduce": ("num_chunks", "table", "decode", "prefill"), "moe": ("algo",), "dp": ("fuse",),
+             "planner": ("probe",), "choices": ("budget_s", "write", "layout", "pinned")}
+PREFILL_ALGOS = ("auto", "reference", "decomposed")  # the row layers' all-reduce at prefill (plan/chooser.py)
 _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 
@@ -114,67 +127,8 @@ class LayerPlan:
         return self.algo == "reference"
 
 
-@dataclass(frozen=True)
-class AttentionSettings:
-    """core: the core attention for cp == 1 without query split, one of CORE_ATTENTIONS. query_split:
-    attention + proj + RS as one operator (TP with SP, cp == 1). ulysses_algo: the a2a of Ulysses attention
-    (cp > 1), one of ULYSSES_ALGOS."""
-    query_split: bool = False
-    ulysses_algo: str = "flash"
-    core: str = "auto"
-
-    def __post_init__(self):
-        if self.core not in CORE_ATTENTIONS:
-            raise ValueError(f"attention.core {self.core!r}: choose one of {CORE_ATTENTIONS}")
-        if not isinstance(self.query_split, bool):
-            raise ValueError(f"attention.query_split must be true or false, got {self.query_split!r}")
-        if self.ulysses_algo == "stock":
-            raise ValueError("attention.ulysses_algo 'stock' is now called 'reference'; write ulysses_algo: reference")
-        if self.ulysses_algo not in ULYSSES_ALGOS:
-            raise ValueError(f"attention.ulysses_algo {self.ulysses_algo!r}: choose one of {ULYSSES_ALGOS}")
-
-
-@dataclass(frozen=True)
-class AllReduceSettings:
-    """num_chunks: the flash sequence chunk count of matmul_all_reduce (TP without SP; None: the operator's
-    default). table: the calibration JSON that all_reduce(algo="auto") chooses by (None: no table, stock)."""
-    num_chunks: int | None = None
-    table: str | None = None
-
-    def __post_init__(self):
-        _positive_int_or_none(self.num_chunks, "all_reduce.num_chunks")
-        if self.table is not None and not isinstance(self.table, str):
-            raise ValueError(f"all_reduce.table must be a path, got {self.table!r}")
-
-
-@dataclass(frozen=True)
-class MoESettings:
-    """algo: how the alltoall dispatcher runs the exchange and the experts, one of MOE_ALGOS (flash: fused)."""
-    algo: str = "flash"
-
-    def __post_init__(self):
-        if self.algo not in MOE_ALGOS:
-            raise ValueError(f"moe.algo {self.algo!r}: choose one of {MOE_ALGOS}")
-
-
-@dataclass(frozen=True)
-class DPSettings:
-    """fuse: which TP linears of pretrain()'s DDP reduce-scatter inside their wgrad GEMM, one of DP_FUSE."""
-    fuse: str = "auto"
-
-    def __post_init__(self):
-        if self.fuse not in DP_FUSE:
-            raise ValueError(f"dp.fuse {self.fuse!r}: choose one of {DP_FUSE}")
-
-
-@dataclass(frozen=True)
-class PlannerSettings:
-    """probe: "auto" (on CUDA, the planner fills what the YAML leaves open: megatron/probe.py) or "off"."""
-    probe: str = "auto"
-
-    def __post_init__(self):
-        if self.probe not in PLANNER_PROBES:
-            raise ValueError(f"planner.probe {self.probe!r}: choose one of {PLANNER_PROBES}")
+from .sections import (AllReduceSettings, AttentionSettings, ChoiceSettings, DPSettings,  # noqa: E402
+                       MoESettings, PlannerSettings)
 
 
 def _plan():
@@ -193,6 +147,7 @@ class FlashOverlapConfig:
     moe: MoESettings = field(default_factory=MoESettings)
     dp: DPSettings = field(default_factory=DPSettings)
     planner: PlannerSettings = field(default_factory=PlannerSettings)
+    choices: ChoiceSettings = field(default_factory=ChoiceSettings)
     named: tuple = ()  # the layers the YAML named (own entry, or all of them under `default:`): the planner keeps them
     timeout_s: float | None = DEFAULT_TIMEOUT_S  # None: the group's own timeout; a number bounds it further
     description: str = ""
@@ -237,13 +192,27 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
     moe = MoESettings(**_section(data, "moe", {}))
     dp = DPSettings(**_section(data, "dp", {}))
     planner = PlannerSettings(**_section(data, "planner", {}))
+    choices = ChoiceSettings(**_section(data, "choices", {}))
     named = LAYERS if data.get("default") is not None else tuple(x for x in LAYERS if data.get(x) is not None)
     doc = {"description": str(data.get("description") or ""),
            "stock_megatron": types.MappingProxyType(dict(data.get("stock_megatron") or {}))}
     timeout = data.get("timeout_s", env.timeout_s)
     return FlashOverlapConfig(**plans, attention=AttentionSettings(**attention),
                               all_reduce=AllReduceSettings(**all_reduce), moe=moe, dp=dp, planner=planner,
-                              named=named, timeout_s=timeout, **doc)
+                              choices=choices, named=named, timeout_s=timeout, **doc)
+
+
+def to_dict(cfg: FlashOverlapConfig) -> dict:
+    """The YAML mapping that from_dict turns back into `cfg` (every layer and section written out)."""
+    def plain(obj):
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(obj).items()
+                if not k.startswith("_") and v is not None}
+    out = {layer: plain(cfg.plan(layer)) for layer in LAYERS}
+    out.update({name: plain(getattr(cfg, name)) for name in _SECTIONS})
+    out["timeout_s"] = cfg.timeout_s
+    if cfg.description:
+        out["description"] = cfg.description
+    return out
 
 
 def _check_keys(data: Mapping) -> None:
@@ -335,7 +304,12 @@ def active() -> FlashOverlapConfig:
     if _ACTIVE is not None:
         return _ACTIVE
     env = environment()
-    return load_config(env.config_path, env) if env.config_path else from_dict({}, env)
+    if env not in _FROM_ENV:  # one object per environment: its chooser's decisions are kept on it
+        _FROM_ENV[env] = load_config(env.config_path, env) if env.config_path else from_dict({}, env)
+    return _FROM_ENV[env]
+
+
+_FROM_ENV: dict = {}
 
 
 # ---------------------------------------------------------------- the environment: read here and nowhere else

@@ -1,4 +1,5 @@
-"""The one timing loop of every benchmark: variants interleaved per round, warm-up rounds dropped.
+"""The package's one timing loop (the chooser's probe, the all-reduce calibration, every benchmark): variants
+interleaved per round, warm-up rounds dropped, a round as long as its slowest rank.
 
     samples = interleaved({"stock": lambda: timed(f), "flash": lambda: timed(g)}, rounds=5)
     samples = rank_max(samples)                  # a round lasts as long as its slowest rank
@@ -10,6 +11,12 @@
 A variant is a callable that runs ONE measured call and returns its seconds: `timed` (host clock, after a
 barrier of the default group; `sync` waits for the device), `cuda_timed` (CUDA events), or `pass_seconds`
 (one forward, or forward + backward, of a block: fresh leaf input before the clock, grads dropped after).
+
+    paired(candidates, group, device)  {name: [seconds per kept round]}, the max over the group's ranks:
+        cpu   the host clock around each call, after a barrier of the group (gloo: a post blocks the host,
+              so the host clock is the collective's time)
+        cuda  a CUDA event pair around each call on the current stream, ONE synchronize after the last round
+              (nothing inside a timed region waits for the device: NCCL's calls stay stream-ordered)
 """
 from __future__ import annotations
 
@@ -19,7 +26,16 @@ from typing import Callable, Hashable, Mapping
 import torch
 import torch.distributed as dist
 
-from ..runtime.clock import cuda_timed  # noqa: F401 - the loop's CUDA-event variant (runtime: the probe uses it too)
+
+
+def cuda_timed(fn: Callable[[], object]) -> float:
+    """Seconds of one fn() between two CUDA events on the current stream (no barrier; one device)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 def timed(fn: Callable[[], object], *, barrier: bool = True, sync: Callable[[], None] | None = None,
@@ -78,3 +94,29 @@ def rank_max(samples: Mapping[Hashable, list[float]], group=None) -> dict[Hashab
     t = torch.tensor([samples[k] for k in keys], dtype=torch.float64)  # [keys, rounds]
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return dict(zip(keys, t.tolist()))
+
+
+def paired(candidates: Mapping[str, Callable[[], object]], group, device: torch.device, *, rounds: int = 5,
+           warmup: int = 1) -> dict[str, list[float]]:
+    """{name: [seconds of one call per kept round]} of every candidate, `warmup + rounds` rounds, the order
+    rotated per round (round r starts at candidate r mod n), then the max over `group` (module docstring).
+    Collective: every rank of `group` calls it with the same candidates in the same order."""
+    names = list(candidates)
+    if device.type != "cuda":
+        return rank_max(interleaved({n: (lambda f=candidates[n]: timed(f, group=group)) for n in names}, rounds,
+                                    warmup=warmup, rotate=True), group)
+    events: dict[str, list] = {n: [] for n in names}
+
+    def recorded(name):
+        def run():
+            pair = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            pair[0].record()
+            candidates[name]()
+            pair[1].record()
+            events[name].append(pair)
+            return 0.0
+        return run
+    interleaved({n: recorded(n) for n in names}, rounds, warmup=warmup, rotate=True)
+    torch.cuda.synchronize(device)
+    kept = {n: [a.elapsed_time(b) / 1e3 for a, b in events[n][warmup:]] for n in names}
+    return rank_max(kept, group)

@@ -1,0 +1,55 @@
+"""The row-parallel output all-reduce of a prefill or mixed step: stock or decomposed, the chooser's measured tier.
+
+    inference_plan(chooser, prefill_key(site, kind, x, weight, layout, members), x [s, b, k/P], weight_k [h, k/P],
+                   group, ctx, plan) -> the OpPlan to run
+        key: <site>/<kind>/<bucket of s * b>; where no higher tier answers (plan/chooser.py) and the budget
+        allows, the two candidates run in paired rounds (runtime/timing.py `paired`) on x [bucket, 1, k/P] with
+        the layer's own weight, forward only (inference):
+            reference   y = AR(x @ w^T): one GEMM, then stock's all-reduce
+            decomposed  `plan` (the layer's algo: chunked Flash-RS + Flash-AG, or slicing)
+        ONCE per key; group rank 0 logs the one line. Inside a CUDA-graph capture nothing is measured.
+A training step never asks: its plan is the layer's (forward and backward as one operator).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...plan.chooser import Chooser, Key, bucket
+from ...runtime.timing import paired
+from ..all_reduce.calibrate import ROUNDS, WARMUP, announce, capturing
+from ..registry import OpPlan
+from .all_reduce_matmul import ar_matmul_forward
+
+_REFERENCE = OpPlan("reference")
+
+
+def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
+    """The key of a row site's step: <site>/<kind>/<bucket of s * b> on `layout` (the group `members`), the
+    weight's sizes (calibrate.group_layout gives layout and members)."""
+    return Key(site, kind, bucket(x.shape[0] * x.shape[1]), layout, f"h {weight.shape[0]} k {weight.shape[1]}",
+               members)
+
+
+def inference_plan(chooser: Chooser, key: Key, x: torch.Tensor, weight: torch.Tensor, group, ctx,
+                   plan: OpPlan) -> OpPlan:
+    """`plan` where the chooser picks decomposed for `key` (prefill_key), the reference plan where it picks
+    stock (module docstring)."""
+    known = chooser.answer(key)
+    if known is None:
+        if capturing(x.device):
+            known = chooser.fallback(key, "first seen inside a CUDA-graph capture, where nothing is measured")
+        elif not chooser.can_measure():
+            known = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s spent")
+        else:
+            known = chooser.decide(key, _samples(key.bucket, x, weight, group, ctx, plan))
+        announce(chooser, key, known, group)
+    return plan if known.pick == "decomposed" else _REFERENCE
+
+
+def _samples(tokens: int, x, weight, group, ctx, plan) -> dict[str, list[float]]:
+    """{reference, decomposed: [seconds per kept round]} of one forward on a probe x [tokens, 1, k/P]."""
+    probe = torch.ones((tokens, 1, x.shape[-1]), dtype=x.dtype, device=x.device)
+    with torch.no_grad():
+        return paired({"reference": lambda: ar_matmul_forward(probe, weight, group, ctx, _REFERENCE),
+                       "decomposed": lambda: ar_matmul_forward(probe, weight, group, ctx, plan)},
+                      group, x.device, rounds=ROUNDS, warmup=WARMUP)

@@ -1,0 +1,226 @@
+"""The one chooser: which algorithm an inference site runs, per step kind and shape bucket, and why.
+
+    Key(site, kind, bucket, layout, shape)
+        site    proj | fc2: the row-parallel output all-reduce without SP of a prefill or mixed step
+                    candidates: reference (the GEMM, then stock all-reduce) | decomposed (the layer's algo)
+                all_reduce: the decode all-reduce (one per row site and decode step, whole after the GEMM)
+                    candidates: reference | the all-reduce algorithms distinct on the layout
+        kind    prefill | decode | mixed (a step holding prefill and decode tokens)
+        bucket  the step's tokens rounded up to a power of two (as Megatron's CUDA-graph batch buckets);
+                a bucket is measured at its own size, once
+        layout  "4 ranks, 2 per node, gloo, bfloat16": the group and dtype the choice holds for
+        shape   the operands' sizes ("h 512 k 128"): two models in one process never share a choice
+        members the group's global ranks (a measurement is collective: every member decides it together)
+    Precedence, first that answers (`answer`, then `decide` / `fallback`):
+        1 yaml      the user's word: all_reduce.decode / all_reduce.prefill other than auto
+        2 pinned    choices.pinned: what a run wrote to choices.write, passed back (same layout, else an error)
+        3 measured  paired rounds of stock and every candidate on the real group at the bucket's shape
+                    (ops/all_reduce/calibrate.py, ops/tp_nosp/choose.py), or an all-reduce calibration file
+                    (all_reduce.table), while the measured seconds stay inside choices.budget_s
+        4 model     nothing measured (budget spent, or inside a CUDA-graph capture): the planner's predicted
+                    decode table where its probe made one (megatron/probe.py), else stock
+    Rule (`paired_pick`): stock, unless a candidate's median is below stock's AND it was faster than stock in
+    PAIRED_WINS of the rounds, each round pairing them under the same load: a noisy win stays stock.
+Every rank of a group decides alike: the samples it decides on are the max over the group's ranks (the time of
+a collective is its slowest rank's), the budget is charged those same seconds, and the rule is a pure function.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..config import ALL_REDUCE_ALGOS, FlashOverlapConfig, to_dict
+
+STOCK = "reference"
+STEP_KINDS = ("prefill", "decode", "mixed")
+ROW_SITES = ("proj", "fc2")
+DECODE_SITE = "all_reduce"
+PREFILL_PICKS = ("reference", "decomposed")
+PAIRED_WINS = 0.8  # share of paired rounds a candidate must win (5 rounds: 4; a coin does that 19 % of the time)
+
+
+def bucket(tokens: int) -> int:
+    """The power of two at or above `tokens` (>= 1)."""
+    return 1 << max(int(tokens) - 1, 0).bit_length()
+
+
+@dataclass(frozen=True)
+class Key:
+    site: str
+    kind: str
+    bucket: int
+    layout: str
+    shape: str
+    members: tuple = ()  # the group's global ranks: a choice measured on one group never answers another's
+    nbytes: int = 0      # the bucket's all-reduce message (decode keys), for a calibration table's lookup
+
+    @property
+    def word(self) -> str:
+        """'proj/prefill/16': the key as the choice file names it."""
+        return f"{self.site}/{self.kind}/{self.bucket}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    pick: str
+    source: str   # yaml | pinned | measured | model
+    reason: str
+    medians_us: tuple = ()  # ((candidate, median us), ...) where measured
+
+
+def _median_us(samples: Sequence[float]) -> float:
+    return round(statistics.median(samples) * 1e6, 1)
+
+
+def paired_pick(samples: Mapping[str, Sequence[float]], stock: str = STOCK) -> tuple[str, str]:
+    """(pick, reason) from {candidate: [seconds per paired round]} (module docstring: the rule)."""
+    ref = samples[stock]
+    others = {k: v for k, v in samples.items() if k != stock}
+    if not others:
+        return stock, "no other candidate"
+    best = min(others, key=lambda k: statistics.median(others[k]))
+    wins = sum(o < r for o, r in zip(others[best], ref))
+    if statistics.median(others[best]) < statistics.median(ref) and wins >= PAIRED_WINS * len(ref):
+        return best, f"{best} faster than stock in {wins}/{len(ref)} paired rounds"
+    return stock, (f"stock kept: the fastest other, {best}, won {wins}/{len(ref)} paired rounds "
+                   f"(needs {math.ceil(PAIRED_WINS * len(ref))} and a lower median)")
+
+
+def best_at(table: Mapping, nbytes: int) -> str | None:
+    """From an all-reduce calibration table (rows per message size, ops/all_reduce/calibrate.py): the algorithm
+    paired_pick takes at the measured size nearest `nbytes` (log scale), None where that is stock or `nbytes`
+    lies outside the measured sizes (no extrapolation). Rows without rounds compare medians alone."""
+    rows = table["rows"]
+    sizes = [r["bytes"] for r in rows]
+    if not rows or not min(sizes) <= nbytes <= max(sizes):
+        return None
+    row = min(rows, key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1))))
+    ref = row.get("reference_rounds_us") or [row.get("reference_us", row.get("stock_us"))]
+    samples = {STOCK: ref}
+    for a in ALL_REDUCE_ALGOS:
+        if f"{a}_us" in row and a not in ("auto", STOCK):
+            got = row.get(f"{a}_rounds_us") or [row[f"{a}_us"]]
+            samples[a] = got if len(got) == len(ref) else [row[f"{a}_us"]] * len(ref)
+    pick = paired_pick(samples)[0]
+    return None if pick == STOCK else pick
+
+
+class Chooser:
+    """The decisions of one config (module docstring); `chooser_of(cfg)` makes it once per config."""
+
+    def __init__(self, *, decode: str = "auto", prefill: str = "auto", pinned: Mapping | None = None,
+                 pinned_layout: str | None = None, budget_s: float = 10.0, tables: Sequence | None = None,
+                 table_path: str | None = None, config: FlashOverlapConfig | None = None):
+        self.decode, self.prefill, self.budget_s = decode, prefill, budget_s
+        self.pinned, self.pinned_layout = dict(pinned or {}), pinned_layout
+        self.tables, self.table_path = list(tables or []), table_path
+        self.config = config
+        self.model_tables: list = []  # the planner's predicted decode tables (megatron/probe.py), the model tier
+        self.decided: dict[Key, Choice] = {}
+        self.spent_s = 0.0
+
+    def answer(self, key: Key) -> Choice | None:
+        """The choice of a higher tier than a measurement (yaml, pinned, a calibration file at the bucket's
+        key.nbytes), or the one already made; None: the caller measures (within the budget) or falls back."""
+        if key in self.decided:
+            return self.decided[key]
+        word = self.decode if key.site == DECODE_SITE else self.prefill
+        if word != "auto":
+            knob = "decode" if key.site == DECODE_SITE else "prefill"
+            return self._keep(key, Choice(word, "yaml", f"all_reduce.{knob}: {word} in the config"))
+        if key.word in self.pinned:
+            if self.pinned_layout is not None and self.pinned_layout != key.layout:
+                raise ValueError(f"choices.pinned was written for {self.pinned_layout!r}, this group is "
+                                 f"{key.layout!r}; remove choices.pinned (or run with the layout it was measured on)")
+            return self._keep(key, Choice(self.pinned[key.word], "pinned", "choices.pinned"))
+        if key.site == DECODE_SITE and self.table_path is not None:
+            return self._from_table(key)
+        return None
+
+    def _from_table(self, key: Key) -> Choice:
+        table = next((t for t in self.tables if table_layout(t) == key.layout), None)
+        if table is None:
+            return self._keep(key, Choice(STOCK, "model", f"all_reduce.table {self.table_path} has no entry for "
+                                                           f"{key.layout} (a table file is the whole truth)"))
+        pick = best_at(table, key.nbytes) or STOCK
+        return self._keep(key, Choice(pick, "measured", f"all_reduce.table {self.table_path}"))
+
+    def can_measure(self) -> bool:
+        return self.spent_s < self.budget_s
+
+    def decide(self, key: Key, samples: Mapping[str, Sequence[float]]) -> Choice:
+        """Record the rule's pick from paired samples (the max over the group); charges their seconds."""
+        self.spent_s += sum(sum(v) for v in samples.values())
+        pick, why = paired_pick(samples)
+        medians = tuple((k, _median_us(v)) for k, v in samples.items())
+        return self._keep(key, Choice(pick, "measured", why, medians))
+
+    def fallback(self, key: Key, why: str) -> Choice:
+        """Nothing measured for `key`: the model's pick (the planner's predicted table for a decode key where the
+        probe made one), else stock (no figure says otherwise)."""
+        table = next((t for t in self.model_tables if table_layout(t) == key.layout), None)
+        pick = (best_at(table, key.nbytes) if table is not None and key.site == DECODE_SITE else None) or STOCK
+        return self._keep(key, Choice(pick, "model", why + ("; the planner's prediction" if table else "")))
+
+    def _keep(self, key: Key, choice: Choice) -> Choice:
+        self.decided[key] = choice
+        return choice
+
+    def as_config(self) -> dict:
+        """The config this run ran, its choices pinned (the --flash-overlap-config format): passed back, every
+        bucket decided here is decided the same without measuring."""
+        data = to_dict(self.config) if self.config is not None else {}
+        layouts = {k.layout for k in self.decided}
+        pinned = dict(self.pinned)
+        pinned.update({k.word: c.pick for k, c in sorted(self.decided.items(), key=lambda kc: kc[0].word)})
+        choices = dict(data.get("choices", {}))
+        choices.update({"pinned": pinned, "layout": next(iter(layouts)) if len(layouts) == 1 else None})
+        data["choices"] = choices
+        return data
+
+
+def line(key: Key, choice: Choice) -> str:
+    """The one log line of a decision: the key, the pick, where it came from, the measured medians."""
+    times = ", ".join(f"{k} {v:.0f} us" for k, v in choice.medians_us)
+    return (f"flash-overlap chose {choice.pick} for {key.word} ({key.layout}; {key.shape}): {choice.source}, "
+            f"{choice.reason}" + (f" [{times}]" if times else ""))
+
+
+def layout_word(world: int, per_node: int | None, backend: str, dtype: str) -> str:
+    """'4 ranks, 2 per node, gloo, bfloat16' (per_node None: 'not node-contiguous')."""
+    nodes = f"{per_node} per node" if per_node is not None else "not node-contiguous"
+    return f"{world} ranks, {nodes}, {backend}, {dtype}"
+
+
+def table_layout(t: Mapping) -> str:
+    """The layout word of a calibration-table entry (world_size, local_world_size, backend, dtype)."""
+    return layout_word(t.get("world_size"), t.get("local_world_size"), str(t.get("backend")), str(t.get("dtype")))
+
+
+def chooser_of(cfg: FlashOverlapConfig) -> Chooser:
+    """The config's chooser, made on first use and kept on the config object (it owns its decisions)."""
+    made = cfg.__dict__.get("_chooser")
+    if made is None:
+        made = Chooser(decode=cfg.all_reduce.decode, prefill=cfg.all_reduce.prefill, pinned=cfg.choices.pinned,
+                       pinned_layout=cfg.choices.layout, budget_s=cfg.choices.budget_s,
+                       tables=_tables(cfg.all_reduce.table), table_path=cfg.all_reduce.table, config=cfg)
+        object.__setattr__(cfg, "_chooser", made)
+    return made
+
+
+def _tables(path: str | None) -> list:
+    if path is None:
+        return []
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"all_reduce.table {path!r}: no such file; write one with python -m "
+                         f"megatron_flashoverlap.tools.calibrate_allreduce, or unset it") from None
+    if not isinstance(data, Mapping) or "tables" not in data:
+        raise ValueError(f"all_reduce.table {path!r}: expected {{'tables': [...]}}, as written by python -m "
+                         f"megatron_flashoverlap.tools.calibrate_allreduce")
+    return list(data["tables"])
