@@ -169,11 +169,13 @@ class _FlashMixin:
             return f"stock ({why})"
         return self.flash_plan.algo if self.sequence_parallel else f"{self.flash_plan.algo} (all-reduce, no SP)"
 
-    def _flash_route(self, input_) -> WgradRoute:
-        """Where this call's dW goes (the fused DP reduce-scatter, main_grad, or returned); checks once per input
-        shape that all TP peers agree on it."""
+    def _flash_route(self, input_, ours: bool = True) -> WgradRoute:
+        """Where this call's dW goes (the fused DP reduce-scatter, main_grad, or returned); where the call runs
+        a P2P walk of ours (`ours`), checks once per input shape that all TP peers agree on it (a stock
+        collective checks nothing more than stock: an inference engine meets a new token count almost every
+        step, and each check is one small collective per layer)."""
         shape = tuple(input_.shape)
-        if shape not in self._flash_checked:
+        if ours and shape not in self._flash_checked:
             world = group_info(self.tp_group)[1]
             check_peers_agree(f"{type(self).__name__}({self.flash_site})", self.tp_group, world, input_.device,
                               *shape, *self.weight.shape)
@@ -224,8 +226,9 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         """No SP: identity forward; the dgrad all-reduce runs decomposed (Flash-RS + Flash-AG, wgrad in its
         tail) by matmul_allreduce_dgrad."""
         bias = None if self.skip_bias_add else self.bias
+        route = self._flash_route(input_, ours=torch.is_grad_enabled())  # the forward alone runs no collective
         output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=self.flash_nosp_plan,
-                                        wgrad=self._flash_route(input_), context=self.flash_context)
+                                        wgrad=route, context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
 
@@ -286,8 +289,9 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         training; an inference step runs the chooser's plan (`_inference_plan`); the bias is added after it, as
         in the stock layer."""
         plan = self.flash_nosp_plan if self.flash_step_kind == "train" else self._inference_plan(input_)
+        stock = plan.algo == "reference" or (plan.decode_step and plan.decode_all_reduce == "reference")
         output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan,
-                                   wgrad=self._flash_route(input_), context=self.flash_context)
+                                   wgrad=self._flash_route(input_, ours=not stock), context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
