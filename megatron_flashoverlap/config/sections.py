@@ -6,8 +6,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DP_FUSE, MOE_ALGOS, PLANNER_PROBES, PREFILL_ALGOS,
-               ULYSSES_ALGOS, _positive_int_or_none)
+from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, MOE_ALGOS, PLANNER_PROBES, PREFILL_ALGOS,
+               ROW_SITES, STEP_KINDS, ULYSSES_ALGOS, _positive_int_or_none)
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,11 @@ class AllReduceSettings:
 def _pinned_word(word, pick) -> None:
     """'site/kind/bucket': pick, as the chooser writes it (plan/chooser.py Key.word)."""
     parts = str(word).split("/")
-    ok = len(parts) == 3 and parts[2].isdigit() and parts[1] in ("prefill", "decode", "mixed")
-    if ok and parts[0] == "all_reduce":
+    ok = len(parts) == 3 and parts[2].isdigit() and parts[1] in STEP_KINDS
+    if ok and parts[0] == DECODE_SITE:
         ok = parts[1] == "decode" and pick in ALL_REDUCE_ALGOS[1:]
     elif ok:
-        ok = parts[0] in ("proj", "fc2") and parts[1] != "decode" and pick in PREFILL_ALGOS[1:]
+        ok = parts[0] in ROW_SITES and parts[1] != "decode" and pick in PREFILL_ALGOS[1:]
     if not ok:
         raise ValueError(f"choices.pinned: {word}: {pick!r} is not a choice the chooser writes (proj|fc2/prefill|"
                          f"mixed/<tokens>: reference|decomposed, all_reduce/decode/<tokens>: an algorithm of "

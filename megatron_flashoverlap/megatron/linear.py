@@ -49,10 +49,11 @@ from megatron.core.tensor_parallel import layers as megatron_layers
 from ..config import LAYERS, FlashOverlapConfig, LayerPlan, active
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
 from ..ops.all_reduce.calibrate import decode_key, decode_pick, group_layout
+from ..ops.all_reduce.select import is_decode_shaped
 from ..ops.tp_nosp.choose import inference_plan, prefill_key
 from ..plan.chooser import chooser_of
 from ..ops import all_gather_matmul, matmul_reduce_scatter
-from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
+from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad, runs_stock_collective
 from ..ops.checks import check_peers_agree
 from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context
@@ -271,7 +272,7 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
             self._flash_per_node = resolve_local_world_size(world, None, self.tp_group, strict=False)
             self._flash_layout = group_layout(self.tp_group, self._flash_per_node, x.dtype)
         g, kind = self._flash_per_node, self.flash_step_kind
-        if kind == "decode" or x.shape[0] == 1:  # [1, b, k/P]: one new token per sequence, whatever the context says
+        if kind == "decode" or is_decode_shaped(x):  # one new token per sequence, whatever the context says
             key = decode_key(x.shape[0] * x.shape[1], self.weight.shape[0], x.dtype, *self._flash_layout)
             algo = "reference" if g is None else decode_pick(self.flash_chooser, key, x.dtype, x.device,
                                                              self.tp_group, self.flash_context, g)
@@ -289,9 +290,9 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         training; an inference step runs the chooser's plan (`_inference_plan`); the bias is added after it, as
         in the stock layer."""
         plan = self.flash_nosp_plan if self.flash_step_kind == "train" else self._inference_plan(input_)
-        stock = plan.algo == "reference" or (plan.decode_step and plan.decode_all_reduce == "reference")
-        output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan,
-                                   wgrad=self._flash_route(input_, ours=not stock), context=self.flash_context)
+        route = self._flash_route(input_, ours=not runs_stock_collective(input_, plan))
+        output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan, wgrad=route,
+                                   context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

@@ -32,13 +32,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..config import ALL_REDUCE_ALGOS, FlashOverlapConfig, to_dict
+from ..config import ALL_REDUCE_ALGOS, DECODE_SITE, FlashOverlapConfig, to_dict
 
 STOCK = "reference"
-STEP_KINDS = ("prefill", "decode", "mixed")
-ROW_SITES = ("proj", "fc2")
-DECODE_SITE = "all_reduce"
-PREFILL_PICKS = ("reference", "decomposed")
 PAIRED_WINS = 0.8  # share of paired rounds a candidate must win (5 rounds: 4; a coin does that 19 % of the time)
 
 
@@ -113,42 +109,43 @@ def best_at(table: Mapping, nbytes: int) -> str | None:
 class Chooser:
     """The decisions of one config (module docstring); `chooser_of(cfg)` makes it once per config."""
 
-    def __init__(self, *, decode: str = "auto", prefill: str = "auto", pinned: Mapping | None = None,
-                 pinned_layout: str | None = None, budget_s: float = 10.0, tables: Sequence | None = None,
-                 table_path: str | None = None, config: FlashOverlapConfig | None = None):
-        self.decode, self.prefill, self.budget_s = decode, prefill, budget_s
-        self.pinned, self.pinned_layout = dict(pinned or {}), pinned_layout
-        self.tables, self.table_path = list(tables or []), table_path
+    def __init__(self, config: FlashOverlapConfig):
         self.config = config
+        self.tables = _tables(config.all_reduce.table)  # a calibration file's entries (read once)
         self.model_tables: list = []  # the planner's predicted decode tables (megatron/probe.py), the model tier
         self.decided: dict[Key, Choice] = {}
         self.spent_s = 0.0
+
+    @property
+    def budget_s(self) -> float:
+        return self.config.choices.budget_s
 
     def answer(self, key: Key) -> Choice | None:
         """The choice of a higher tier than a measurement (yaml, pinned, a calibration file at the bucket's
         key.nbytes), or the one already made; None: the caller measures (within the budget) or falls back."""
         if key in self.decided:
             return self.decided[key]
-        word = self.decode if key.site == DECODE_SITE else self.prefill
+        knob = "decode" if key.site == DECODE_SITE else "prefill"
+        word, choices = getattr(self.config.all_reduce, knob), self.config.choices
         if word != "auto":
-            knob = "decode" if key.site == DECODE_SITE else "prefill"
             return self._keep(key, Choice(word, "yaml", f"all_reduce.{knob}: {word} in the config"))
-        if key.word in self.pinned:
-            if self.pinned_layout is not None and self.pinned_layout != key.layout:
-                raise ValueError(f"choices.pinned was written for {self.pinned_layout!r}, this group is "
+        if key.word in choices.pinned:
+            if choices.layout is not None and choices.layout != key.layout:
+                raise ValueError(f"choices.pinned was written for {choices.layout!r}, this group is "
                                  f"{key.layout!r}; remove choices.pinned (or run with the layout it was measured on)")
-            return self._keep(key, Choice(self.pinned[key.word], "pinned", "choices.pinned"))
-        if key.site == DECODE_SITE and self.table_path is not None:
+            return self._keep(key, Choice(choices.pinned[key.word], "pinned", "choices.pinned"))
+        if key.site == DECODE_SITE and self.config.all_reduce.table is not None:
             return self._from_table(key)
         return None
 
     def _from_table(self, key: Key) -> Choice:
+        path = self.config.all_reduce.table
         table = next((t for t in self.tables if table_layout(t) == key.layout), None)
         if table is None:
-            return self._keep(key, Choice(STOCK, "model", f"all_reduce.table {self.table_path} has no entry for "
+            return self._keep(key, Choice(STOCK, "model", f"all_reduce.table {path} has no entry for "
                                                            f"{key.layout} (a table file is the whole truth)"))
         pick = best_at(table, key.nbytes) or STOCK
-        return self._keep(key, Choice(pick, "measured", f"all_reduce.table {self.table_path}"))
+        return self._keep(key, Choice(pick, "measured", f"all_reduce.table {path}"))
 
     def can_measure(self) -> bool:
         return self.spent_s < self.budget_s
@@ -174,9 +171,9 @@ class Chooser:
     def as_config(self) -> dict:
         """The config this run ran, its choices pinned (the --flash-overlap-config format): passed back, every
         bucket decided here is decided the same without measuring."""
-        data = to_dict(self.config) if self.config is not None else {}
+        data = to_dict(self.config)
         layouts = {k.layout for k in self.decided}
-        pinned = dict(self.pinned)
+        pinned = dict(self.config.choices.pinned)
         pinned.update({k.word: c.pick for k, c in sorted(self.decided.items(), key=lambda kc: kc[0].word)})
         choices = dict(data.get("choices", {}))
         choices.update({"pinned": pinned, "layout": next(iter(layouts)) if len(layouts) == 1 else None})
@@ -206,9 +203,7 @@ def chooser_of(cfg: FlashOverlapConfig) -> Chooser:
     """The config's chooser, made on first use and kept on the config object (it owns its decisions)."""
     made = cfg.__dict__.get("_chooser")
     if made is None:
-        made = Chooser(decode=cfg.all_reduce.decode, prefill=cfg.all_reduce.prefill, pinned=cfg.choices.pinned,
-                       pinned_layout=cfg.choices.layout, budget_s=cfg.choices.budget_s,
-                       tables=_tables(cfg.all_reduce.table), table_path=cfg.all_reduce.table, config=cfg)
+        made = Chooser(cfg)
         object.__setattr__(cfg, "_chooser", made)
     return made
 

@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 
-
 def cuda_timed(fn: Callable[[], object]) -> float:
     """Seconds of one fn() between two CUDA events on the current stream (no barrier; one device)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -130,7 +130,7 @@ def test_config_refuses_a_pinned_word_the_chooser_never_writes(bad):
 
 
 def test_the_line_names_the_key_the_pick_and_the_medians():
-    c = ch.Chooser()
+    c = ch.chooser_of(config.from_dict({}, config.Environment()))
     got = c.decide(_prefill(), {"reference": [2e-3] * 5, "decomposed": [1e-3] * 5})
     text = ch.line(_prefill(), got)
     assert "decomposed for proj/prefill/16" in text and "reference 2000 us" in text and "decomposed 1000 us" in text

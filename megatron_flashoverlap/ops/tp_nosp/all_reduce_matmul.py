@@ -8,7 +8,7 @@
 The decomposition and the plain functions: ar_matmul.py. Decode (x [1, b, k/P], one new token per
 sequence; or any x whose plan says `decode_step=True`: a decode-only step of an engine whose layout is
 [n, 1, k/P], summed as [1, n, h]): a single row cannot be cut in rank blocks, so `matmul_all_reduce` runs the
-whole GEMM and then `all_reduce(algo=plan.decode_all_reduce)` ("auto": ours only where the calibration measured it faster,
+whole GEMM and then `all_reduce(algo=plan.decode_all_reduce)` ("auto": the chooser's pick for the token bucket,
 else stock). That choice is explicit: `OpPlan(decode_all_reduce=None)` runs `algo` for decode inputs too,
 and algo="reference" or `force_reference()` run the reference (GEMM, then dist.all_reduce) whatever the shape.
 Sequence not divisible by P (a prompt of any length, and not decode): the decomposed algorithms run on the input
@@ -48,6 +48,13 @@ def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
     decomposing (a few rows padded to P, many small hops); all_reduce("auto") follows the measured table."""
     return plan.decode_all_reduce is not None and plan.algo != "reference" and (plan.decode_step or
                                                                                  is_decode_shaped(x))
+
+
+def runs_stock_collective(x, plan: OpPlan) -> bool:
+    """matmul_all_reduce's forward on x runs stock's all-reduce and no walk of ours: the reference plan, or the
+    decode branch with the reference all-reduce (a caller then has no P2P peers to check)."""
+    stock_decode = _should_use_decode_all_reduce(x, plan) and plan.decode_all_reduce == "reference"
+    return plan.algo == "reference" or stock_decode
 
 
 def _decode_all_reduce(y, group, plan: OpPlan, octx):

@@ -16,7 +16,7 @@ import torch
 
 from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
-from ..all_reduce.calibrate import ROUNDS, WARMUP, announce, capturing
+from ..all_reduce.calibrate import ROUNDS, WARMUP, settle
 from ..registry import OpPlan
 from .all_reduce_matmul import ar_matmul_forward
 
@@ -36,13 +36,7 @@ def inference_plan(chooser: Chooser, key: Key, x: torch.Tensor, weight: torch.Te
     stock (module docstring)."""
     known = chooser.answer(key)
     if known is None:
-        if capturing(x.device):
-            known = chooser.fallback(key, "first seen inside a CUDA-graph capture, where nothing is measured")
-        elif not chooser.can_measure():
-            known = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s spent")
-        else:
-            known = chooser.decide(key, _samples(key.bucket, x, weight, group, ctx, plan))
-        announce(chooser, key, known, group)
+        known = settle(chooser, key, x.device, group, lambda: _samples(key.bucket, x, weight, group, ctx, plan))
     return plan if known.pick == "decomposed" else _REFERENCE
 
 
