@@ -5,7 +5,9 @@
                                     "mixed" (a dynamic step holding prefill and decode requests)
                                     "prefill" (every other inference step)
     watch_step_kinds(layer)         a forward pre-hook (with kwargs) on `layer` (a TransformerLayer): before each
-                                    forward, every FlashRowParallelLinear inside it gets `flash_step_kind`
+                                    forward, every FlashRowParallelLinear inside it gets `flash_step_kind`;
+                                    the first inference forward measures the context's token buckets first
+                                    (megatron/buckets.py)
 
 The linear asks the chooser (plan/chooser.py) for an inference kind's plan: the decode all-reduce's algorithm
 on a decode step, stock or decomposed on prefill and mixed steps. The words come from Python ints and bools
@@ -29,15 +31,24 @@ def step_kind(inference_context) -> str:
 
 def watch_step_kinds(layer: torch.nn.Module) -> None:
     """Record each forward's step kind on the FlashRowParallelLinears inside `layer` (module docstring)."""
+    from .buckets import measure_buckets
     from .linear import FlashRowParallelLinear
 
     rows = [m for m in layer.modules() if isinstance(m, FlashRowParallelLinear)]
     if not rows:
         return
 
-    def record(_module, _args, kwargs):
-        kind = step_kind(kwargs.get("inference_context"))
+    swept = []  # the first inference forward measures the context's buckets (megatron/buckets.py), once
+
+    def record(_module, args, kwargs):
+        context = kwargs.get("inference_context")
+        kind = step_kind(context)
         for row in rows:
             row.flash_step_kind = kind
+        if kind != "train" and not swept:
+            swept.append(kind)
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            measure_buckets([r for r in rows if r._stock_reason() is None and not r.sequence_parallel],
+                            context, hidden)
 
     layer.register_forward_pre_hook(record, with_kwargs=True)

@@ -16,7 +16,10 @@
         2 pinned    choices.pinned: what a run wrote to choices.write, passed back (same layout, else an error)
         3 measured  paired rounds of stock and every candidate on the real group at the bucket's shape
                     (ops/all_reduce/calibrate.py, ops/tp_nosp/choose.py), or an all-reduce calibration file
-                    (all_reduce.table), while the measured seconds stay inside choices.budget_s
+                    (all_reduce.table), while the measured seconds stay inside choices.budget_s; a row site's
+                    prefill and mixed keys of a bucket share one measurement. When: a dynamic engine's first
+                    step measures every bucket the engine can meet, smallest first (megatron/buckets.py), so
+                    no later request waits on one; any other inference measures a bucket on first use
         4 model     nothing measured (budget spent, or inside a CUDA-graph capture): the planner's predicted
                     decode table where its probe made one (megatron/probe.py), else stock
     Rule (`paired_pick`): stock, unless a candidate's median is below stock's AND it was faster than stock in
@@ -26,6 +29,7 @@ a collective is its slowest rank's), the budget is charged those same seconds, a
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -35,6 +39,7 @@ from typing import Mapping, Sequence
 from ..config import ALL_REDUCE_ALGOS, DECODE_SITE, FlashOverlapConfig, to_dict
 
 STOCK = "reference"
+_TWIN_KIND = {"prefill": "mixed", "mixed": "prefill"}  # one measurement answers both (Chooser.decide)
 PAIRED_WINS = 0.8  # share of paired rounds a candidate must win (5 rounds: 4; a coin does that 19 % of the time)
 
 
@@ -115,6 +120,7 @@ class Chooser:
         self.model_tables: list = []  # the planner's predicted decode tables (megatron/probe.py), the model tier
         self.decided: dict[Key, Choice] = {}
         self.spent_s = 0.0
+        self.costs: dict[tuple, tuple[int, float]] = {}  # (site, layout, shape): (bucket, seconds) last measured
 
     @property
     def budget_s(self) -> float:
@@ -147,15 +153,31 @@ class Chooser:
         pick = best_at(table, key.nbytes) or STOCK
         return self._keep(key, Choice(pick, "measured", f"all_reduce.table {path}"))
 
-    def can_measure(self) -> bool:
-        return self.spent_s < self.budget_s
+    def expected_s(self, key: Key) -> float:
+        """What measuring `key` should cost: the last measured bucket of its site and operands, scaled by the
+        bucket (a message grows with it); 0 where none was measured."""
+        last = self.costs.get((key.site, key.layout, key.shape))
+        return 0.0 if last is None else last[1] * key.bucket / last[0]
+
+    def can_measure(self, key: Key | None = None) -> bool:
+        """The budget holds the measured seconds so far and, for `key`, what it should cost."""
+        return self.spent_s + (0.0 if key is None else self.expected_s(key)) < self.budget_s
 
     def decide(self, key: Key, samples: Mapping[str, Sequence[float]]) -> Choice:
-        """Record the rule's pick from paired samples (the max over the group); charges their seconds."""
-        self.spent_s += sum(sum(v) for v in samples.values())
+        """Record the rule's pick from paired samples (the max over the group); charges their seconds. A row
+        site's prefill and mixed keys of one bucket share it (the op is the same forward of the step's tokens),
+        unless the twin is decided or pinned already."""
+        cost = sum(sum(v) for v in samples.values())
+        self.spent_s += cost
+        self.costs[(key.site, key.layout, key.shape)] = (key.bucket, cost)
         pick, why = paired_pick(samples)
-        medians = tuple((k, _median_us(v)) for k, v in samples.items())
-        return self._keep(key, Choice(pick, "measured", why, medians))
+        choice = Choice(pick, "measured", why, tuple((k, _median_us(v)) for k, v in samples.items()))
+        twin = _TWIN_KIND.get(key.kind) if key.site != DECODE_SITE else None
+        if twin is not None:
+            other = dataclasses.replace(key, kind=twin)
+            if other not in self.decided and other.word not in self.config.choices.pinned:
+                self._keep(other, choice)
+        return self._keep(key, choice)
 
     def fallback(self, key: Key, why: str) -> Choice:
         """Nothing measured for `key`: the model's pick (the planner's predicted table for a decode key where the

@@ -154,10 +154,12 @@ class _Routes:
     (`all_reduce` as matmul_all_reduce calls it) and the decomposed one (`ar_matmul_forward`): the operator's
     own functions, wrapped for the block. The step kind is the engine's: its context's prefill request count."""
 
-    def __init__(self, llm):
+    def __init__(self, llm, model):
         from megatron_flashoverlap.ops.tp_nosp import all_reduce_matmul as arm
 
-        self.arm, self.context, self.calls = arm, llm.engine.context, []
+        self.arm, self.context, self.calls, self.decided = arm, llm.engine.context, [], []
+        row = next((m for m in model.modules() if hasattr(m, "flash_chooser")), None)
+        self.chooser = None if row is None else row.flash_chooser  # how many keys it had decided at each call
         self.real = {"decode": arm.all_reduce, "decomposed": arm.ar_matmul_forward}
 
     def _counting(self, kind):
@@ -167,6 +169,7 @@ class _Routes:
             step = "prefill" if self.context.num_prefill_requests else "decode"
             algo = args[3].algo if kind == "decomposed" else kwargs.get("algo")  # the plan / the all-reduce's algo
             self.calls.append((step, kind, tuple(x.shape), algo))
+            self.decided.append(len(self.chooser.decided) if self.chooser is not None else None)
             return real(x, *args, **kwargs)
         return call
 
@@ -189,18 +192,24 @@ def dynamic_batch_vs_single(rank, world, tp=2, generate=8):
         sampling.top_n_logprobs = 0
         for name, model in _models(tp).items():
             with _llm(model) as llm:
-                with _Routes(llm) as routes:
+                with _Routes(llm, model) as routes:
                     batch = llm.generate(prompts, sampling)
                 if name == "flash":
-                    out["routes"] = routes.calls
+                    out["routes"], out["decided_at_calls"] = routes.calls, routes.decided
                     row = next(m for m in model.modules() if hasattr(m, "flash_chooser"))
                     out["decided"] = {k.word: c.pick for k, c in row.flash_chooser.decided.items()}
+                    out["sources"] = {k.word: c.source for k, c in row.flash_chooser.decided.items()}
+                    context = llm.engine.context
+                    out["context"] = (context.max_tokens, context.max_requests, context.round_up_tokens(1))
+                    spent = row.flash_chooser.spent_s
                 llm.engine.reset()
                 single = {}
                 for i, p in enumerate(prompts):
                     single[i] = _dynamic_record(llm.generate([p], sampling)[0])
                     llm.engine.reset()
                 backwards = llm.generate(prompts[::-1], sampling)[::-1]
+                if name == "flash":
+                    out["measured_later_s"] = row.flash_chooser.spent_s - spent
             out[name] = {"batch": {i: _dynamic_record(r) for i, r in enumerate(batch)}, "single": single,
                          "reversed": {i: _dynamic_record(r) for i, r in enumerate(backwards)}}
         return out
@@ -215,5 +224,6 @@ def batch_invariance(rank, world, tp=2, generate=8):
            "static": static_batch_vs_single(rank, world, tp, generate),
            "dynamic": dynamic_batch_vs_single(rank, world, tp, generate)}
     out["routes"] = out["dynamic"].pop("routes")
-    out["decided"] = out["dynamic"].pop("decided")
+    for field in ("decided", "sources", "context", "measured_later_s", "decided_at_calls"):
+        out[field] = out["dynamic"].pop(field)
     return out

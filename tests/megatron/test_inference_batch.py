@@ -107,3 +107,25 @@ def test_dynamic_engine_decode_steps_take_the_decode_all_reduce(results):
         want = {site: "flash" if decided[f"{site}/prefill/{1 << (prefill[0][1][0] - 1).bit_length()}"] ==
                 "decomposed" else "reference" for site in ("proj", "fc2")}
         assert [algo for _, _, algo in prefill] == [want["proj"], want["fc2"]] * 4, (prefill, decided)
+
+
+@pytest.mark.newest_only
+def test_dynamic_engine_first_step_decides_every_bucket_it_can_meet(results):
+    """Megatron pads a dynamic step's tokens to a multiple of round_up_tokens(1), at most max_tokens, a decode
+    step to at most min(max_tokens, max_requests) (dynamic_context.py): the chooser's key of every token count
+    the engine can meet is decided before the first row-parallel call runs (megatron/buckets.py), so no later
+    request waits on a measurement: the number of decided keys never changes from call to call, and none of
+    the later generations (each prompt alone, the reversed batch) measured anything."""
+    def next_pow2(n):
+        return 1 << (n - 1).bit_length()
+
+    for rank in results:
+        max_tokens, max_requests, step = rank["context"]
+        tokens = range(step, max_tokens + 1, step)
+        words = {f"{site}/{kind}/{next_pow2(t)}" for t in tokens for site in ("proj", "fc2")
+                 for kind in ("prefill", "mixed")}
+        words |= {f"all_reduce/decode/{next_pow2(min(t, max_tokens, max_requests))}" for t in tokens}
+        assert words <= rank["decided"].keys(), sorted(words - rank["decided"].keys())
+        assert len(set(rank["decided_at_calls"])) == 1, rank["decided_at_calls"]
+        assert rank["measured_later_s"] == 0.0
+        assert {rank["sources"][w] for w in words} <= {"measured", "model"}

@@ -95,6 +95,25 @@ def test_the_budget_is_charged_the_measured_seconds():
     assert c.can_measure()
     c.decide(_prefill(), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})
     assert not c.can_measure() and c.spent_s == pytest.approx(1.2)
+    wide = ch.chooser_of(config.from_dict({"choices": {"budget_s": 4.0}}, config.Environment()))
+    wide.decide(_prefill(bucket=16), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})  # 1.2 s at 16 tokens
+    assert wide.can_measure(_prefill(bucket=32))  # about 2.4 s more: 3.6 s inside 4 s
+    assert not wide.can_measure(_prefill(bucket=64))  # about 4.8 s more: the bucket is not started
+    assert wide.can_measure(_prefill("fc2", bucket=64))  # another site: nothing measured to scale from
+
+
+def test_a_row_sites_prefill_and_mixed_keys_share_one_measurement_unless_pinned():
+    c = ch.chooser_of(config.from_dict({}, config.Environment()))
+    c.decide(_prefill(), {"reference": [2.0] * 5, "decomposed": [1.0] * 5})
+    assert c.answer(_prefill(kind="mixed")).pick == "decomposed" and c.spent_s == pytest.approx(15.0)
+    assert c.answer(_prefill("fc2", "mixed")) is None  # another site is measured on its own
+    pinned = ch.chooser_of(config.from_dict({"choices": {"pinned": {"proj/mixed/16": "reference"}}},
+                                            config.Environment()))
+    pinned.decide(_prefill(), {"reference": [2.0] * 5, "decomposed": [1.0] * 5})
+    assert pinned.answer(_prefill(kind="mixed")).source == "pinned"
+    decode = ch.chooser_of(config.from_dict({}, config.Environment()))
+    decode.decide(_decode(), {"reference": [2.0] * 5, "ring": [1.0] * 5})
+    assert list(decode.decided) == [_decode()]  # a decode key has no twin
 
 
 def test_the_written_file_passed_back_reproduces_every_choice(tmp_path):

@@ -79,8 +79,9 @@ def settle(chooser: Chooser, key: Key, device: torch.device, group,
     """The choice of `key` where no higher tier answered (module docstring); collective like `measure`."""
     if capturing(device):
         choice = chooser.fallback(key, "first seen inside a CUDA-graph capture, where nothing is measured")
-    elif not chooser.can_measure():
-        choice = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s spent")
+    elif not chooser.can_measure(key):
+        choice = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s: {chooser.spent_s:.1f} s "
+                                       f"measured, this bucket would take about {chooser.expected_s(key):.1f} s")
     else:
         choice = chooser.decide(key, measure())
     announce(chooser, key, choice, group)
