@@ -29,6 +29,8 @@ ARMS = {
     "stock": ([], "rate"),
     "flash": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "flash.yaml")], "rate"),
     "slicing": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "slicing.yaml")], "rate"),
+    # every layer stock or flash, measured at its first training step (the chooser)
+    "auto": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "auto.yaml")], "rate"),
     # flash, and the column layers (qkv, fc1) keep AG(x) from forward for the weight gradient: one gather
     # fewer per column layer in backward (stock re-gathers too), memory for time; YAML written by keep_yaml()
     "flash+keep": (["--flash-overlap", "--flash-overlap-config", "{keep_yaml}"], "rate"),

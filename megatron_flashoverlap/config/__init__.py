@@ -9,6 +9,8 @@ ONE plan: an algorithm from ALGOS and its knobs.
     flash_bidir    the same on a bidirectional ring (half of each shard each way)
     slicing        data slicing with `num_chunks` chunks (the TE "pipeline"-like baseline)
     reference      the unfused path: Megatron's own forward (the blocking collective, then the GEMM)
+    auto           reference or flash, measured at the layer's first training call (plan/chooser.py); its
+                   knobs are flash's (hop_chunks, keep_gathered)
     num_chunks     slicing only: the chunk count
     hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None:
                    automatic: 1, measured; ops/tp_sp/hops.py)
@@ -21,11 +23,11 @@ YAML (files in configs/ only choose values; every key is optional):
                                                   # core: auto (stock's core attention for the flags; SDPA
                                                   # for --attention-backend flash|fused without TE's spec),
                                                   # megatron (stock's, always), sdpa (SDPA, always)
-    all_reduce: {num_chunks: 4, decode: auto, prefill: auto}
+    all_reduce: {num_chunks: 4, decode: auto, prefill: reference}
                                                   # TP without SP at inference (plan/chooser.py): decode: the
                                                   # decode all-reduce, auto (measured) or an algorithm of
                                                   # ALL_REDUCE_ALGOS; prefill: the row layers' output all-reduce
-                                                  # of prefill and mixed steps, auto, reference or decomposed
+                                                  # of prefill and mixed steps, reference (default), auto or decomposed
                                                   # (the layer's algo); table: a calibration JSON the decode
                                                   # all-reduce then chooses by instead of measuring
     choices: {budget_s: 10, write: choices.yaml}  # the chooser: seconds of paired measurement the run may spend
@@ -64,6 +66,10 @@ from typing import Mapping
 # The algorithm words, defined once (the ops registry maps them to functions; YAML is checked against them).
 # `reference` is the one name of the unfused path: the stock collective, then the GEMM.
 ALGOS = ("flash", "flash_bidir", "slicing", "reference")
+# a layer's word in the YAML: an algorithm, or auto (plan/chooser.py: stock or flash, measured at the training
+# shape at the first training step; inference steps choose as every layer does)
+SITE_ALGOS = ALGOS + ("auto",)
+TRAIN_PICKS = ("reference", "flash")  # the candidates of an auto layer's training step
 ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
                     "hierarchical_hd")
 ULYSSES_ALGOS = ("flash", "reference")
@@ -86,7 +92,7 @@ _SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"),
              "all_reduce": ("num_chunks", "table", "decode", "prefill"), "moe": ("algo",), "dp": ("fuse",),
              "planner": ("probe",), "choices": ("budget_s", "write", "layout", "pinned")}
 PREFILL_ALGOS = ("auto", "reference", "decomposed")  # the row layers' all-reduce at prefill (plan/chooser.py)
-STEP_KINDS = ("prefill", "decode", "mixed")  # the inference step kinds a choice is made for (megatron/step.py)
+STEP_KINDS = ("train", "prefill", "decode", "mixed")  # the step kinds a choice is made for (megatron/step.py)
 ROW_SITES = ("proj", "fc2")  # the row layers whose output all-reduce is chosen at prefill and mixed steps
 DECODE_SITE = "all_reduce"  # the decode all-reduce's site word in a choice key
 _DOC_KEYS = ("description", "stock_megatron")
@@ -100,7 +106,7 @@ def _positive_int_or_none(value, where: str) -> None:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """What one layer runs, forward and backward together: algo in ALGOS, and its knobs."""
+    """What one layer runs, forward and backward together: algo in SITE_ALGOS, and its knobs."""
     algo: str = "flash"
     num_chunks: int | None = None
     keep_gathered: bool = False
@@ -110,8 +116,8 @@ class LayerPlan:
         if self.algo in ("off", False):  # YAML 1.1 reads a bare `off` as false
             raise ValueError("algo 'off' is now called 'reference' (the unfused path: Megatron's own forward); "
                              "write algo: reference")
-        if self.algo not in ALGOS:
-            raise ValueError(f"unknown algo {self.algo!r}; choose one of {ALGOS}")
+        if self.algo not in SITE_ALGOS:
+            raise ValueError(f"unknown algo {self.algo!r}; choose one of {SITE_ALGOS}")
         if self.algo == "slicing":
             if self.num_chunks is None:
                 raise ValueError("algo 'slicing' needs num_chunks >= 1 (e.g. num_chunks: 4)")
@@ -121,8 +127,9 @@ class LayerPlan:
         if not isinstance(self.keep_gathered, bool):
             raise ValueError(f"keep_gathered must be true or false, got {self.keep_gathered!r}")
         _positive_int_or_none(self.hop_chunks, "hop_chunks")
-        if self.hop_chunks is not None and self.algo != "flash":
-            raise ValueError(f"hop_chunks is a knob of algo 'flash' only; remove it for algo {self.algo!r}")
+        if self.hop_chunks is not None and self.algo not in ("flash", "auto"):
+            raise ValueError(f"hop_chunks is a knob of algo 'flash' (and auto's flash) only; remove it for algo "
+                             f"{self.algo!r}")
 
     @property
     def is_reference(self) -> bool:

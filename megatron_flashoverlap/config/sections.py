@@ -6,8 +6,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, MOE_ALGOS, PLANNER_PROBES, PREFILL_ALGOS,
-               ROW_SITES, STEP_KINDS, ULYSSES_ALGOS, _positive_int_or_none)
+from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYERS, MOE_ALGOS, PLANNER_PROBES,
+               PREFILL_ALGOS, ROW_SITES, STEP_KINDS, TRAIN_PICKS, ULYSSES_ALGOS, _positive_int_or_none)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class AllReduceSettings:
     num_chunks: int | None = None
     table: str | None = None
     decode: str = "auto"
-    prefill: str = "auto"
+    prefill: str = "reference"  # measured stock under load on gloo CPU: benchmarks/serving RESULTS.md
 
     def __post_init__(self):
         _positive_int_or_none(self.num_chunks, "all_reduce.num_chunks")
@@ -56,12 +56,15 @@ def _pinned_word(word, pick) -> None:
     ok = len(parts) == 3 and parts[2].isdigit() and parts[1] in STEP_KINDS
     if ok and parts[0] == DECODE_SITE:
         ok = parts[1] == "decode" and pick in ALL_REDUCE_ALGOS[1:]
+    elif ok and parts[1] == "train":
+        ok = parts[0] in LAYERS and pick in TRAIN_PICKS
     elif ok:
         ok = parts[0] in ROW_SITES and parts[1] != "decode" and pick in PREFILL_ALGOS[1:]
     if not ok:
         raise ValueError(f"choices.pinned: {word}: {pick!r} is not a choice the chooser writes (proj|fc2/prefill|"
                          f"mixed/<tokens>: reference|decomposed, all_reduce/decode/<tokens>: an algorithm of "
-                         f"{ALL_REDUCE_ALGOS[1:]}); remove it or pass back the file a run wrote")
+                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
+                         f"remove it or pass back the file a run wrote")
 
 
 @dataclass(frozen=True)

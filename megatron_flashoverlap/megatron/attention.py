@@ -202,6 +202,9 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         site = self.flash_plan
+        if site is not None and site.algo == "auto":
+            raise ValueError("attention.query_split runs proj's algo inside the attention operator, where auto is "
+                             "not measured: give proj an algorithm (e.g. proj: {algo: flash}) or drop query_split")
         self.query_split_plan = OpPlan("reference") if site is None else OpPlan(site.algo, site.num_chunks)
 
     def forward(self, input_):

@@ -56,7 +56,7 @@ def measure_buckets(rows, context, x: torch.Tensor) -> None:
     kinds = [row.flash_step_kind for row in rows]
     try:
         for b in sorted(set(prefill) | set(decode)):
-            for kind in ("decode",) * (b in decode) + ("prefill",) * (b in prefill):
+            for kind in ("decode",) * (b in decode) + ("prefill", "mixed") * (b in prefill):
                 for row in rows:
                     row.flash_step_kind = kind
                     row._inference_plan(x.new_zeros(()).expand(b, 1, row.weight.shape[1]))

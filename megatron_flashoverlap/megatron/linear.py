@@ -60,6 +60,7 @@ from ..runtime import group_info, shared_context
 from ..runtime.once import LogOnce
 from .ddp.grad_sync import dp_wgrad
 from .structure import refuse_low_precision
+from .train_choice import train_key, train_plan
 
 log = logging.getLogger(__name__)
 _LOGGED = LogOnce(log, logging.INFO)
@@ -89,9 +90,10 @@ def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: 
     (the all-reduce operators have no hop sub-chunks and keep nothing gathered); keep_gathered is a column's."""
     if site is None or site.is_reference:
         return None, None
-    sp = OpPlan(site.algo, site.num_chunks, site.hop_chunks, site.keep_gathered and column)
+    algo = "flash" if site.algo == "auto" else site.algo  # auto: flash is the candidate against stock
+    sp = OpPlan(algo, site.num_chunks, site.hop_chunks, site.keep_gathered and column)
     chunks = site.num_chunks if site.num_chunks is not None else flash_config.all_reduce.num_chunks
-    return sp, OpPlan(site.algo, chunks)
+    return sp, OpPlan(algo, chunks)
 
 
 @functools.lru_cache(maxsize=64)
@@ -115,6 +117,7 @@ class _FlashMixin:
                                                              isinstance(self, ColumnParallelLinear))
         self.flash_context = shared_context("layer", self.flash_config.timeout_s)
         self.flash_chooser = chooser_of(self.flash_config)  # the config's: every layer of it shares the decisions
+        self.flash_auto = self.flash_plan is not None and self.flash_plan.algo == "auto"
         self._flash_checked: set = set()
         self.flash_step_kind = "train"  # set per forward by megatron/step.py (train, prefill, decode, mixed)
         self.config = config  # the stock ctor saw _stock_config(config)
@@ -192,6 +195,27 @@ class _FlashMixin:
             return None
         return functools.partial(dp_wgrad, self.weight) if site.bucket_group.is_last_microbatch else None
 
+    def _layout(self, x):
+        """(layout word, members) of this layer's group for x's dtype; ranks per node kept (None: not
+        node-contiguous)."""
+        if not hasattr(self, "_flash_layout"):
+            world = group_info(self.tp_group)[1]
+            self._flash_per_node = resolve_local_world_size(world, None, self.tp_group, strict=False)
+            self._flash_layout = group_layout(self.tp_group, self._flash_per_node, x.dtype)
+        return self._flash_layout
+
+    def _trained(self, x, op, plan: OpPlan) -> OpPlan | None:
+        """The plan of a call: `plan`, except at a training step of an auto layer, where the chooser picks flash
+        (`plan`) or stock (None: Megatron's own forward) at x's shape (megatron/train_choice.py)."""
+        if not (self.flash_auto and self.flash_step_kind == "train"):
+            return plan
+        key = train_key(self.flash_site, x, self.weight, *self._layout(x))
+        return train_plan(self, key, op, x, plan)
+
+
+def _column_op(sequence_parallel: bool):
+    return all_gather_matmul if sequence_parallel else matmul_allreduce_dgrad
+
 
 class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
     """ColumnParallelLinear whose SP forward is all_gather_matmul (Flash-AG + GEMM) with the site's plan."""
@@ -212,23 +236,29 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         if why is not None:
             self._log_stock(why)
             return super().forward(input_, weight, runtime_gather_output)
+        plan = self._trained(input_, _column_op(self.sequence_parallel), self._column_plan())
+        if plan is None:  # auto picked stock at this shape
+            return super().forward(input_, weight, runtime_gather_output)
         if not self.sequence_parallel:
-            return self._forward_without_sp(input_)
+            return self._forward_without_sp(input_, plan)
         bias = None if self.skip_bias_add else self.bias
-        output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias, plan=self.flash_sp_plan,
+        output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias, plan=plan,
                                    wgrad=self._flash_route(input_), context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
+
+    def _column_plan(self) -> OpPlan:
+        return self.flash_sp_plan if self.sequence_parallel else self.flash_nosp_plan
 
     def _no_sp_reason(self) -> str | None:
         """Without SP: stock where Megatron would not all-reduce the dgrad either."""
         return None if self.allreduce_dgrad else "no sequence parallel and no dgrad all-reduce"
 
-    def _forward_without_sp(self, input_):
+    def _forward_without_sp(self, input_, plan: OpPlan):
         """No SP: identity forward; the dgrad all-reduce runs decomposed (Flash-RS + Flash-AG, wgrad in its
         tail) by matmul_allreduce_dgrad."""
         bias = None if self.skip_bias_add else self.bias
         route = self._flash_route(input_, ours=torch.is_grad_enabled())  # the forward alone runs no collective
-        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=self.flash_nosp_plan,
+        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=plan,
                                         wgrad=route, context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
@@ -257,7 +287,10 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
             return super().forward(input_)
         if not self.sequence_parallel:
             return self._forward_without_sp(input_)
-        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, plan=self.flash_sp_plan,
+        plan = self._trained(input_, matmul_reduce_scatter, self.flash_sp_plan)
+        if plan is None:  # auto picked stock at this shape
+            return super().forward(input_)
+        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, plan=plan,
                                        wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
@@ -267,17 +300,14 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         """A decode step (or any x [1, b, k/P]): the GEMM, then the whole all-reduce of its tokens [1, s * b, h]
         (whatever the engine's layout) by the chooser's algorithm; a prefill or mixed step: stock or decomposed,
         the chooser's (plan/chooser.py; measured once per token bucket on this group)."""
-        if not hasattr(self, "_flash_layout"):  # ranks per node (None: not node-contiguous), layout, members
-            world = group_info(self.tp_group)[1]
-            self._flash_per_node = resolve_local_world_size(world, None, self.tp_group, strict=False)
-            self._flash_layout = group_layout(self.tp_group, self._flash_per_node, x.dtype)
+        layout = self._layout(x)
         g, kind = self._flash_per_node, self.flash_step_kind
         if kind == "decode" or is_decode_shaped(x):  # one new token per sequence, whatever the context says
-            key = decode_key(x.shape[0] * x.shape[1], self.weight.shape[0], x.dtype, *self._flash_layout)
+            key = decode_key(x.shape[0] * x.shape[1], self.weight.shape[0], x.dtype, *layout)
             algo = "reference" if g is None else decode_pick(self.flash_chooser, key, x.dtype, x.device,
                                                              self.tp_group, self.flash_context, g)
             return _decode_plan(self.flash_nosp_plan, algo)
-        key = prefill_key(self.flash_site, kind, x, self.weight, *self._flash_layout)
+        key = prefill_key(self.flash_site, kind, x, self.weight, *layout)
         return inference_plan(self.flash_chooser, key, x, self.weight, self.tp_group, self.flash_context,
                               self.flash_nosp_plan)
 
@@ -289,7 +319,12 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce in
         training; an inference step runs the chooser's plan (`_inference_plan`); the bias is added after it, as
         in the stock layer."""
-        plan = self.flash_nosp_plan if self.flash_step_kind == "train" else self._inference_plan(input_)
+        if self.flash_step_kind == "train":
+            plan = self._trained(input_, matmul_all_reduce, self.flash_nosp_plan)
+            if plan is None:  # auto picked stock at this shape
+                return RowParallelLinear.forward(self, input_)
+        else:
+            plan = self._inference_plan(input_)
         route = self._flash_route(input_, ours=not runs_stock_collective(input_, plan))
         output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan, wgrad=route,
                                    context=self.flash_context)

@@ -5,7 +5,7 @@
                                     "mixed" (a dynamic step holding prefill and decode requests)
                                     "prefill" (every other inference step)
     watch_step_kinds(layer)         a forward pre-hook (with kwargs) on `layer` (a TransformerLayer): before each
-                                    forward, every FlashRowParallelLinear inside it gets `flash_step_kind`;
+                                    forward, every linear of ours inside it gets `flash_step_kind`;
                                     the first inference forward measures the context's token buckets first
                                     (megatron/buckets.py)
 
@@ -30,12 +30,13 @@ def step_kind(inference_context) -> str:
 
 
 def watch_step_kinds(layer: torch.nn.Module) -> None:
-    """Record each forward's step kind on the FlashRowParallelLinears inside `layer` (module docstring)."""
+    """Record each forward's step kind on our linears inside `layer` (module docstring)."""
     from .buckets import measure_buckets
-    from .linear import FlashRowParallelLinear
+    from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 
-    rows = [m for m in layer.modules() if isinstance(m, FlashRowParallelLinear)]
-    if not rows:
+    ours = [m for m in layer.modules() if isinstance(m, (FlashColumnParallelLinear, FlashRowParallelLinear))]
+    rows = [m for m in ours if isinstance(m, FlashRowParallelLinear)]
+    if not ours:
         return
 
     swept = []  # the first inference forward measures the context's buckets (megatron/buckets.py), once
@@ -43,8 +44,8 @@ def watch_step_kinds(layer: torch.nn.Module) -> None:
     def record(_module, args, kwargs):
         context = kwargs.get("inference_context")
         kind = step_kind(context)
-        for row in rows:
-            row.flash_step_kind = kind
+        for linear in ours:
+            linear.flash_step_kind = kind
         if kind != "train" and not swept:
             swept.append(kind)
             hidden = args[0] if args else kwargs.get("hidden_states")

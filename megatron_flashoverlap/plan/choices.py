@@ -158,7 +158,7 @@ def apply(choices: Choices, cfg: FlashOverlapConfig) -> FlashOverlapConfig:
     plans = {}
     for layer in LAYERS:
         mine, pick = cfg.plan(layer), choices.sites.get(layer)
-        if pick is None:
+        if pick is None or mine.algo == "auto":  # auto: measured on the real group (megatron/train_choice.py)
             continue
         if layer not in named:
             plans[layer] = LayerPlan(pick["algo"], pick["num_chunks"], mine.keep_gathered, pick["hop_chunks"])

@@ -3,16 +3,19 @@
     Key(site, kind, bucket, layout, shape)
         site    proj | fc2: the row-parallel output all-reduce without SP of a prefill or mixed step
                     candidates: reference (the GEMM, then stock all-reduce) | decomposed (the layer's algo)
+                qkv | proj | fc1 | fc2 at a training step, where the layer's algo is auto
+                    candidates: reference (stock's forward) | flash, forward + backward (megatron/train_choice.py)
                 all_reduce: the decode all-reduce (one per row site and decode step, whole after the GEMM)
                     candidates: reference | the all-reduce algorithms distinct on the layout
-        kind    prefill | decode | mixed (a step holding prefill and decode tokens)
+        kind    train | prefill | decode | mixed (a step holding prefill and decode tokens)
         bucket  the step's tokens rounded up to a power of two (as Megatron's CUDA-graph batch buckets);
                 a bucket is measured at its own size, once
         layout  "4 ranks, 2 per node, gloo, bfloat16": the group and dtype the choice holds for
         shape   the operands' sizes ("h 512 k 128"): two models in one process never share a choice
         members the group's global ranks (a measurement is collective: every member decides it together)
     Precedence, first that answers (`answer`, then `decide` / `fallback`):
-        1 yaml      the user's word: all_reduce.decode / all_reduce.prefill other than auto
+        1 yaml      the user's word: all_reduce.decode / all_reduce.prefill other than auto; a layer's algo
+                    other than auto (its training step never asks)
         2 pinned    choices.pinned: what a run wrote to choices.write, passed back (same layout, else an error)
         3 measured  paired rounds of stock and every candidate on the real group at the bucket's shape
                     (ops/all_reduce/calibrate.py, ops/tp_nosp/choose.py), or an all-reduce calibration file
@@ -26,6 +29,7 @@
     PAIRED_WINS of the rounds, each round pairing them under the same load: a noisy win stays stock.
 Every rank of a group decides alike: the samples it decides on are the max over the group's ranks (the time of
 a collective is its slowest rank's), the budget is charged those same seconds, and the rule is a pure function.
+A training site's samples are the max over the tensor + data parallel group as well: every replica agrees.
 """
 from __future__ import annotations
 
@@ -133,7 +137,7 @@ class Chooser:
             return self.decided[key]
         knob = "decode" if key.site == DECODE_SITE else "prefill"
         word, choices = getattr(self.config.all_reduce, knob), self.config.choices
-        if word != "auto":
+        if word != "auto" and key.kind != "train":  # a training site asks only under its own word, auto
             return self._keep(key, Choice(word, "yaml", f"all_reduce.{knob}: {word} in the config"))
         if key.word in choices.pinned:
             if choices.layout is not None and choices.layout != key.layout:

@@ -85,12 +85,14 @@ def interleaved(variants: Mapping[Hashable, Callable[[], float]], rounds: int, *
     return out
 
 
-def rank_max(samples: Mapping[Hashable, list[float]], group=None) -> dict[Hashable, list[float]]:
-    """Per key and round, the max over the ranks of `group` (every rank holds the same keys and rounds)."""
+def rank_max(samples: Mapping[Hashable, list[float]], group=None,
+             device: torch.device | None = None) -> dict[Hashable, list[float]]:
+    """Per key and round, the max over the ranks of `group` (every rank holds the same keys and rounds);
+    `device`: where the reduced tensor lives (a CUDA device for an NCCL group; None: the host)."""
     keys = list(samples)
     if not dist.is_initialized() or not keys:
         return {k: list(samples[k]) for k in keys}
-    t = torch.tensor([samples[k] for k in keys], dtype=torch.float64)  # [keys, rounds]
+    t = torch.tensor([samples[k] for k in keys], dtype=torch.float64, device=device)  # [keys, rounds]
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return dict(zip(keys, t.tolist()))
 
@@ -118,4 +120,4 @@ def paired(candidates: Mapping[str, Callable[[], object]], group, device: torch.
     interleaved({n: recorded(n) for n in names}, rounds, warmup=warmup, rotate=True)
     torch.cuda.synchronize(device)
     kept = {n: [a.elapsed_time(b) / 1e3 for a, b in events[n][warmup:]] for n in names}
-    return rank_max(kept, group)
+    return rank_max(kept, group, device)  # NCCL reduces device tensors only

@@ -16,11 +16,12 @@ _SKIP_ATTRS = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forwar
                "config", "tp_group", "_is_full_backward_hook"}
 
 
-def _pair(kind, tp, sp, skip_bias_add, site):
-    """(stock, ours) of one kind built from the same seed with Megatron's own call-site arguments."""
+def _pair(kind, tp, sp, skip_bias_add, site, flash=None):
+    """(stock, ours) of one kind built from the same seed with Megatron's own call-site arguments; ours with
+    the config `flash` (a YAML mapping; None: the defaults)."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    from megatron_flashoverlap.config import FlashOverlapConfig
+    from megatron_flashoverlap.config import FlashOverlapConfig, from_dict
     from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear, FlashRowParallelLinear
 
     cfg = tm.tiny_config(tp, sp)
@@ -34,7 +35,8 @@ def _pair(kind, tp, sp, skip_bias_add, site):
     built = []
     for cls in classes:
         torch.manual_seed(3)
-        kw = {**common, **extra, **({"flash_config": FlashOverlapConfig()} if cls in classes[1:] else {})}
+        ours = FlashOverlapConfig() if flash is None else from_dict(flash)
+        kw = {**common, **extra, **({"flash_config": ours} if cls in classes[1:] else {})}
         built.append(cls(*sizes, **kw))
     return built
 
@@ -56,17 +58,19 @@ def _accepts_all(stock_cls, our_cls) -> bool:
     return all(name in ours or var_kw for name in inspect.signature(stock_cls.__init__).parameters)
 
 
-def contract(rank, world, kind, sp, skip_bias_add, site):
-    """Stock vs ours: params, param attributes, module attributes, ctor, forward/backward, sharded keys."""
+def contract(rank, world, kind, sp, skip_bias_add, site, flash=None):
+    """Stock vs ours: params, param attributes, module attributes, ctor, forward/backward, sharded keys; and
+    what the chooser decided for ours ({word: (pick, source)})."""
     tm.init_tp(world)
     try:
-        stock, ours = _pair(kind, world, sp, skip_bias_add, site)
+        stock, ours = _pair(kind, world, sp, skip_bias_add, site, flash)
         out = {"params": _param_view(stock) == _param_view(ours),
                "values": all(torch.equal(p, q) for p, q in zip(stock.parameters(), ours.parameters())),
                "attrs": _attrs(stock) == _attrs(ours), "accepts": _accepts_all(type(stock).__mro__[0],
                                                                                type(ours)),
                "backward_dw": (getattr(stock, "backward_dw", lambda: None)(), ours.backward_dw()), "sharded": _sharded(stock) == _sharded(ours)}
         out.update(_run(stock, ours, kind, sp, world))
+        out["decided"] = {k.word: (c.pick, c.source) for k, c in ours.flash_chooser.decided.items()}
         return out
     finally:
         tm.destroy()

@@ -128,4 +128,4 @@ def test_dynamic_engine_first_step_decides_every_bucket_it_can_meet(results):
         assert words <= rank["decided"].keys(), sorted(words - rank["decided"].keys())
         assert len(set(rank["decided_at_calls"])) == 1, rank["decided_at_calls"]
         assert rank["measured_later_s"] == 0.0
-        assert {rank["sources"][w] for w in words} <= {"measured", "model"}
+        assert {rank["sources"][w] for w in words} <= {"measured", "model", "yaml"}

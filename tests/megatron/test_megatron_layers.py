@@ -25,6 +25,39 @@ def test_layer_is_a_drop_in(pools, kind, sp, skip_bias_add, site):
         assert res["grad_rel"] <= 1e-5
 
 
+AUTO_CASES = [("column", True, False, "qkv"), ("row", True, True, "proj"), ("column", False, True, "fc1"),
+              ("row", False, True, "fc2")]
+
+
+@pytest.mark.parametrize("kind, sp, skip_bias_add, site", AUTO_CASES)
+@pytest.mark.parametrize("tier", ["measured", "no budget", "pinned flash"])
+def test_an_auto_layer_trains_as_its_choice_and_every_rank_takes_it(pools, kind, sp, skip_bias_add, site, tier):
+    """algo auto (megatron/train_choice.py): the first training call decides <site>/train/<bucket> (stock or
+    flash, forward + backward timed in paired rounds on the real group) and every rank holds the same pick;
+    with no budget nothing is measured and the layer is Megatron's own forward (exact to stock); a pinned
+    flash runs ours (the layer contract's tolerances)."""
+    word = f"{site}/train/{tm_tokens(kind, sp)}"
+    flash = {"default": {"algo": "auto"}, "choices": {
+        "measured": {}, "no budget": {"budget_s": 0}, "pinned flash": {"pinned": {word: "flash"}}}[tier]}
+    results = pools(2).run(CONTRACT, kind, sp, skip_bias_add, site, flash, timeout=300)
+    assert results[0]["decided"] == results[1]["decided"] and word in results[0]["decided"], results[0]["decided"]
+    pick, source = results[0]["decided"][word]
+    assert source == {"measured": "measured", "no budget": "model", "pinned flash": "pinned"}[tier]
+    assert pick in ("reference", "flash") and (tier != "no budget" or pick == "reference")
+    for res in results:
+        assert res["y_err"] == 0.0 and res["dx_err"] == 0.0
+        assert res["grad_rel"] <= (0.0 if pick == "reference" else 1e-5)
+
+
+def tm_tokens(kind, sp):
+    """The bucket of the layer's input tokens in the contract's run (s * b = SEQ * 2, or SEQ / P * 2 for a
+    column's SP shard), rounded up to a power of two."""
+    from megatron_flashoverlap.megatron import models as tm
+
+    tokens = (tm.SEQ // 2 if (sp and kind == "column") else tm.SEQ) * 2
+    return 1 << (tokens - 1).bit_length()
+
+
 @pytest.fixture
 def clean_config(monkeypatch):
     from megatron_flashoverlap import config as fc

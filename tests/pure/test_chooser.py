@@ -13,6 +13,7 @@ from megatron_flashoverlap.tools.calibrate_allreduce import write
 ROWS = [{"bytes": b, "stock_us": 100.0, "ring_us": 90.0, "recursive_doubling_us": 10.0, "hierarchical_us": 50.0}
         for b in (8, 1 << 20)]
 LAYOUT = ch.layout_word(4, 2, "gloo", "float32")
+AUTO = {"all_reduce": {"prefill": "auto"}}  # the prefill site measured (its default is stock)
 
 
 def _entry(backend="gloo", dtype="float32", world=4, local=2, rows=ROWS):
@@ -70,7 +71,7 @@ def test_a_table_steers_only_its_own_backend_dtype_and_layout(tmp_path):
 def test_the_precedence_yaml_then_pinned_then_measured_then_model():
     env = config.Environment()
     pinned = {"layout": LAYOUT, "pinned": {"proj/prefill/16": "decomposed", "all_reduce/decode/4": "ring"}}
-    c = ch.chooser_of(config.from_dict({"choices": pinned}, env))
+    c = ch.chooser_of(config.from_dict({**AUTO, "choices": pinned}, env))
     assert (c.answer(_prefill()).pick, c.answer(_prefill()).source) == ("decomposed", "pinned")
     assert c.answer(_decode()).pick == "ring"
     assert c.answer(_prefill(bucket=32)) is None  # not pinned: the caller measures
@@ -84,18 +85,18 @@ def test_the_precedence_yaml_then_pinned_then_measured_then_model():
 
 
 def test_a_pinned_file_from_another_layout_is_refused():
-    c = ch.chooser_of(config.from_dict({"choices": {"layout": LAYOUT, "pinned": {"proj/prefill/16": "decomposed"}}},
+    c = ch.chooser_of(config.from_dict({**AUTO, "choices": {"layout": LAYOUT, "pinned": {"proj/prefill/16": "decomposed"}}},
                                        config.Environment()))
     with pytest.raises(ValueError, match="was written for"):
         c.answer(_prefill(layout=ch.layout_word(8, 8, "nccl", "bfloat16")))
 
 
 def test_the_budget_is_charged_the_measured_seconds():
-    c = ch.chooser_of(config.from_dict({"choices": {"budget_s": 1.0}}, config.Environment()))
+    c = ch.chooser_of(config.from_dict({**AUTO, "choices": {"budget_s": 1.0}}, config.Environment()))
     assert c.can_measure()
     c.decide(_prefill(), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})
     assert not c.can_measure() and c.spent_s == pytest.approx(1.2)
-    wide = ch.chooser_of(config.from_dict({"choices": {"budget_s": 4.0}}, config.Environment()))
+    wide = ch.chooser_of(config.from_dict({**AUTO, "choices": {"budget_s": 4.0}}, config.Environment()))
     wide.decide(_prefill(bucket=16), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})  # 1.2 s at 16 tokens
     assert wide.can_measure(_prefill(bucket=32))  # about 2.4 s more: 3.6 s inside 4 s
     assert not wide.can_measure(_prefill(bucket=64))  # about 4.8 s more: the bucket is not started
@@ -103,15 +104,15 @@ def test_the_budget_is_charged_the_measured_seconds():
 
 
 def test_a_row_sites_prefill_and_mixed_keys_share_one_measurement_unless_pinned():
-    c = ch.chooser_of(config.from_dict({}, config.Environment()))
+    c = ch.chooser_of(config.from_dict({**AUTO}, config.Environment()))
     c.decide(_prefill(), {"reference": [2.0] * 5, "decomposed": [1.0] * 5})
     assert c.answer(_prefill(kind="mixed")).pick == "decomposed" and c.spent_s == pytest.approx(15.0)
     assert c.answer(_prefill("fc2", "mixed")) is None  # another site is measured on its own
-    pinned = ch.chooser_of(config.from_dict({"choices": {"pinned": {"proj/mixed/16": "reference"}}},
+    pinned = ch.chooser_of(config.from_dict({**AUTO, "choices": {"pinned": {"proj/mixed/16": "reference"}}},
                                             config.Environment()))
     pinned.decide(_prefill(), {"reference": [2.0] * 5, "decomposed": [1.0] * 5})
     assert pinned.answer(_prefill(kind="mixed")).source == "pinned"
-    decode = ch.chooser_of(config.from_dict({}, config.Environment()))
+    decode = ch.chooser_of(config.from_dict({**AUTO}, config.Environment()))
     decode.decide(_decode(), {"reference": [2.0] * 5, "ring": [1.0] * 5})
     assert list(decode.decided) == [_decode()]  # a decode key has no twin
 
@@ -120,7 +121,7 @@ def test_the_written_file_passed_back_reproduces_every_choice(tmp_path):
     import yaml
 
     env = config.Environment()
-    cfg = config.from_dict({"proj": {"algo": "slicing", "num_chunks": 2}}, env)
+    cfg = config.from_dict({**AUTO, "proj": {"algo": "slicing", "num_chunks": 2}}, env)
     c = ch.chooser_of(cfg)
     keys = [_prefill(), _prefill("fc2", "mixed", 8), _decode(2)]
     picks = [c.decide(keys[0], {"reference": [2.0] * 5, "decomposed": [1.0] * 5}).pick,

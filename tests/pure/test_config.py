@@ -11,7 +11,7 @@ from megatron_flashoverlap.config import (LAYERS, Environment, FlashOverlapConfi
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {"stock": ("reference", None), "slicing": ("slicing", 4), "flash": ("flash", None),
-            "te_tp_comm_overlap": ("reference", None)}
+            "te_tp_comm_overlap": ("reference", None), "auto": ("auto", None)}
 QUIET = Environment()  # an empty environment: from_dict(..., QUIET) depends on the mapping only
 
 
