@@ -9,15 +9,16 @@ ONE plan: an algorithm from ALGOS and its knobs.
     flash_bidir    the same on a bidirectional ring (half of each shard each way)
     slicing        data slicing with `num_chunks` chunks (the TE "pipeline"-like baseline)
     reference      the unfused path: Megatron's own forward (the blocking collective, then the GEMM)
-    auto           reference or flash, measured at the layer's first training call (plan/chooser.py); its
-                   knobs are flash's (hop_chunks, keep_gathered)
+    auto           the default: reference or flash, measured at the layer's first training call on the real
+                   group (plan/chooser.py; stock unless flash wins); its knobs are flash's (hop_chunks,
+                   keep_gathered)
     num_chunks     slicing only: the chunk count
     hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None:
                    automatic: 1, measured; ops/tp_sp/hops.py)
     keep_gathered  column layers (qkv, fc1): keep AG(x) from forward for the weight gradient
 
 YAML (files in configs/ only choose values; every key is optional):
-    default: {algo: flash}                        # every layer not named below
+    default: {algo: auto}                         # every layer not named below (auto: the default)
     proj: {algo: slicing, num_chunks: 4}          # one layer
     attention: {core: auto, query_split: false, ulysses_algo: flash}
                                                   # core: auto (stock's core attention for the flags; SDPA
@@ -106,8 +107,9 @@ def _positive_int_or_none(value, where: str) -> None:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """What one layer runs, forward and backward together: algo in SITE_ALGOS, and its knobs."""
-    algo: str = "flash"
+    """What one layer runs, forward and backward together: algo in SITE_ALGOS, and its knobs. The default is
+    auto: a user who adds the flag is never made slower than stock by a site the overlap does not pay at."""
+    algo: str = "auto"
     num_chunks: int | None = None
     keep_gathered: bool = False
     hop_chunks: int | None = None
@@ -158,7 +160,6 @@ class FlashOverlapConfig:
     dp: DPSettings = field(default_factory=DPSettings)
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     choices: ChoiceSettings = field(default_factory=ChoiceSettings)
-    named: tuple = ()  # the layers the YAML named (own entry, or all of them under `default:`): the planner keeps them
     timeout_s: float | None = DEFAULT_TIMEOUT_S  # None: the group's own timeout; a number bounds it further
     description: str = ""
     stock_megatron: Mapping = field(default_factory=lambda: types.MappingProxyType({}))
@@ -203,13 +204,12 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
     dp = DPSettings(**_section(data, "dp", {}))
     planner = PlannerSettings(**_section(data, "planner", {}))
     choices = ChoiceSettings(**_section(data, "choices", {}))
-    named = LAYERS if data.get("default") is not None else tuple(x for x in LAYERS if data.get(x) is not None)
     doc = {"description": str(data.get("description") or ""),
            "stock_megatron": types.MappingProxyType(dict(data.get("stock_megatron") or {}))}
     timeout = data.get("timeout_s", env.timeout_s)
     return FlashOverlapConfig(**plans, attention=AttentionSettings(**attention),
                               all_reduce=AllReduceSettings(**all_reduce), moe=moe, dp=dp, planner=planner,
-                              choices=choices, named=named, timeout_s=timeout, **doc)
+                              choices=choices, timeout_s=timeout, **doc)
 
 
 def to_dict(cfg: FlashOverlapConfig) -> dict:

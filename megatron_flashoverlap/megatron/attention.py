@@ -202,10 +202,10 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         site = self.flash_plan
-        if site is not None and site.algo == "auto":
-            raise ValueError("attention.query_split runs proj's algo inside the attention operator, where auto is "
-                             "not measured: give proj an algorithm (e.g. proj: {algo: flash}) or drop query_split")
-        self.query_split_plan = OpPlan("reference") if site is None else OpPlan(site.algo, site.num_chunks)
+        # attention.query_split is the user's word for this site's operator; under proj's auto (the default) its
+        # reduce-scatter ring is flash's: nothing is measured inside the attention operator
+        algo = None if site is None else ("flash" if site.algo == "auto" else site.algo)
+        self.query_split_plan = OpPlan("reference") if site is None else OpPlan(algo, site.num_chunks)
 
     def forward(self, input_):
         if not isinstance(input_, PendingAttention):

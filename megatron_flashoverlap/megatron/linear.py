@@ -119,6 +119,7 @@ class _FlashMixin:
         self.flash_chooser = chooser_of(self.flash_config)  # the config's: every layer of it shares the decisions
         self.flash_auto = self.flash_plan is not None and self.flash_plan.algo == "auto"
         self._flash_checked: set = set()
+        self._flash_trained: dict = {}  # (input shape, dtype) -> the auto layer's training plan, once decided
         self.flash_step_kind = "train"  # set per forward by megatron/step.py (train, prefill, decode, mixed)
         self.config = config  # the stock ctor saw _stock_config(config)
         self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
@@ -209,8 +210,11 @@ class _FlashMixin:
         (`plan`) or stock (None: Megatron's own forward) at x's shape (megatron/train_choice.py)."""
         if not (self.flash_auto and self.flash_step_kind == "train"):
             return plan
-        key = train_key(self.flash_site, x, self.weight, *self._layout(x))
-        return train_plan(self, key, op, x, plan)
+        shape = (tuple(x.shape), x.dtype)
+        if shape not in self._flash_trained:  # the chooser decides a key once; the layer asks once per shape
+            key = train_key(self.flash_site, x, self.weight, *self._layout(x))
+            self._flash_trained[shape] = train_plan(self, key, op, x, plan)
+        return self._flash_trained[shape]
 
 
 def _column_op(sequence_parallel: bool):

@@ -143,8 +143,10 @@ def planned(cfg):
                  "rules", err)
         return cfg
     out = apply(choices, cfg)
-    if choices.decode_table is not None:  # the model tier of the decode all-reduce (plan/chooser.py)
-        chooser_of(out).model_tables = list(choices.decode_table["tables"])
+    chooser = chooser_of(out)  # the model tier (plan/chooser.py): where an auto site or a bucket is not measured
+    chooser.model_sites = dict(choices.sites)
+    if choices.decode_table is not None:
+        chooser.model_tables = list(choices.decode_table["tables"])
     _SAID(("probe", model, layout), "flash-overlap probe: %s", figures)
     _SAID(("choices", model, layout), "flash-overlap %s", choices.log)
     activate(out)

@@ -15,9 +15,9 @@ that measures the figures is megatron/probe.py).
         matmul_all_reduce chunk count (TP without SP), the DP fusion (all / none), the decode all-reduce table
         (the calibration format of ops/all_reduce/select.py, predicted), one log line
     probe_shapes(model, layout), partners(rank, world, G): what the probe times, and with whom each rank exchanges
-    apply(choices, cfg) -> FlashOverlapConfig: the YAML wins: a layer the YAML named (its own entry, or
-        `default:`) keeps its plan (the planner only fills its hop_chunks where left open under flash); dp.fuse
-        "auto" becomes the planner's; all_reduce.num_chunks and all_reduce.table only where the YAML left them
+    apply(choices, cfg) -> FlashOverlapConfig: the YAML wins: a layer keeps its plan (the planner only fills
+        hop_chunks where a flash layer left it open; an auto layer is measured, the planner's pick its model tier,
+        plan/chooser.py); dp.fuse "auto" becomes the planner's; all_reduce.num_chunks only where the YAML left it
 Every number here is a PREDICTION of the planner (plan/step.py) priced on the probed figures.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..config import LAYERS, FlashOverlapConfig, LayerPlan
+from ..config import LAYERS, FlashOverlapConfig
 from . import catalog
 from .collectives import all_reduce
 from .gemm import TableGemm
@@ -154,15 +154,10 @@ def choose(figures: dict, model: Model, layout: Layout, slowdown: float = 0.10) 
 
 def apply(choices: Choices, cfg: FlashOverlapConfig) -> FlashOverlapConfig:
     """cfg with the planner's choices where the YAML left them open (module docstring)."""
-    named = set(getattr(cfg, "named", ()))
     plans = {}
     for layer in LAYERS:
         mine, pick = cfg.plan(layer), choices.sites.get(layer)
-        if pick is None or mine.algo == "auto":  # auto: measured on the real group (megatron/train_choice.py)
-            continue
-        if layer not in named:
-            plans[layer] = LayerPlan(pick["algo"], pick["num_chunks"], mine.keep_gathered, pick["hop_chunks"])
-        elif mine.algo == "flash" == pick["algo"] and mine.hop_chunks is None:
+        if pick is not None and mine.algo == "flash" == pick["algo"] and mine.hop_chunks is None:
             plans[layer] = dataclasses.replace(mine, hop_chunks=pick["hop_chunks"])
     ar = cfg.all_reduce
     ar = dataclasses.replace(ar, num_chunks=ar.num_chunks or choices.ar_chunks)

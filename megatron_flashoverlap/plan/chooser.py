@@ -23,8 +23,9 @@
                     prefill and mixed keys of a bucket share one measurement. When: a dynamic engine's first
                     step measures every bucket the engine can meet, smallest first (megatron/buckets.py), so
                     no later request waits on one; any other inference measures a bucket on first use
-        4 model     nothing measured (budget spent, or inside a CUDA-graph capture): the planner's predicted
-                    decode table where its probe made one (megatron/probe.py), else stock
+        4 model     nothing measured (budget spent, or inside a CUDA-graph capture): the planner's prediction
+                    where its probe made one (megatron/probe.py: its decode table; a training site's pick where
+                    that is a candidate, reference or flash), else stock
     Rule (`paired_pick`): stock, unless a candidate's median is below stock's AND it was faster than stock in
     PAIRED_WINS of the rounds, each round pairing them under the same load: a noisy win stays stock.
 Every rank of a group decides alike: the samples it decides on are the max over the group's ranks (the time of
@@ -40,7 +41,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..config import ALL_REDUCE_ALGOS, DECODE_SITE, FlashOverlapConfig, to_dict
+from ..config import ALL_REDUCE_ALGOS, DECODE_SITE, TRAIN_PICKS, FlashOverlapConfig, to_dict
 
 STOCK = "reference"
 _TWIN_KIND = {"prefill": "mixed", "mixed": "prefill"}  # one measurement answers both (Chooser.decide)
@@ -122,6 +123,7 @@ class Chooser:
         self.config = config
         self.tables = _tables(config.all_reduce.table)  # a calibration file's entries (read once)
         self.model_tables: list = []  # the planner's predicted decode tables (megatron/probe.py), the model tier
+        self.model_sites: dict = {}  # the planner's per-site training picks {site: {"algo", ...}}, the model tier
         self.decided: dict[Key, Choice] = {}
         self.spent_s = 0.0
         self.costs: dict[tuple, tuple[int, float]] = {}  # (site, layout, shape): (bucket, seconds) last measured
@@ -184,11 +186,15 @@ class Chooser:
         return self._keep(key, choice)
 
     def fallback(self, key: Key, why: str) -> Choice:
-        """Nothing measured for `key`: the model's pick (the planner's predicted table for a decode key where the
-        probe made one), else stock (no figure says otherwise)."""
-        table = next((t for t in self.model_tables if table_layout(t) == key.layout), None)
-        pick = (best_at(table, key.nbytes) if table is not None and key.site == DECODE_SITE else None) or STOCK
-        return self._keep(key, Choice(pick, "model", why + ("; the planner's prediction" if table else "")))
+        """Nothing measured for `key`: the model's pick (the planner's predicted table for a decode key, its site
+        pick for a training key, where the probe made them), else stock (no figure says otherwise)."""
+        if key.kind == "train":
+            planned = self.model_sites.get(key.site, {}).get("algo")
+            pick = planned if planned in TRAIN_PICKS else None
+        else:
+            table = next((t for t in self.model_tables if table_layout(t) == key.layout), None)
+            pick = best_at(table, key.nbytes) if table is not None and key.site == DECODE_SITE else None
+        return self._keep(key, Choice(pick or STOCK, "model", why + ("; the planner's prediction" if pick else "")))
 
     def _keep(self, key: Key, choice: Choice) -> Choice:
         self.decided[key] = choice

@@ -21,7 +21,7 @@ def _pair(kind, tp, sp, skip_bias_add, site, flash=None):
     the config `flash` (a YAML mapping; None: the defaults)."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    from megatron_flashoverlap.config import FlashOverlapConfig, from_dict
+    from megatron_flashoverlap.config import from_dict, uniform
     from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear, FlashRowParallelLinear
 
     cfg = tm.tiny_config(tp, sp)
@@ -35,7 +35,7 @@ def _pair(kind, tp, sp, skip_bias_add, site, flash=None):
     built = []
     for cls in classes:
         torch.manual_seed(3)
-        ours = FlashOverlapConfig() if flash is None else from_dict(flash)
+        ours = uniform("flash") if flash is None else from_dict(flash)  # flash: the default, auto, measures
         kw = {**common, **extra, **({"flash_config": ours} if cls in classes[1:] else {})}
         built.append(cls(*sizes, **kw))
     return built

@@ -13,11 +13,11 @@ psutil (requirements/*.txt).
 import pytest
 
 from tests.megatron.flag_matrix import BASE, SCRIPT, TP2
-from tests.support.pretrain_runs import Job
+from tests.support.pretrain_runs import FLASH, Job
 
 SAVED, TOTAL = 3, 6
 FORMATS = ("torch_dist", "torch")
-ARMS = {"stock": (), "flash": ("--flash-overlap",)}
+ARMS = {"stock": (), "flash": FLASH}
 OTHER = {"stock": "flash", "flash": "stock"}
 # the scheduler's step counts follow --train-iters (SAVED when saved, TOTAL now), which Megatron refuses to mix; at a
 # constant learning rate and weight decay the values are the same either way: keep this run's

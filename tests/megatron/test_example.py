@@ -24,7 +24,7 @@ RTOL = 1e-5
 ITERS = 8
 SITES = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
 ARGS = {"stock": tuple(pretrain_tiny_gpt.megatron_args(ITERS, "gpt2"))}
-ARGS["flash"] = (*ARGS["stock"], "--flash-overlap")
+ARGS["flash"] = (*ARGS["stock"], *pretrain_tiny_gpt.FLASH)
 JOBS = [Job(f"demo-{arm}", "pretrain_gpt", ("--cpu", *args)) for arm, args in ARGS.items()]
 
 

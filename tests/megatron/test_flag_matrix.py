@@ -11,7 +11,7 @@ gets `Row.xfail` naming the issue item: xfail(strict=True), run last in its batc
 import pytest
 
 from tests.megatron.flag_matrix import BASE, ITERS, ROWS, SCRIPT
-from tests.support.pretrain_runs import LAST, Job
+from tests.support.pretrain_runs import FLASH, LAST, Job
 
 # fp32: a tensor-parallel sum over 2 ranks is a+b (commutative), our decomposed collectives and Megatron's give
 # the same values; 1e-5 relative leaves room for BLAS choosing another kernel for a sliced GEMM (reordered dots).
@@ -25,7 +25,7 @@ def _jobs(row) -> tuple:
     order = {"order": LAST} if row.xfail else {}  # an expected failure that hangs would end the batch
     head = ("--cpu", SCRIPT, *BASE)
     return (Job(f"{row.name}-stock", "launch", (*head, *(row.stock_flags or row.flags)), row.world, **order),
-            Job(f"{row.name}-flash", "launch", (*head, *row.flags, "--flash-overlap"), row.world, **order))
+            Job(f"{row.name}-flash", "launch", (*head, *row.flags, *FLASH), row.world, **order))
 
 
 def _param(row):

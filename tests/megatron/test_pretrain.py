@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pretrain_runs import AFTER, Job
+from tests.support.pretrain_runs import AFTER, FLASH, Job
 
 SCRIPT = str(Path(__file__).with_name("pretrain_script.py"))
 ITERS = 8
@@ -30,7 +30,6 @@ TINY = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "NullTokenizer", "--vocab-size", "128", "--mock-data", "--seed", "1234")
 LLAMA = ("--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear")
-FLASH = ("--flash-overlap",)
 
 
 def assert_same_curve(stock: dict, flash: dict, iters: int = ITERS) -> None:
@@ -50,7 +49,7 @@ DP2 = ("--cpu", *DP2, *LLAMA, "--use-distributed-optimizer", "--overlap-grad-red
 # linears: a ring call's latency exceeds what it hides), so the test names the weights explicitly
 DP_YAML = ("dp_all.yaml", "default: {algo: flash}\ndp: {fuse: all}\n")
 DP_JOBS = (Job("entry-dp2-stock", "pretrain_gpt", DP2),
-           Job("entry-dp2-flash", "pretrain_gpt", (*DP2, *FLASH, "--flash-overlap-config", "{tmp}/dp_all.yaml"),
+           Job("entry-dp2-flash", "pretrain_gpt", (*DP2, "--flash-overlap", "--flash-overlap-config", "{tmp}/dp_all.yaml"),
                files=(DP_YAML,)))
 
 

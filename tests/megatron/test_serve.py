@@ -41,7 +41,7 @@ CKPT = SAVE.argv[SAVE.argv.index("--save") + 1]
 PROMPTS = [[1, 5, 9, 17, 3], [4] * 11, list(range(20, 47)), [7, 7]]
 TOKENS = 6
 START_S, REQUEST_S, STOP_S = 300, 120, 60  # seconds: torchrun + Megatron + the coordinator; one request; SIGTERM
-SITES = "GEMM sites: dense[1-2]: qkv=flash (all-reduce, no SP)"
+SITES = "GEMM sites: dense[1-2]: qkv=auto (all-reduce, no SP)"  # the flag alone: auto
 
 
 def free_port() -> int:

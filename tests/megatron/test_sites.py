@@ -13,7 +13,7 @@ import pytest
 from megatron_flashoverlap.megatron.sites import MTP_STOCK, format_line
 
 BODY = "tests.megatron.mp_sites"
-SP4 = "qkv=flash, proj=flash, fc1=flash, fc2=flash"
+SP4 = "qkv=auto, proj=auto, fc1=auto, fc2=auto"  # the default config's word
 NOSP = "(all-reduce, no SP)"
 TP1 = "stock (tensor-parallel size 1)"
 
@@ -32,7 +32,7 @@ def test_line_format():
 
 @pytest.mark.parametrize("sp, mtp, expected", [
     (True, False, f"GEMM sites: dense[1-2]: {SP4}"),
-    (False, False, f"GEMM sites: dense[1-2]: qkv=flash {NOSP}, proj=flash {NOSP}, fc1=flash {NOSP}, fc2=flash {NOSP}"),
+    (False, False, f"GEMM sites: dense[1-2]: qkv=auto {NOSP}, proj=auto {NOSP}, fc1=auto {NOSP}, fc2=auto {NOSP}"),
     (True, True, f"GEMM sites: dense[1-2]: {SP4}; mtp[1]: stock ({MTP_STOCK})"),
 ], ids=["sp", "no_sp", "sp_mtp"])
 def test_tp_line(pools, sp, mtp, expected):

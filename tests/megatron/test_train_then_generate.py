@@ -24,8 +24,8 @@ ARGS.update({arm: tuple(train_then_generate.generate_args(arm, f"{WORK}/ckpt", P
              for arm in ("stock", "flash")})
 JOBS = [Job("ttg-train", "pretrain_gpt", ("--cpu", *ARGS["train"])),  # before both generations (order)
         *(Job(f"ttg-{arm}", "generate", ("--cpu", *ARGS[arm]), order=AFTER) for arm in ("stock", "flash"))]
-SITES = ("GEMM sites: dense[1-2]: qkv=flash (all-reduce, no SP), proj=flash (all-reduce, no SP), "
-         "fc1=flash (all-reduce, no SP), fc2=flash (all-reduce, no SP)")
+SITES = ("GEMM sites: dense[1-2]: qkv=auto (all-reduce, no SP), proj=auto (all-reduce, no SP), "
+         "fc1=auto (all-reduce, no SP), fc2=auto (all-reduce, no SP)")  # the flag's default word
 
 
 @pytest.mark.newest_only

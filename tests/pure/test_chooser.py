@@ -84,6 +84,20 @@ def test_the_precedence_yaml_then_pinned_then_measured_then_model():
     assert c.fallback(_prefill(bucket=64), "budget").pick == "reference"  # the model without figures: stock
 
 
+def test_a_training_site_not_measured_takes_the_planners_pick_where_it_is_a_candidate():
+    """The model tier of an auto layer (budget spent, or a CUDA-graph capture): the planner's site pick
+    (megatron/probe.py) where it is reference or flash, else stock; decode keys keep their table."""
+    c = ch.chooser_of(config.from_dict({}, config.Environment()))
+    key = ch.Key("fc2", "train", 4096, LAYOUT, "w 8x4 x 4")
+    assert (c.fallback(key, "budget").pick, c.fallback(key, "budget").source) == ("reference", "model")
+    c = ch.chooser_of(config.from_dict({}, config.Environment()))
+    c.model_sites = {"fc2": {"algo": "flash"}, "qkv": {"algo": "slicing", "num_chunks": 4}}
+    got = c.fallback(key, "budget")
+    assert (got.pick, got.source) == ("flash", "model") and "planner" in got.reason
+    assert c.fallback(ch.Key("qkv", "train", 4096, LAYOUT, "w 8x4 x 4"), "budget").pick == "reference"  # not a candidate
+    assert c.fallback(_decode(), "budget").pick == "reference"  # no predicted decode table
+
+
 def test_a_pinned_file_from_another_layout_is_refused():
     c = ch.chooser_of(config.from_dict({**AUTO, "choices": {"layout": LAYOUT, "pinned": {"proj/prefill/16": "decomposed"}}},
                                        config.Environment()))

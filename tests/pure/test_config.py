@@ -45,9 +45,11 @@ def test_te_file_documents_the_stock_gpu_run():
     assert set(stock["tp_comm_overlap_cfg"]) == te_sites  # TE's ub_cfg keys: 12 GEMM sites
 
 
-def test_default_is_flash_everywhere_and_frozen():
+def test_default_is_auto_everywhere_and_frozen():
+    """auto: stock or flash measured at each site's first training step, so the flag alone never runs a site
+    slower than stock where the measurement can see it (plan/chooser.py)."""
     cfg = FlashOverlapConfig()
-    assert {cfg.plan(layer).algo for layer in LAYERS} == {"flash"}
+    assert {cfg.plan(layer).algo for layer in LAYERS} == {"auto"}
     assert (cfg.all_reduce.num_chunks, cfg.all_reduce.table, cfg.attention.ulysses_algo) == (None, None, "flash")
     assert cfg.attention.core == "auto"  # the core attention stock builds for the flags (megatron/sdpa.py)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -101,7 +101,8 @@ def test_apply_fills_only_what_the_yaml_left_open():
     out = apply(_choices(), cfg)
     assert out.fc2 == C.LayerPlan("reference")  # named: kept
     assert out.fc1 == C.LayerPlan("flash", hop_chunks=2)  # named flash, hop_chunks left open: filled
-    assert out.qkv == C.LayerPlan("slicing", 4) and out.proj == C.LayerPlan("slicing", 4)  # unnamed: planner's
+    # unnamed: auto, measured on the real group; the planner's pick is the chooser's model tier (test_chooser)
+    assert out.qkv == C.LayerPlan("auto") and out.proj == C.LayerPlan("auto")
     assert out.dp.fuse == "none"  # the YAML said so
     assert out.all_reduce.num_chunks == 4
 
@@ -114,7 +115,7 @@ def test_apply_keeps_a_default_entry_and_fills_dp_auto():
 
 
 def test_planner_probe_setting():
-    assert C.from_dict({}).planner.probe == "auto" and C.from_dict({}).named == ()
+    assert C.from_dict({}).planner.probe == "auto"
     assert C.from_dict({"planner": {"probe": "off"}}).planner.probe == "off"
     with pytest.raises(ValueError, match="planner.probe"):
         C.from_dict({"planner": {"probe": "sometimes"}})

@@ -29,6 +29,9 @@ LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
 SITES = "GEMM sites: "
 STARTUP_S, JOB_S = 180, 150  # seconds: a job's limit (the runner's), a batch's: start-up plus each job's
 FIRST, DEFAULT, AFTER, LAST = 0, 1, 2, 3  # Job.order
+# --flash-overlap with ours forced at every GEMM site (configs/flash.yaml): what a test of our operators inside
+# Megatron runs; the flag alone runs `auto`, which may keep stock at a site where flash does not win
+FLASH = ("--flash-overlap", "--flash-overlap-config", str(ROOT / "configs" / "flash.yaml"))
 ENTRIES = {"megatron_flashoverlap.pretrain_gpt": "pretrain_gpt", "megatron_flashoverlap.generate": "generate"}
 
 

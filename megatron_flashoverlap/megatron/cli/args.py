@@ -53,7 +53,8 @@ def add_flash_overlap_args(parser: argparse.ArgumentParser) -> argparse.Argument
     group.add_argument(CONFIG_FLAG, type=str, default=None, metavar="PATH",
                        help="Per-layer YAML (see configs/*.yaml: flash, slicing, stock); a relative PATH is "
                             "relative to the working directory the script was started from. Default: "
-                            f"${ENV_VARS['config_path']} if set, else flash on every layer. Needs --flash-overlap.")
+                            f"${ENV_VARS['config_path']} if set, else auto on every layer (stock or flash, measured at "
+                            f"the first training step). Needs --flash-overlap.")
     return parser
 
 
@@ -167,7 +168,7 @@ def activate_config(path: Optional[str]) -> str:
 
     if path is None:
         activate(None)
-        return environment().config_path or "default (flash on every layer)"
+        return environment().config_path or "default (auto on every layer: stock or flash, measured at the first training step)"
     if not os.path.isfile(path):
         raise ValueError(f"{CONFIG_FLAG} {path}: no such file (working directory {os.getcwd()}); pass the path "
                          f"of a YAML such as configs/flash.yaml from the megatron-flashoverlap checkout")
