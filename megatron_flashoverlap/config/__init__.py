@@ -36,7 +36,9 @@ YAML (files in configs/ only choose values; every key is optional):
                                                   # file's format: passed back, every bucket it holds is pinned)
     choices: {layout: "...", pinned: {proj/prefill/16: reference, all_reduce/decode/4: ring}}
                                                   # what a run wrote: pinned buckets are not measured
-    moe: {algo: flash}                            # the EP token exchange: flash or reference (stock a2a)
+    moe: {algo: auto}                             # the EP token exchange: auto (default: stock or flash,
+                                                  # measured), flash (fused with the experts), exchange or
+                                                  # reference (stock a2a)
     dp: {fuse: auto}                              # pretrain()'s DDP under --flash-overlap: which TP linears
                                                   # reduce-scatter in their wgrad GEMM: auto (the cost model),
                                                   # all (every one), none (stock DDP)
@@ -82,6 +84,10 @@ CORE_ATTENTIONS = ("auto", "megatron", "sdpa")
 # source block through the experts as it arrives); exchange = the pairwise steps, experts after (the ablation);
 # reference = stock's all_to_all_single. Where flash cannot fuse, it runs exchange (logged once per reason).
 MOE_ALGOS = ("flash", "exchange", "reference")
+# moe.algo: an exchange word, or auto (the default: reference or flash, measured at the MoE layer's first training
+# forward; ops/moe/choose.py)
+MOE_SITE_ALGOS = MOE_ALGOS + ("auto",)
+MOE_SITE = "moe"  # the MoE exchange's site word in a choice key
 DP_FUSE = ("auto", "all", "none")  # megatron/ddp/pretrain.py
 PLANNER_PROBES = ("auto", "off")  # megatron/probe.py: auto = on CUDA only
 

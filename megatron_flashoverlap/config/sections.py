@@ -6,8 +6,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYERS, MOE_ALGOS, PLANNER_PROBES,
-               PREFILL_ALGOS, ROW_SITES, STEP_KINDS, TRAIN_PICKS, ULYSSES_ALGOS, _positive_int_or_none)
+from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYERS, MOE_SITE, MOE_SITE_ALGOS,
+               PLANNER_PROBES, PREFILL_ALGOS, ROW_SITES, STEP_KINDS, TRAIN_PICKS, ULYSSES_ALGOS, _positive_int_or_none)
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ def _pinned_word(word, pick) -> None:
     ok = len(parts) == 3 and parts[2].isdigit() and parts[1] in STEP_KINDS
     if ok and parts[0] == DECODE_SITE:
         ok = parts[1] == "decode" and pick in ALL_REDUCE_ALGOS[1:]
+    elif ok and parts[0] == MOE_SITE:
+        ok = parts[1] == "train" and pick in TRAIN_PICKS
     elif ok and parts[1] == "train":
         ok = parts[0] in LAYERS and pick in TRAIN_PICKS
     elif ok:
@@ -63,7 +65,7 @@ def _pinned_word(word, pick) -> None:
     if not ok:
         raise ValueError(f"choices.pinned: {word}: {pick!r} is not a choice the chooser writes (proj|fc2/prefill|"
                          f"mixed/<tokens>: reference|decomposed, all_reduce/decode/<tokens>: an algorithm of "
-                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
+                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}|{MOE_SITE}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
                          f"remove it or pass back the file a run wrote")
 
 
@@ -92,12 +94,13 @@ class ChoiceSettings:
 
 @dataclass(frozen=True)
 class MoESettings:
-    """algo: how the alltoall dispatcher runs the exchange and the experts, one of MOE_ALGOS (flash: fused)."""
-    algo: str = "flash"
+    """algo: how the alltoall dispatcher runs the exchange and the experts, one of MOE_SITE_ALGOS (flash: fused;
+    auto: stock or flash, measured)."""
+    algo: str = "auto"
 
     def __post_init__(self):
-        if self.algo not in MOE_ALGOS:
-            raise ValueError(f"moe.algo {self.algo!r}: choose one of {MOE_ALGOS}")
+        if self.algo not in MOE_SITE_ALGOS:
+            raise ValueError(f"moe.algo {self.algo!r}: choose one of {MOE_SITE_ALGOS}")
 
 
 @dataclass(frozen=True)

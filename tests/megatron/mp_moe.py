@@ -44,13 +44,13 @@ def _config(tp, ep, etp, variant, **structure):
     return tm.tiny_config(tp, tp > 1, **{**kw, **VARIANTS[variant], **structure})
 
 
-def _specs(cfg, algo):
+def _specs(cfg, algo, choices=None):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from megatron_flashoverlap.config import from_dict
     from megatron_flashoverlap.megatron.spec import get_gpt_layer_flashoverlap_spec
 
-    flash = from_dict({"moe": {"algo": algo}})
+    flash = from_dict({"moe": {"algo": algo}, **({"choices": choices} if choices is not None else {})})
     return (get_gpt_layer_local_spec(num_experts=EXPERTS),
             get_gpt_layer_flashoverlap_spec(num_experts=EXPERTS, flash_config=flash))
 
@@ -70,14 +70,15 @@ def _routes(model):
     return [layer.mlp.token_dispatcher.routing_map.clone() for layer in model.decoder.layers]
 
 
-def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash", steps=3):
-    """Same weights -> logits, loss, aux loss, routing, every grad, then `steps` Adam steps."""
+def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash", steps=3, choices=None):
+    """Same weights -> logits, loss, aux loss, routing, every grad, then `steps` Adam steps; with algo auto, the
+    chooser's decisions {word: (pick, source)} and what each MoE layer ran after its first training forward."""
     from megatron.core import parallel_state
 
     _init(tp, ep, etp)
     try:
         cfg = _config(tp, ep, etp, variant)
-        stock_spec, our_spec = _specs(cfg, algo)
+        stock_spec, our_spec = _specs(cfg, algo, choices)
         _why_not(forget=True)  # the pool's process outlives a test: start with nothing logged
         stock, ours = tm.build_gpt(cfg, stock_spec), tm.build_gpt(cfg, our_spec)
         out = {"keys_equal": _keys(stock) == _keys(ours),
@@ -98,6 +99,9 @@ def moe_gpt_vs_stock(rank, world, tp, ep, etp, variant="dropless", algo="flash",
         out["logits_rel"] = _rel(tm.gpt_logits(stock, data), tm.gpt_logits(ours, data))
         out["grad_rel"] = {n: _rel(p.grad, q.grad) for (n, p), q in zip(stock.named_parameters(), ours.parameters())}
         out["curves"] = [_train(m, steps, data) for m in (stock, ours)]
+        mlp = ours.decoder.layers[0].mlp
+        out["decided"] = {k.word: (c.pick, c.source) for k, c in mlp.flash_chooser.decided.items()}
+        out["fused_after"] = [layer.mlp.flash_fused for layer in ours.decoder.layers]
         return out
     finally:
         tm.destroy()

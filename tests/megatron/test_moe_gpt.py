@@ -58,6 +58,25 @@ def test_moe_gpt_unfused_algos_match_stock(pools, algo):
         _check(res, fused=False)
 
 
+@pytest.mark.parametrize("tier", ["measured", "no budget", "pinned flash"])
+def test_an_auto_moe_layer_runs_its_choice_and_every_rank_takes_it(pools, tier):
+    """moe.algo auto (the default; ops/moe/choose.py): the first training forward decides moe/train/<bucket of the
+    routed rows> (stock or the fused pipeline, forward timed in paired rounds on the EP group) and every rank holds
+    the same pick; with no budget nothing is measured and the layer stays stock; a pinned flash fuses. Either
+    way the model trains as stock does (the module's tolerances)."""
+    word = "moe/train/64"  # 16 tokens x micro-batch 2 x top-2 routed rows per rank
+    choices = {"measured": {}, "no budget": {"budget_s": 0}, "pinned flash": {"pinned": {word: "flash"}}}[tier]
+    results = pools(2).run(f"{BODY}:moe_gpt_vs_stock", 1, 2, 1, "dropless", "auto", choices=choices, timeout=600)
+    assert results[0]["decided"] == results[1]["decided"] and list(results[0]["decided"]) == [word], results[0]
+    pick, source = results[0]["decided"][word]
+    assert source == {"measured": "measured", "no budget": "model", "pinned flash": "pinned"}[tier]
+    assert pick in ("reference", "flash") and (tier != "no budget" or pick == "reference")
+    assert tier != "pinned flash" or pick == "flash"
+    for res in results:
+        _check(res, fused=False)  # nothing fused before the first training forward decides
+        assert res["fused_after"] == [pick == "flash"] * len(res["fused_after"]), (pick, res["fused_after"])
+
+
 @pytest.mark.parametrize("freq, num_layers, kinds", [
     # --moe-layer-freq 2: an MoE layer every 2 layers, from the first. 2 layers, as every test here: Megatron's MoE
     # metrics tracker is a process global sized by the first model's layer count (the pool's workers are shared)

@@ -4,8 +4,8 @@ import pytest
 from megatron_flashoverlap import config
 
 
-def test_moe_algo_defaults_to_flash_and_reads_yaml():
-    assert config.from_dict({}).moe.algo == "flash"
+def test_moe_algo_defaults_to_auto_and_reads_yaml():
+    assert config.from_dict({}).moe.algo == "auto"
     assert config.from_dict({"moe": {"algo": "reference"}}).moe.algo == "reference"
 
 

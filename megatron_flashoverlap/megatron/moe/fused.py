@@ -1,6 +1,7 @@
 """The fused expert pipeline inside Megatron's MoELayer (moe.algo = flash): what may fuse, and the call.
 
     fusion_blocker(layer) -> None, or the reason flash runs "exchange" instead
+    pipeline_inputs(layer, tokens) -> (LocalExperts, counts [P][E], input_splits [P]): what expert_pipeline takes
     fused_experts(layer, tokens [sum(input_splits), h], probs [sum(input_splits)]) -> [sum(input_splits), h]
         ops/moe expert_pipeline with the layer's SequentialMLP on each source block: rows from source s are
         grouped by local expert with counts[s] = num_global_tokens_per_local_expert[s] (stock's sort is not
@@ -42,13 +43,9 @@ def _source_counts(d) -> torch.Tensor:
     return torch.as_tensor(d.output_splits).reshape(d.ep_size, 1)
 
 
-def fused_experts(layer, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """The fused dispatch -> experts -> combine of one MoE layer call (module docstring)."""
+def pipeline_inputs(layer, tokens: torch.Tensor) -> tuple[LocalExperts, torch.Tensor, list]:
+    """(the layer's experts as LocalExperts, counts [P][E], input_splits [P]) for ops/moe's expert_pipeline."""
     d = layer.token_dispatcher
-    for point in ("before_permutation_2", "before_finish"):  # stock's host syncs of the split sizes
-        d.tokens_per_expert = d._maybe_dtoh_and_synchronize(point, d.tokens_per_expert)
-    d.tokens_per_expert = None
-    counts = _source_counts(d)
     ins = d.input_splits if d.input_splits is not None else [tokens.shape[0] // d.ep_size] * d.ep_size
 
     def experts(x, rows_per_expert, p):
@@ -57,5 +54,14 @@ def fused_experts(layer, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Ten
         return out
 
     params = [p for p in layer.experts.parameters() if p.requires_grad]
-    return expert_pipeline(tokens, probs, LocalExperts(experts, params), counts, ins, d.ep_group, d.flash_ctx,
-                           algo="flash")
+    return LocalExperts(experts, params), _source_counts(d), ins
+
+
+def fused_experts(layer, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """The fused dispatch -> experts -> combine of one MoE layer call (module docstring)."""
+    d = layer.token_dispatcher
+    for point in ("before_permutation_2", "before_finish"):  # stock's host syncs of the split sizes
+        d.tokens_per_expert = d._maybe_dtoh_and_synchronize(point, d.tokens_per_expert)
+    d.tokens_per_expert = None
+    experts, counts, ins = pipeline_inputs(layer, tokens)
+    return expert_pipeline(tokens, probs, experts, counts, ins, d.ep_group, d.flash_ctx, algo="flash")

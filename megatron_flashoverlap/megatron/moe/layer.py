@@ -7,7 +7,11 @@ or (moe.algo = flash, expert-TP 1) the fused expert pipeline of ops/moe/fused.py
     FlashMoELayer                 MoELayer; dispatcher "alltoall" -> FlashAlltoAllTokenDispatcher; with
                                   moe.algo = flash its dispatch / routed_experts_compute / combine run the
                                   fused pipeline: each source block through the SAME SequentialMLP (that
-                                  block's counts, its probs applied where stock applies them) as it arrives
+                                  block's counts, its probs applied where stock applies them) as it arrives;
+                                  moe.algo = auto (the default): stock, or the fused pipeline where it fuses
+                                  and wins, measured at the layer's first training forward (ops/moe/choose.py;
+                                  an inference forward before that runs stock: it is not measured inside a
+                                  request)
     FlashAlltoAllTokenDispatcher  MoEAlltoAllTokenDispatcher; token_dispatch / token_combine run
                                   expert_all_to_all (exchange = pairwise steps, reference = stock a2a)
 
@@ -33,12 +37,18 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+import torch
+
 from ...config import FlashOverlapConfig, active
+from ...ops.all_reduce.all_reduce import resolve_local_world_size
+from ...ops.all_reduce.calibrate import group_layout
 from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
+from ...ops.moe.choose import moe_key, moe_pick
 from ...ops.registry import forced
-from ...runtime import shared_context
+from ...plan.chooser import chooser_of
+from ...runtime import group_info, shared_context
 from ...runtime.once import LogOnce
-from .fused import fused_experts, fusion_blocker
+from .fused import fused_experts, fusion_blocker, pipeline_inputs
 
 log = logging.getLogger(__name__)
 _LOGGED = LogOnce(log)
@@ -105,7 +115,8 @@ class FlashMoELayer(MoELayer):
     dispatch -> routed_experts_compute -> combine is the fused pipeline (dispatch and combine pass through)."""
 
     flash_fused = False
-    flash_not_fused = None  # moe.algo = flash that runs "exchange": why (fused.fusion_blocker)
+    flash_not_fused = None  # moe.algo = flash (or auto) that cannot fuse: why (fused.fusion_blocker)
+    flash_auto = False  # moe.algo = auto, not decided yet: stock until the first training forward decides
 
     def __init__(self, config, submodules=None, *args, flash_config: FlashOverlapConfig | None = None, **kwargs):
         check_moe_config(config)
@@ -113,20 +124,29 @@ class FlashMoELayer(MoELayer):
         flash_config = active() if flash_config is None else flash_config
         if type(self.token_dispatcher) is MoEAlltoAllTokenDispatcher:
             algo = flash_config.moe.algo
-            self.flash_not_fused = fusion_blocker(self) if algo == "flash" else None
+            self.flash_not_fused = fusion_blocker(self) if algo in ("flash", "auto") else None
+            if algo == "auto":  # nothing to measure where flash cannot fuse: the exchange alone hides nothing
+                self.flash_auto = not _logged_blocker(self.flash_not_fused, "moe.algo=auto keeps stock's all-to-all")
+                algo = "reference"
             self.flash_fused = algo == "flash" and not _logged_blocker(self.flash_not_fused)
             FlashAlltoAllTokenDispatcher.adopt(self.token_dispatcher, flash_config,
                                                "exchange" if algo == "flash" else algo)
+            self.flash_chooser = chooser_of(flash_config)
 
     def flash_ran(self) -> dict:
         """{site: what ran} for the GEMM sites line: the EP exchange ("ep_a2a") and the routed experts."""
         algo = getattr(self.token_dispatcher, "flash_algo", None)
         experts = f"Megatron's {type(self.experts).__name__}"
+        if self.flash_auto:
+            return {"ep_a2a": "auto (stock, or flash fused with the experts: measured at the first training step)",
+                    "experts": f"stock ({experts})"}
         if self.flash_fused:
             return {"ep_a2a": "flash (fused with the experts)",
                     "experts": f"stock ({experts}, run per arriving block inside the fused exchange)"}
         if algo is None:
             a2a = f"stock ({type(self.token_dispatcher).__name__}: no all-to-all of ours to run)"
+        elif algo == "reference" and self.flash_not_fused:
+            a2a = f"stock (moe.algo 'auto': flash cannot fuse: {self.flash_not_fused})"
         elif algo == "reference":
             a2a = "stock (moe.algo 'reference': all_to_all_single)"
         else:
@@ -137,12 +157,27 @@ class FlashMoELayer(MoELayer):
         return self.flash_fused and not forced()
 
     def dispatch(self, hidden_states, probs):
-        """Fused: tokens stay where they are (the split sizes reach the host here, as before stock's a2a)."""
+        """Fused: tokens stay where they are (the split sizes reach the host here, as before stock's a2a).
+        auto: the first training forward decides first (`_choose`)."""
+        if self.flash_auto and torch.is_grad_enabled():
+            self._choose(hidden_states, probs)
         if not self._fused_now():
             return super().dispatch(hidden_states, probs)
         d = self.token_dispatcher
         d.tokens_per_expert = d._maybe_dtoh_and_synchronize("before_ep_alltoall", d.tokens_per_expert)
         return hidden_states, probs
+
+    def _choose(self, tokens, probs) -> None:
+        """moe.algo auto: stock or the fused pipeline for this layer, the chooser's (ops/moe/choose.py), on the
+        routed tokens [sum(input_splits), h] of this forward; every EP rank and expert replica decides alike."""
+        d = self.token_dispatcher
+        world = group_info(d.ep_group)[1]
+        layout, members = group_layout(d.ep_group, resolve_local_world_size(world, None, d.ep_group, strict=False),
+                                       tokens.dtype)
+        key = moe_key(tokens.shape[0], tokens.shape[-1], d.num_local_experts * world, layout, members)
+        pick = moe_pick(self.flash_chooser, key, tokens.detach(), probs.detach(), pipeline_inputs(self, tokens),
+                        d.ep_group, d.flash_ctx, _expert_replicas(d.ep_group))
+        self.flash_auto, self.flash_fused = False, pick == "flash"
 
     def routed_experts_compute(self, hidden_states, probs):
         """Fused: [sum(input_splits), h] tokens -> expert outputs back in the same rows (ops/moe/fused.py)."""
@@ -154,11 +189,22 @@ class FlashMoELayer(MoELayer):
         return output if self._fused_now() else super().combine(output)
 
 
-def _logged_blocker(reason: str | None) -> bool:
+def _logged_blocker(reason: str | None, what: str = "moe.algo=flash runs 'exchange' (pairwise steps, experts "
+                                                      "after)") -> bool:
     """True where flash cannot fuse: the reason is logged once per process."""
     if reason is not None:
-        _LOGGED(reason, "flash-overlap MoE: moe.algo=flash runs 'exchange' (pairwise steps, experts after): %s", reason)
+        _LOGGED(f"flash-overlap MoE: {what}: {reason}")
     return reason is not None
+
+
+def _expert_replicas(ep_group):
+    """Megatron's expert-data-parallel group where `ep_group` is its expert-model-parallel group (the replicas
+    whose auto choices must agree); None otherwise (the EP group alone decides)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ep_group is not ps.get_expert_model_parallel_group():
+        return None
+    return ps.get_expert_data_parallel_group()
 
 
 def flash_moe_spec(mlp_spec, flash_config: FlashOverlapConfig):
