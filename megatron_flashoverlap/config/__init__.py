@@ -20,7 +20,7 @@ ONE plan: an algorithm from ALGOS and its knobs.
 YAML (files in configs/ only choose values; every key is optional):
     default: {algo: auto}                         # every layer not named below (auto: the default)
     proj: {algo: slicing, num_chunks: 4}          # one layer
-    attention: {core: auto, query_split: false, ulysses_algo: flash}
+    attention: {core: auto, query_split: false, ulysses_algo: auto}
                                                   # core: auto (stock's core attention for the flags; SDPA
                                                   # for --attention-backend flash|fused without TE's spec),
                                                   # megatron (stock's, always), sdpa (SDPA, always)
@@ -76,6 +76,10 @@ TRAIN_PICKS = ("reference", "flash")  # the candidates of an auto layer's traini
 ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
                     "hierarchical_hd")
 ULYSSES_ALGOS = ("flash", "reference")
+# attention.ulysses_algo: an a2a word, or auto (the default: reference or flash, measured at the attention's first
+# training forward; ops/attention/choose.py)
+ULYSSES_SITE_ALGOS = ULYSSES_ALGOS + ("auto",)
+ULYSSES_SITE = "ulysses"  # Ulysses attention's all-to-all site word in a choice key
 # the core attention (megatron/sdpa.py core_attention_for): auto = what stock Megatron builds for the same flags,
 # except --attention-backend flash|fused where stock would not use TE (then SDPA with that kernel);
 # megatron = what stock builds, always (equal to stock to the bit); sdpa = SdpaDotProductAttention, always
@@ -335,7 +339,7 @@ ENV_VARS = {
     "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # a bound (s) below the group's own timeout on each wait
     "allreduce_table": "FLASHOVERLAP_ALLREDUCE_TABLE",  # calibration JSON for all_reduce(algo="auto")
     "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
-    "ulysses": "FLASHOVERLAP_ULYSSES",               # "flash" (default) or "reference": the a2a of Ulysses attention
+    "ulysses": "FLASHOVERLAP_ULYSSES",               # "auto" (default), "flash" or "reference": Ulysses' a2a
     "core_attention": "FLASHOVERLAP_CORE_ATTENTION",  # attention.core: auto (default), megatron or sdpa
 }
 
@@ -347,7 +351,7 @@ class Environment:
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     allreduce_table: str | None = None
     query_split: bool = False
-    ulysses: str = "flash"
+    ulysses: str = "auto"
     core_attention: str = "auto"
 
 
@@ -363,10 +367,10 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
         raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} must be > 0 seconds")
     if get["query_split"] not in (None, "", "0", "1"):
         raise ValueError(f"{ENV_VARS['query_split']}={get['query_split']!r}: use 1 (on) or 0 (off)")
-    ulysses = get["ulysses"] or "flash"
-    if ulysses not in ULYSSES_ALGOS:
+    ulysses = get["ulysses"] or "auto"
+    if ulysses not in ULYSSES_SITE_ALGOS:
         renamed = " ('stock' is now called 'reference')" if ulysses == "stock" else ""
-        raise ValueError(f"{ENV_VARS['ulysses']}={ulysses!r}: choose one of {ULYSSES_ALGOS}{renamed}")
+        raise ValueError(f"{ENV_VARS['ulysses']}={ulysses!r}: choose one of {ULYSSES_SITE_ALGOS}{renamed}")
     core = get["core_attention"] or "auto"
     if core not in CORE_ATTENTIONS:
         raise ValueError(f"{ENV_VARS['core_attention']}={core!r}: choose one of {CORE_ATTENTIONS}")

@@ -7,16 +7,17 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYERS, MOE_SITE, MOE_SITE_ALGOS,
-               PLANNER_PROBES, PREFILL_ALGOS, ROW_SITES, STEP_KINDS, TRAIN_PICKS, ULYSSES_ALGOS, _positive_int_or_none)
+               PLANNER_PROBES, PREFILL_ALGOS, ROW_SITES, STEP_KINDS, TRAIN_PICKS, ULYSSES_SITE, ULYSSES_SITE_ALGOS,
+               _positive_int_or_none)
 
 
 @dataclass(frozen=True)
 class AttentionSettings:
     """core: the core attention for cp == 1 without query split, one of CORE_ATTENTIONS. query_split:
     attention + proj + RS as one operator (TP with SP, cp == 1). ulysses_algo: the a2a of Ulysses attention
-    (cp > 1), one of ULYSSES_ALGOS."""
+    (cp > 1), one of ULYSSES_SITE_ALGOS (auto: stock or flash, measured)."""
     query_split: bool = False
-    ulysses_algo: str = "flash"
+    ulysses_algo: str = "auto"
     core: str = "auto"
 
     def __post_init__(self):
@@ -26,8 +27,8 @@ class AttentionSettings:
             raise ValueError(f"attention.query_split must be true or false, got {self.query_split!r}")
         if self.ulysses_algo == "stock":
             raise ValueError("attention.ulysses_algo 'stock' is now called 'reference'; write ulysses_algo: reference")
-        if self.ulysses_algo not in ULYSSES_ALGOS:
-            raise ValueError(f"attention.ulysses_algo {self.ulysses_algo!r}: choose one of {ULYSSES_ALGOS}")
+        if self.ulysses_algo not in ULYSSES_SITE_ALGOS:
+            raise ValueError(f"attention.ulysses_algo {self.ulysses_algo!r}: choose one of {ULYSSES_SITE_ALGOS}")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _pinned_word(word, pick) -> None:
     ok = len(parts) == 3 and parts[2].isdigit() and parts[1] in STEP_KINDS
     if ok and parts[0] == DECODE_SITE:
         ok = parts[1] == "decode" and pick in ALL_REDUCE_ALGOS[1:]
-    elif ok and parts[0] == MOE_SITE:
+    elif ok and parts[0] in (MOE_SITE, ULYSSES_SITE):
         ok = parts[1] == "train" and pick in TRAIN_PICKS
     elif ok and parts[1] == "train":
         ok = parts[0] in LAYERS and pick in TRAIN_PICKS
@@ -65,7 +66,7 @@ def _pinned_word(word, pick) -> None:
     if not ok:
         raise ValueError(f"choices.pinned: {word}: {pick!r} is not a choice the chooser writes (proj|fc2/prefill|"
                          f"mixed/<tokens>: reference|decomposed, all_reduce/decode/<tokens>: an algorithm of "
-                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}|{MOE_SITE}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
+                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}|{MOE_SITE}|{ULYSSES_SITE}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
                          f"remove it or pass back the file a run wrote")
 
 

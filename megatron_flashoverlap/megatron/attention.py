@@ -35,11 +35,15 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from ..config import ENV_VARS
+from ..config import ENV_VARS, active
+from ..ops.all_reduce.all_reduce import resolve_local_world_size
+from ..ops.all_reduce.calibrate import group_layout
+from ..ops.attention.choose import ulysses_key, ulysses_pick
 from ..ops.attention.core import Attend, attention_rows, make_spec
 from ..ops.attention.query_split import query_split_attention
 from ..ops.registry import OpPlan
-from ..ops.attention.ulysses import ULYSSES_ALGOS, check_ulysses_heads, ulysses_attention
+from ..ops.attention.ulysses import check_ulysses_heads, ulysses_attention
+from ..plan.chooser import chooser_of
 from ..runtime import group_info, shared_context
 from .linear import FlashRowParallelLinear
 from .sdpa import megatron_instead, unsupported_by_ours
@@ -65,24 +69,27 @@ def check_attention_config(config, op: str) -> None:
 
 
 class UlyssesDotProductAttention(MegatronModule):
-    """Ulysses (a2a) context-parallel core attention; drop-in for the local spec's `core_attention`."""
+    """Ulysses (a2a) context-parallel core attention; drop-in for the local spec's `core_attention`. Its a2a is
+    `flash_config.attention.ulysses_algo` (None: config.active()); auto (the default): stock's all-to-all or
+    ours, measured at the first training-mode forward per shape (ops/attention/choose.py); an eval-mode forward
+    before that runs stock's."""
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection=None, algo: str = "flash", **kwargs):
+                 cp_comm_type: str | None = None, pg_collection=None, flash_config=None, **kwargs):
         super().__init__(config=config)
         if cp_comm_type not in (None, "a2a"):
             raise ValueError(f"UlyssesDotProductAttention: cp_comm_type={cp_comm_type!r} is not supported; set "
                              f"--cp-comm-type a2a (Ulysses), or use the Transformer Engine spec for p2p/all_gather")
-        if algo not in ULYSSES_ALGOS:
-            raise ValueError(f"UlyssesDotProductAttention: unknown algo {algo!r}; choose one of {ULYSSES_ALGOS}")
+        flash_config = active() if flash_config is None else flash_config
         check_attention_config(config, "UlyssesDotProductAttention")
         self.tp_group, self.cp_group = _groups(pg_collection)
         tp, cp = group_info(self.tp_group)[1], group_info(self.cp_group)[1]
         check_ulysses_heads("UlyssesDotProductAttention", config.num_attention_heads // tp,
                             max(config.num_query_groups or config.num_attention_heads, tp) // tp, cp, tp)
         self.layer_number, self.attn_mask_type, self.attention_type = max(1, layer_number), attn_mask_type, attention_type
-        self.algo = algo
+        self.algo = flash_config.attention.ulysses_algo  # checked by the config (ULYSSES_SITE_ALGOS)
+        self.flash_chooser, self._chosen = chooser_of(flash_config), {}
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
 
@@ -110,8 +117,24 @@ class UlyssesDotProductAttention(MegatronModule):
         causal = attention_mask is None and mask_type == AttnMaskType.causal  # as Megatron: a mask wins
         attend = Attend(causal=causal, mask=attention_mask, softmax_scale=self.softmax_scale,
                         dropout_p=self.dropout_p if self.training else 0.0, seed=self._seed(), zigzag=True)
-        return ulysses_attention(query, key, value, self.cp_group, attend=attend, algo=self.algo,
-                                 context=shared_context("layer"))
+        return ulysses_attention(query, key, value, self.cp_group, attend=attend,
+                                 algo=self._algo(query, key, value, attend), context=shared_context("layer"))
+
+    def _algo(self, query, key, value, attend) -> str:
+        """The a2a of this call: the configured word, or under auto the chooser's pick for this shape (decided at
+        the first training-mode forward; stock's before it)."""
+        if self.algo != "auto":
+            return self.algo
+        shape = (tuple(query.shape), tuple(key.shape), query.dtype)
+        if shape not in self._chosen:
+            if not self.training:
+                return "reference"
+            world = group_info(self.cp_group)[1]
+            g = resolve_local_world_size(world, None, self.cp_group, strict=False)
+            key_ = ulysses_key(query, key, *group_layout(self.cp_group, g, query.dtype))
+            self._chosen[shape] = ulysses_pick(self.flash_chooser, key_, (query, key, value), attend, self.cp_group,
+                                               shared_context("layer"), _model_parallel_replicas())
+        return self._chosen[shape]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         return {}  # no parameters (softmax_type 'vanilla' only)
@@ -230,7 +253,7 @@ def select_attention(attn_submodules, flash_config, *, context_parallel_size: in
     settings = flash_config.attention
     if context_parallel_size > 1:
         attn_submodules.core_attention = ModuleSpec(module=UlyssesDotProductAttention,
-                                                    params={"algo": settings.ulysses_algo})
+                                                    params={"flash_config": flash_config})
         return
     if not settings.query_split:
         return
@@ -245,3 +268,11 @@ def select_attention(attn_submodules, flash_config, *, context_parallel_size: in
     attn_submodules.core_attention = QuerySplitDotProductAttention
     attn_submodules.linear_proj = ModuleSpec(module=QuerySplitRowParallelLinear,
                                              params={"flash_config": flash_config})
+
+
+def _model_parallel_replicas():
+    """Megatron's tensor + data + context parallel group of this pipeline stage (every rank whose auto choice
+    should agree), None where Megatron's parallel state is not up (the CP group alone decides)."""
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    return parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)

@@ -39,7 +39,7 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from megatron_flashoverlap.config import uniform
+    from megatron_flashoverlap.config import from_dict, uniform
     from megatron_flashoverlap.megatron import attention as la
     from megatron_flashoverlap.megatron.spec import submodules_of
 
@@ -62,7 +62,8 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
         spec = get_gpt_layer_local_spec()
     attn = submodules_of(spec.submodules.self_attention)
     if kind == "ulysses":
-        attn.core_attention = ModuleSpec(module=la.UlyssesDotProductAttention, params={"algo": algo})
+        own = from_dict({"attention": {"ulysses_algo": algo}})  # a config (and chooser) of its own, not the pool's
+        attn.core_attention = ModuleSpec(module=la.UlyssesDotProductAttention, params={"flash_config": own})
     elif kind == "qsa":
         fc = uniform(algo="slicing", num_chunks=2) if algo == "slicing" else uniform(algo=algo)
         attn.core_attention = la.QuerySplitDotProductAttention
@@ -157,9 +158,12 @@ def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=Tr
         model = _model(tp, cp, kind, heads, groups, ulysses_algo)
         model.load_state_dict(init, strict=True)  # every weight of the stock model, and no other
         cp_losses = _train(model, cp, steps, mask, grads=cp_grads)
+        core = model.decoder.layers[0].self_attention.core_attention
+        decided = {k.word: (c.pick, c.source) for k, c in getattr(core, "flash_chooser", None).decided.items()
+                   if k.site == "ulysses"} if hasattr(core, "flash_chooser") else {}
     finally:
         parallel_state.destroy_model_parallel()
-    return {"ref": ref_losses, "cp": cp_losses, "grads": _grad_errors(cp_grads, ref_grads)}
+    return {"ref": ref_losses, "cp": cp_losses, "grads": _grad_errors(cp_grads, ref_grads), "decided": decided}
 
 
 def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4, kind="qsa"):

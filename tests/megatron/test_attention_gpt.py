@@ -35,9 +35,15 @@ def _check(res):
     assert all(r["cp"] == res[0]["cp"] for r in res)  # every rank reports the same global loss
 
 
-@pytest.mark.parametrize("algo", ["flash", "reference"])
+@pytest.mark.parametrize("algo", ["flash", "reference", "auto"])
 def test_gpt_cp2_ulysses_matches_no_cp(pools, algo):
-    _check(pools(2).run(BODY, tp=1, cp=2, ulysses_algo=algo, timeout=600))
+    """auto (the default; ops/attention/choose.py): the first training forward decides ulysses/train/<bucket>
+    on the CP group, every rank the same pick; either pick moves the same bytes, so the tolerances hold."""
+    res = pools(2).run(BODY, tp=1, cp=2, ulysses_algo=algo, timeout=600)
+    _check(res)
+    decided = [r["decided"] for r in res]
+    assert decided[0] == decided[1] and len(decided[0]) == (algo == "auto"), decided
+    assert all(source == "measured" and pick in ("reference", "flash") for pick, source in decided[0].values())
 
 
 def test_gpt_cp2_default_causal_mask_and_gqa(pools):

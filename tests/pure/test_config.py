@@ -50,7 +50,8 @@ def test_default_is_auto_everywhere_and_frozen():
     slower than stock where the measurement can see it (plan/chooser.py)."""
     cfg = FlashOverlapConfig()
     assert {cfg.plan(layer).algo for layer in LAYERS} == {"auto"}
-    assert (cfg.all_reduce.num_chunks, cfg.all_reduce.table, cfg.attention.ulysses_algo) == (None, None, "flash")
+    assert (cfg.all_reduce.num_chunks, cfg.all_reduce.table, cfg.attention.ulysses_algo) == (None, None, "auto")
+    assert cfg.moe.algo == "auto"
     assert cfg.attention.core == "auto"  # the core attention stock builds for the flags (megatron/sdpa.py)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.qkv = LayerPlan("reference")
