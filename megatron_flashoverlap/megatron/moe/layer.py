@@ -9,9 +9,9 @@ or (moe.algo = flash, expert-TP 1) the fused expert pipeline of ops/moe/fused.py
                                   fused pipeline: each source block through the SAME SequentialMLP (that
                                   block's counts, its probs applied where stock applies them) as it arrives;
                                   moe.algo = auto (the default): stock, or the fused pipeline where it fuses
-                                  and wins, measured at the layer's first training forward (ops/moe/choose.py;
-                                  an inference forward before that runs stock: it is not measured inside a
-                                  request)
+                                  and wins, measured at the layer's first training-mode forward
+                                  (ops/moe/choose.py; an eval-mode forward before that runs stock: it is not
+                                  measured inside a request)
     FlashAlltoAllTokenDispatcher  MoEAlltoAllTokenDispatcher; token_dispatch / token_combine run
                                   expert_all_to_all (exchange = pairwise steps, reference = stock a2a)
 
@@ -37,7 +37,6 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-import torch
 
 from ...config import FlashOverlapConfig, active
 from ...ops.all_reduce.all_reduce import resolve_local_world_size
@@ -158,8 +157,9 @@ class FlashMoELayer(MoELayer):
 
     def dispatch(self, hidden_states, probs):
         """Fused: tokens stay where they are (the split sizes reach the host here, as before stock's a2a).
-        auto: the first training forward decides first (`_choose`)."""
-        if self.flash_auto and torch.is_grad_enabled():
+        auto: the first training-mode forward decides first (`_choose`; under activation recompute that is the
+        no-grad forward, so its recompute runs the same path)."""
+        if self.flash_auto and self.training:
             self._choose(hidden_states, probs)
         if not self._fused_now():
             return super().dispatch(hidden_states, probs)
