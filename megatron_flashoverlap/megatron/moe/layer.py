@@ -37,7 +37,6 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-
 from ...config import FlashOverlapConfig, active
 from ...ops.all_reduce.all_reduce import resolve_local_world_size
 from ...ops.all_reduce.calibrate import group_layout
