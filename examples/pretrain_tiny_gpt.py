@@ -107,7 +107,8 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse(argv)
     print(f"Megatron's pretrain() on mock data, tiny {args.model}-style GPT (2 layers, hidden 64), TP=2 + SP "
-          f"on 2 CPU ranks (gloo), {args.iters} iterations: stock, then --flash-overlap", flush=True)
+          f"on 2 CPU ranks (gloo), {args.iters} iterations: stock, then --flash-overlap with configs/flash.yaml",
+          flush=True)
     t0 = time.perf_counter()
     runs = {arm: train(arm, args.iters, args.model, args.timeout) for arm in ("stock", "flash")}
     print(report(runs))
