@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from ..plan.chooser import Chooser, Key, bucket
-from ..runtime.timing import paired, rank_max
+from ..runtime.timing import paired
 from ..ops.all_reduce.calibrate import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan
 
@@ -68,9 +68,5 @@ def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
             probe.grad = w.grad = None
         return run
     with torch.enable_grad():
-        samples = paired({"reference": step(_REFERENCE), "flash": step(flash)}, group, x.device,
-                         rounds=ROUNDS, warmup=WARMUP)
-    agree = replicas(group)
-    if agree is None:
-        return samples
-    return rank_max(samples, agree, x.device if x.device.type == "cuda" else None)
+        return paired({"reference": step(_REFERENCE), "flash": step(flash)}, group, x.device, rounds=ROUNDS,
+                      warmup=WARMUP, replicas=replicas(group))

@@ -12,7 +12,8 @@ A variant is a callable that runs ONE measured call and returns its seconds: `ti
 barrier of the default group; `sync` waits for the device), `cuda_timed` (CUDA events), or `pass_seconds`
 (one forward, or forward + backward, of a block: fresh leaf input before the clock, grads dropped after).
 
-    paired(candidates, group, device)  {name: [seconds per kept round]}, the max over the group's ranks:
+    paired(candidates, group, device, replicas=None)  {name: [seconds per kept round]}, the max over the group's
+                                       ranks (and over `replicas`: a group of every rank whose choice must agree)
         cpu   the host clock around each call, after a barrier of the group (gloo: a post blocks the host,
               so the host clock is the collective's time)
         cuda  a CUDA event pair around each call on the current stream, ONE synchronize after the last round
@@ -98,14 +99,15 @@ def rank_max(samples: Mapping[Hashable, list[float]], group=None,
 
 
 def paired(candidates: Mapping[str, Callable[[], object]], group, device: torch.device, *, rounds: int = 5,
-           warmup: int = 1) -> dict[str, list[float]]:
+           warmup: int = 1, replicas=None) -> dict[str, list[float]]:
     """{name: [seconds of one call per kept round]} of every candidate, `warmup + rounds` rounds, the order
-    rotated per round (round r starts at candidate r mod n), then the max over `group` (module docstring).
-    Collective: every rank of `group` calls it with the same candidates in the same order."""
+    rotated per round (round r starts at candidate r mod n), then the max over `group` and `replicas` (module
+    docstring). Collective: every rank of `group` (and of `replicas`) calls it with the same candidates."""
     names = list(candidates)
     if device.type != "cuda":
-        return rank_max(interleaved({n: (lambda f=candidates[n]: timed(f, group=group)) for n in names}, rounds,
-                                    warmup=warmup, rotate=True), group)
+        samples = rank_max(interleaved({n: (lambda f=candidates[n]: timed(f, group=group)) for n in names}, rounds,
+                                       warmup=warmup, rotate=True), group)
+        return samples if replicas is None else rank_max(samples, replicas)
     events: dict[str, list] = {n: [] for n in names}
 
     def recorded(name):
@@ -120,4 +122,5 @@ def paired(candidates: Mapping[str, Callable[[], object]], group, device: torch.
     interleaved({n: recorded(n) for n in names}, rounds, warmup=warmup, rotate=True)
     torch.cuda.synchronize(device)
     kept = {n: [a.elapsed_time(b) / 1e3 for a, b in events[n][warmup:]] for n in names}
-    return rank_max(kept, group, device)  # NCCL reduces device tensors only
+    kept = rank_max(kept, group, device)  # NCCL reduces device tensors only
+    return kept if replicas is None else rank_max(kept, replicas, device)

@@ -21,7 +21,7 @@ import torch
 
 from ...config import ULYSSES_SITE
 from ...plan.chooser import Chooser, Key, bucket
-from ...runtime.timing import paired, rank_max
+from ...runtime.timing import paired
 from ..all_reduce.calibrate import ROUNDS, WARMUP, settle
 from .core import Attend
 from .ulysses import ulysses_attention
@@ -49,10 +49,7 @@ def ulysses_pick(chooser: Chooser, key: Key, qkv: tuple, attend: Attend, group, 
 
         def measure():
             with torch.enable_grad():
-                samples = paired({"reference": run("reference"), "flash": run("flash")}, group, qkv[0].device,
-                                 rounds=ROUNDS, warmup=WARMUP)
-            if replicas is None:
-                return samples
-            return rank_max(samples, replicas, qkv[0].device if qkv[0].device.type == "cuda" else None)
+                return paired({"reference": run("reference"), "flash": run("flash")}, group, qkv[0].device,
+                              rounds=ROUNDS, warmup=WARMUP, replicas=replicas)
         known = settle(chooser, key, qkv[0].device, group, measure)
     return known.pick

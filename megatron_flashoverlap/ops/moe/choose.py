@@ -19,7 +19,7 @@ import torch
 
 from ...config import MOE_SITE
 from ...plan.chooser import Chooser, Key, bucket
-from ...runtime.timing import paired, rank_max
+from ...runtime.timing import paired
 from ..all_reduce.calibrate import ROUNDS, WARMUP, settle
 from .fused import LocalExperts, expert_pipeline
 
@@ -38,10 +38,7 @@ def moe_pick(chooser: Chooser, key: Key, tokens: torch.Tensor, probs: torch.Tens
             def run(algo):
                 return lambda: expert_pipeline(tokens, probs, *pipeline, group, ctx, algo=algo)
             with torch.no_grad():
-                samples = paired({"reference": run("reference"), "flash": run("flash")}, group, tokens.device,
-                                 rounds=ROUNDS, warmup=WARMUP)
-            if replicas is None:
-                return samples
-            return rank_max(samples, replicas, tokens.device if tokens.device.type == "cuda" else None)
+                return paired({"reference": run("reference"), "flash": run("flash")}, group, tokens.device,
+                              rounds=ROUNDS, warmup=WARMUP, replicas=replicas)
         known = settle(chooser, key, tokens.device, group, measure)
     return known.pick
