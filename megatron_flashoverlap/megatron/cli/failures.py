@@ -104,7 +104,7 @@ class Watch:
         elif time.monotonic() - self.failed_at >= GRACE_S:
             self.armed = False
             for pid, rank, state in _ranks(torchrun_pid):
-                _say(f"killing rank {rank} (pid {pid}, {state}): still running {GRACE_S:.0f} s after "
+                _say(f"killing rank {rank} (pid {pid}, {state}): still running {GRACE_S:g} s after "
                      f"{self.failed} failed")
                 _kill_session(pid)
 
@@ -117,7 +117,7 @@ class Watch:
         self.failed = f"rank {name[4:]}"
         with open(path) as f:
             text = f.read()
-        _say(f"{self.failed} failed: {text}. The ranks still running in {GRACE_S:.0f} s are killed (a stopped or "
+        _say(f"{self.failed} failed: {text}. The ranks still running in {GRACE_S:g} s are killed (a stopped or "
              f"hung rank never exits on torchrun's SIGTERM)")
 
     def close(self) -> None:
