@@ -341,6 +341,8 @@ ENV_VARS = {
     "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
     "ulysses": "FLASHOVERLAP_ULYSSES",               # "auto" (default), "flash" or "reference": Ulysses' a2a
     "core_attention": "FLASHOVERLAP_CORE_ATTENTION",  # attention.core: auto (default), megatron or sdpa
+    "failure_dir": "FLASHOVERLAP_FAILURE_DIR",       # set by the launcher for its ranks: where a failing rank
+                                                     # says so (megatron/cli/failures.py)
 }
 
 
@@ -353,6 +355,7 @@ class Environment:
     query_split: bool = False
     ulysses: str = "auto"
     core_attention: str = "auto"
+    failure_dir: str | None = None
 
 
 def environment(environ: Mapping[str, str] | None = None) -> Environment:
@@ -376,4 +379,4 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
         raise ValueError(f"{ENV_VARS['core_attention']}={core!r}: choose one of {CORE_ATTENTIONS}")
     return Environment(config_path=get["config_path"] or None, timeout_s=timeout,
                        allreduce_table=get["allreduce_table"] or None, query_split=get["query_split"] == "1",
-                       ulysses=ulysses, core_attention=core)
+                       ulysses=ulysses, core_attention=core, failure_dir=get["failure_dir"] or None)

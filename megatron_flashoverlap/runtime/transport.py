@@ -4,6 +4,9 @@
     link(group, device) -> Link                                   the group's transport, built once and cached
     @names_operator                                               on an autograd Function: a PeerError raised in
                                                                   its forward / backward names it first
+    names_call(label)(fn)                                         the same for a plain function (and a finish
+                                                                  it hands back)
+    first_peer_error(wait_s) -> PeerError | None                  the first one this process made, any thread
     wait_collective(works, group, ctx, label)                     async collectives (references, baselines)
 
 "stream" (NCCL, any CUDA backend, torch's "fake" backend): `work.wait()` without a timeout. On NCCL that
@@ -31,6 +34,7 @@ step with `batch_isend_irecv`, which coalesces where the backend can (NCCL: one 
 from __future__ import annotations
 
 import functools
+import threading
 from datetime import timedelta
 from typing import Sequence
 
@@ -46,7 +50,14 @@ _MAX_LINKS = 256  # (group, device type) pairs cached; past that the cache start
 
 
 class PeerError(RuntimeError):
-    """A transfer with a peer failed; the process group is unusable afterwards (restart the job)."""
+    """A transfer with a peer failed; the process group is unusable afterwards (restart the job). The first one
+    made in a process is kept (`first_peer_error`)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        if not _FIRST:
+            _FIRST.append(self)
+            _FIRST_SEEN.set()
 
 
 class PeerTimeoutError(PeerError):
@@ -205,7 +216,32 @@ def _naming(fn, label: str):
     return run
 
 
+def names_call(label: str):
+    """Function decorator: a PeerError raised in the function, or in the finish() it returns (a deferred
+    last hop), starts with "<label>: ", as `names_operator` does for an autograd Function's passes."""
+    def wrap(fn):
+        named = _naming(fn, label)
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            out = named(*args, **kw)
+            return _naming(out, label) if callable(out) else out
+        return run
+    return wrap
+
+
 _RESTART = "The process group is unusable now: restart the job"
+_FIRST: list = []  # the first PeerError made in this process (any thread)
+_FIRST_SEEN = threading.Event()
+
+
+def first_peer_error(wait_s: float = 0.0) -> PeerError | None:
+    """The first PeerError this process made, from any thread; None if none within `wait_s`. Why: a timed wait
+    that gives up makes gloo close the peer's connection, and a collective another thread (the compute thread
+    beside the DP worker's ring) waits on over that connection then fails with gloo's "pair closure", which
+    names no peer: this says which transfer failed first."""
+    _FIRST_SEEN.wait(wait_s)
+    return _FIRST[0] if _FIRST else None
 
 
 def _ops(send_peers, recv_peers) -> list:

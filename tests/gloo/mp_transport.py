@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import megatron_flashoverlap as fo
 from benchmarks.harness.timing import fake_group
-from megatron_flashoverlap.runtime import PeerLostError, default_context, link
+from megatron_flashoverlap.runtime import PeerLostError, default_context, first_peer_error, link
 from tests.support.profile import comm_ops
 
 
@@ -74,6 +74,8 @@ def dead_peers(rank, world):
         out[case] = _attempt(_deferred_rs(sub) if case == "deferred_timeout" else
                              _ag(sub, "slicing" if case == "slicing_timeout" else "flash"))
         dist.barrier()
+    if rank == 0:
+        out["first"] = str(first_peer_error())  # what an entry's error of another kind is noted with
     return out
 
 

@@ -76,6 +76,12 @@ def test_deferred_last_hop_of_an_absent_peer_times_out_at_finish(dead):
     r = dead["deferred_timeout"]
     assert r["kind"] == "timeout", r
     assert "did not complete" in r["message"] and "global rank 1" in r["message"] and 1.5 < r["seconds"] < 30
+    assert r["message"].startswith("matmul_wgrad_reduce_scatter: step 1: "), r  # the operator named at finish()
+
+
+def test_the_first_peer_error_of_the_process_is_kept(dead):
+    """first_peer_error(): the first case's error (a lost peer at post), as raised, operator named."""
+    assert dead["first"] == dead["post"]["message"] and dead["first"].startswith("AllGatherMatmul.forward: step 0: ")
 
 
 @pytest.mark.parametrize("world", [2, 4])

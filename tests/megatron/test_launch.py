@@ -124,6 +124,27 @@ def test_bad_flags_name_the_fix(kw, words):
     assert fc.active() == FlashOverlapConfig()  # nothing activated
 
 
+def test_dp_fuse_all_without_the_ddp_flags_is_refused_naming_them(tmp_path):
+    """`dp: {fuse: all}` asks for every TP linear's DP reduce-scatter inside its wgrad GEMM; without
+    --use-distributed-optimizer and --overlap-grad-reduce there is none to fuse: refused at parse time (and where
+    pretrain() builds DDP), naming both flags, not a stock run said in one start-up line; accepted with them."""
+    from megatron_flashoverlap.megatron.ddp.pretrain import refuse_unfusable
+
+    yaml = tmp_path / "all.yaml"
+    yaml.write_text("dp: {fuse: all}\n")
+    for flags in ({}, {"use_distributed_optimizer": True}, {"overlap_grad_reduce": True}):
+        with pytest.raises(ValueError) as err:
+            apply_flash_overlap_args(ns(flash_overlap=True, flash_overlap_config=str(yaml), **flags))
+        for words in ("dp: {fuse: all}", "--use-distributed-optimizer", "--overlap-grad-reduce", "fuse: auto"):
+            assert words in str(err.value), (words, str(err.value))
+    apply_flash_overlap_args(ns(flash_overlap=True, flash_overlap_config=str(yaml), use_distributed_optimizer=True,
+                                overlap_grad_reduce=True))
+    assert fc.active().dp.fuse == "all"
+    with pytest.raises(ValueError, match="--overlap-grad-reduce"):  # the DDP-time check: Megatron's own config
+        refuse_unfusable("all", True, False)
+    refuse_unfusable("auto", False, False)  # auto: stock DDP where the flags are missing, said in one line
+
+
 def test_local_attention_backend_is_refused():
     from megatron.core.transformer.enums import AttnBackend
 
@@ -488,3 +509,4 @@ def test_flag_makes_pretrains_ddp_ours_and_says_when_it_stays_stock(monkeypatch)
     assert "--use-distributed-optimizer" in why and "--overlap-grad-reduce" in why
     why = why_stock(DistributedDataParallelConfig(use_distributed_optimizer=True), {})
     assert "--overlap-grad-reduce" in why
+

@@ -25,7 +25,7 @@ import functools
 import os
 from typing import Callable, Optional
 
-from ...config import ENV_VARS
+from ...config import ENV_VARS, active
 from ...runtime.once import LogOnce, print_rank0
 from ..structure import LOW_PRECISION_ARGS, refuse_low_precision
 
@@ -100,9 +100,11 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
-    from ..ddp.pretrain import install  # pretrain()'s DDP becomes ours: the fused DP reduce-scatter (ddp/pretrain.py)
+    from ..ddp.pretrain import install, refuse_unfusable  # pretrain()'s DDP becomes ours (ddp/pretrain.py)
     install()
     _log_once(f"> {FLAG}: --spec {' '.join(SPEC)}; per-layer config: {activate_config(args.flash_overlap_config)}")
+    refuse_unfusable(active().dp.fuse, getattr(args, "use_distributed_optimizer", False),
+                     getattr(args, "overlap_grad_reduce", False))  # at parse time: before a minute of start-up
     return args
 
 

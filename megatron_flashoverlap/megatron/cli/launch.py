@@ -38,6 +38,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from .args import apply_flash_overlap_args, with_flash_overlap_args
+from .failures import Watch, reporting
 
 USAGE = ("usage: flashoverlap-launch [--cpu] [--nproc-per-node N] SCRIPT.py [megatron args] [--flash-overlap "
          "[--flash-overlap-config PATH]]")
@@ -151,19 +152,26 @@ def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
     SIGTERM to this process is passed to torchrun (which passes it to every rank): the server stops in order.
     A rank that dies leaves its own children (a server's HTTP frontends, Megatron's coordinator) to this
     launcher (a subreaper on Linux): they are killed at once and torchrun told to stop the job; none outlives
-    the launcher."""
+    the launcher. A rank that fails reports it (failures.py): the ranks still running a short grace later are
+    killed (a stopped or hung one never ends on torchrun's SIGTERM), except after a SIGTERM to this process."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *(["--cpu"] if cpu else []), *rest]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    watch = Watch()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **watch.env()}
     adopting = _become_subreaper()
     proc = subprocess.Popen(cmd, env=env)
-    old = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))  # torchrun stops its ranks
+
+    def stop(*_):  # the user's stop: torchrun stops its ranks, with its own grace
+        watch.disarm()
+        proc.send_signal(signal.SIGTERM)
+    old = signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             try:
-                return proc.wait(ORPHAN_POLL_S if adopting else None)
+                return proc.wait(ORPHAN_POLL_S)
             except subprocess.TimeoutExpired:
                 pass
+            watch.poll(proc.pid)
             orphans = _adopted(proc.pid)
             if orphans:  # a rank died and left its children (a server's frontends, Megatron's coordinator)
                 print(f"flashoverlap-launch: a rank died leaving processes {orphans}: killing them and stopping "
@@ -172,10 +180,11 @@ def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
                 proc.send_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, old)
+        watch.close()
         _kill(_adopted(proc.pid) if adopting else [])
 
 
-ORPHAN_POLL_S = 0.5  # how often the launcher looks for processes a dead rank left behind
+ORPHAN_POLL_S = 0.5  # how often the launcher looks for failure reports and processes a dead rank left behind
 
 
 def _become_subreaper() -> bool:
@@ -250,8 +259,9 @@ def run_entry(module: str, prog: str, run: Callable[[], None], argv: Optional[Se
     cpu, nproc, rest = launcher_options(sys.argv[1:] if argv is None else argv)
     if nproc is not None:
         raise SystemExit(torchrun(module, cpu, nproc, rest))
-    prepare(prog, rest, cpu)
-    run()
+    with reporting():  # a failure tells the launcher (failures.py)
+        prepare(prog, rest, cpu)
+        run()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -266,10 +276,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if nproc is not None:
         raise SystemExit(torchrun("megatron_flashoverlap.launch", cpu, nproc, rest))
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # what `python script.py` does
-    prepare(script, rest[1:], cpu)
-    if "--flash-overlap" in rest and not _callable_spec_supported():
-        raise SystemExit(LEGACY)
-    runpy.run_path(script, run_name="__main__")
+    with reporting():  # a failure tells the launcher (failures.py)
+        prepare(script, rest[1:], cpu)
+        if "--flash-overlap" in rest and not _callable_spec_supported():
+            raise SystemExit(LEGACY)
+        runpy.run_path(script, run_name="__main__")
 
 
 LEGACY = ("--flash-overlap needs Megatron-LM core_v0.19.0 or newer: older pretrain_gpt.py hands the --spec "

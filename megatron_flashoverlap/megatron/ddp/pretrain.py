@@ -13,7 +13,10 @@ when `DP is DDP`). Both read a module-global name at call time: a subclass put u
 step, and every `isinstance(m, DistributedDataParallel)` in Megatron. Which TP linears fuse: the config's
 `dp: {fuse: auto | all | none}` (auto: choice.py's cost model, seq x micro-batch from Megatron's args; all:
 every one; none: stock DDP). Where the DDP config cannot fuse (no --use-distributed-optimizer,
-no --overlap-grad-reduce, a DP group of 1) the chunk is built as stock and one log line says why and what to add.
+no --overlap-grad-reduce, a DP group of 1) the chunk is built as stock and one log line says why and what to add;
+except that `fuse: all` without the two flags is refused (`refuse_unfusable`, at parse time and here): a user
+who asked for every linear fused gets an error naming the flags, not a stock run said in one line among
+Megatron's start-up lines.
 """
 from __future__ import annotations
 
@@ -28,12 +31,28 @@ from .linear import _dp_groups, _linears, build_with_dp_overlap
 log = logging.getLogger(__name__)
 
 
+def missing_flags(use_distributed_optimizer, overlap_grad_reduce) -> str | None:
+    """Why Megatron's DDP flags leave no reduce-scatter to fuse, or None."""
+    if not use_distributed_optimizer or not overlap_grad_reduce:
+        return "the flash DP overlap needs --use-distributed-optimizer and --overlap-grad-reduce"
+    return None
+
+
+def refuse_unfusable(fuse: str, use_distributed_optimizer, overlap_grad_reduce) -> None:
+    """`dp: {fuse: all}` without the flags it needs: ValueError naming them (module docstring)."""
+    why = missing_flags(use_distributed_optimizer, overlap_grad_reduce) if fuse == "all" else None
+    if why:
+        raise ValueError(f"dp: {{fuse: all}} in the flash-overlap config, but {why}: add both flags, or write "
+                         f"dp: {{fuse: auto}} (stock DDP where they are missing) or dp: {{fuse: none}}")
+
+
 def why_stock(ddp_config, ddp_kwargs, fuse: str = "auto") -> str | None:
     """Why this DDP chunk is built stock, or None when the fused reduce-scatter applies."""
     if fuse == "none":
         return "dp: {fuse: none} in the flash-overlap config"
-    if not ddp_config.use_distributed_optimizer or not ddp_config.overlap_grad_reduce:
-        return "the flash DP overlap needs --use-distributed-optimizer and --overlap-grad-reduce"
+    why = missing_flags(ddp_config.use_distributed_optimizer, ddp_config.overlap_grad_reduce)
+    if why:
+        return why
     if _dp_groups(ddp_kwargs)[1].size() < 2:
         return "the data-parallel group has size 1"
     return None
@@ -44,6 +63,7 @@ class FlashDistributedDataParallel(DistributedDataParallel):
 
     def __init__(self, config, ddp_config, module, **kwargs):
         fuse = active().dp.fuse
+        refuse_unfusable(fuse, ddp_config.use_distributed_optimizer, ddp_config.overlap_grad_reduce)
         why = why_stock(ddp_config, kwargs, fuse)
         if why is not None:
             super().__init__(config, ddp_config, module, **kwargs)

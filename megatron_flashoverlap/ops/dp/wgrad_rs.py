@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ...runtime import OverlapContext, Producer, default_context, group_info, produce_and_scatter
+from ...runtime import OverlapContext, Producer, default_context, group_info, names_call, produce_and_scatter
 from ...runtime import reduce_scatter_into, sums, wgrad, wire_dtype
 from ...runtime.numerics import flat
 from ..checks import peers_agree
@@ -149,6 +149,7 @@ def wgrad_reduce_scatter_ring(dy, x, bucket: DPBucket, group, ctx: OverlapContex
     finish()
 
 
+@names_call(OP)  # a dead peer's error names this operator, here or at the deferred finish()
 def matmul_wgrad_reduce_scatter(dy: torch.Tensor, x: torch.Tensor, bucket: DPBucket, group, *,
                                 algo: str | None = None, plan: OpPlan | None = None,
                                 context: OverlapContext | None = None, defer_last: bool = False):
