@@ -41,7 +41,9 @@ HOOK = ROOT / "tests" / "support" / "fault"
 TRAIN = ["--global-batch-size", "2", "--lr", "1e-4", "--log-interval", "1", "--eval-iters", "0", "--eval-interval",
          "1000000", "--mock-data", "--train-iters", "100000", "--flash-overlap"]
 TP = MODEL.index("--tensor-model-parallel-size") + 1  # MODEL: TP = 2
-TP_SP = [*MODEL, *TRAIN, "--micro-batch-size", "2", "--sequence-parallel"]
+# configs/flash.yaml: the TP rings run from the first step (the flag alone, auto, might keep stock at a site)
+TP_SP = [*MODEL, *TRAIN, "--micro-batch-size", "2", "--sequence-parallel", "--flash-overlap-config",
+         str(ROOT / "configs" / "flash.yaml")]
 DP_FUSED = [*MODEL[:TP], "1", *MODEL[TP + 1:], *TRAIN, "--micro-batch-size", "1", "--use-distributed-optimizer",
             "--overlap-grad-reduce"]  # TP = 1, DP = 2: one micro-batch of 1 per rank
 BOUND_S, SLACK_S, START_S = 5, 30, 240
@@ -106,13 +108,14 @@ def _check(seconds, rc, text: str, where: str, group: str) -> None:
 
 
 def _check_launcher(text: str, where: str) -> None:
-    """The launcher named the failed rank and its error, and killed the stopped one (torchrun's SIGTERM cannot);
-    torchrun's summary keeps rank 0's own exit code as the root cause."""
+    """The launcher named the failed rank and its error, and killed the stopped one (torchrun's SIGTERM cannot).
+    torchrun's own summary is not the record: where rank 0 is still exiting at the kill (seen in the fused-DP case
+    on a loaded host: still running 15 s after its report) it names the kill, not rank 0's exit code 1."""
     said = next((line for line in text.splitlines() if line.startswith("flashoverlap-launch: rank 0 failed: ")), "")
     assert f"PeerTimeoutError: {where}: step " in said, text[-4000:]
     assert any(line.startswith("flashoverlap-launch: killing rank 1 (pid ") and "stopped" in line
                for line in text.splitlines()), text[-4000:]
-    assert "exitcode  : 1" in text, text[-3000:]
+
 
 
 @pytest.mark.newest_only
@@ -211,3 +214,4 @@ def test_a_reported_failure_kills_the_stopped_rank_after_the_grace_a_user_stop_d
         parent.kill()
         parent.wait()
         watch.close()
+
