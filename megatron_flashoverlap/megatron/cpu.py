@@ -30,13 +30,13 @@ launcher's `--cpu`). Each shim replaces one CUDA-only call, and says which:
                                         model-parallel init and seeding silently -> initialize sees 1 device
                   8. arch version       validate_args reads the GPU's major version (TP > 1)      -> 0 (not
                                         Blackwell: CUDA_DEVICE_MAX_CONNECTIONS=1 is then required, and set)
-                 10. JIT warm-up        pretrain()'s set_jit_fusion_options -> _warmup_jit_function draws
-                                        5 `torch.rand(..., device="cuda")` tensors of [s/CP, b, ffn/TP] and
-                                        [s(/TP under SP)/CP, b, h] and runs 10 dropouts on them, all on the
-                                        CUDA generator on a GPU; on CPU they would advance the CPU generator,
-                                        which then initialises the non-TP parameters (nn.Embedding: the
-                                        learned position table) differently per CP / TP size -> the CPU
-                                        generator's state is restored after it, as on a GPU
+                 10. JIT warm-up        pretrain()'s set_jit_fusion_options -> _warmup_jit_function compiles
+                                        the fused bias-GeLU / bias-dropout-add kernels (torch.compile: a C++
+                                        build of ~10 s per process on CPU) that a CPU run never calls (the
+                                        CPU defaults turn the fusions off), drawing its inputs on the CUDA
+                                        generator on a GPU (on CPU they would advance the CPU generator, which
+                                        initialises the non-TP parameters) -> skipped: nothing is compiled and
+                                        the CPU generator is untouched, as a GPU run leaves it
     inference    12. events, counters   torch.cuda.Event (the controller's step timing), reset_peak_memory_stats,
                                         torch.cuda.LongTensor (offline_inference.py's clock) -> host clock,
                                         no-op, torch.LongTensor; the paged K/V append's triton kernel -> Megatron's
@@ -84,7 +84,7 @@ def enable(*, relax_norm: bool = True) -> bool:
         return False
     check_version(_megatron_version())
     for shim in (_shim_current_device, _shim_rng_tracker, _shim_torch_norm, _shim_cuda_devices,
-                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training, _shim_warmup_rng,
+                 _shim_type_names, _shim_cuda_runtime, _shim_moe, _shim_training, _shim_warmup,
                  _shim_float16_optimizer, _shim_inference):
         if relax_norm or shim is not _shim_torch_norm:
             shim()
@@ -326,8 +326,9 @@ def _shim_training() -> None:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
-def _shim_warmup_rng() -> None:
-    # 10. the JIT warm-up's random draws leave the CPU generator as a GPU run leaves it (untouched).
+def _shim_warmup() -> None:
+    # 10. the JIT warm-up is skipped: it compiles GPU fusions a CPU run never calls, and its draws would advance
+    #     the CPU generator a GPU run leaves untouched.
     try:
         from megatron.training import initialize
     except ModuleNotFoundError as err:
@@ -335,16 +336,15 @@ def _shim_warmup_rng() -> None:
             raise
         return
     warmup = getattr(initialize, "_warmup_jit_function", None)
-    if warmup is None or getattr(warmup, "_cpu_rng_kept", False):
+    if warmup is None or getattr(warmup, "_cpu_skipped", False):
         return
 
     @functools.wraps(warmup)
-    def warmup_keeping_cpu_rng(*args, **kwargs):
-        with torch.random.fork_rng(devices=[]):  # CPU generator only: saved here, restored on exit
-            return warmup(*args, **kwargs)
+    def warmup_skipped_on_cpu(*args, **kwargs):
+        return None
 
-    warmup_keeping_cpu_rng._cpu_rng_kept = True
-    initialize._warmup_jit_function = warmup_keeping_cpu_rng  # set_jit_fusion_options calls it by global name
+    warmup_skipped_on_cpu._cpu_skipped = True
+    initialize._warmup_jit_function = warmup_skipped_on_cpu  # set_jit_fusion_options calls it by global name
 # ------------------------------------------------------------------------------------------- inference
 class _CpuEvent:
     """12. torch.cuda.Event on the CPU's one stream: `record()` takes the host clock, `elapsed_time` is ms
