@@ -145,6 +145,7 @@ def hybrid_layers(rank, world, tp):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.spec_utils import build_module
 
+    from megatron_flashoverlap.config import uniform
     from megatron_flashoverlap.megatron.spec import hybrid_stack_spec
 
     tm.init_tp(tp)
@@ -152,7 +153,7 @@ def hybrid_layers(rank, world, tp):
         cfg = tm.tiny_config(tp, True)
         runs = []
         for stock in (True, False):
-            sub = hybrid_stack_spec(stock=stock).submodules
+            sub = hybrid_stack_spec(uniform("flash"), stock=stock).submodules  # flash: auto's probe calls ours too
             torch.manual_seed(7)
             model_parallel_cuda_manual_seed(7)
             layers = [build_module(sub.attention_layer, config=cfg, layer_number=1),
