@@ -37,7 +37,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ENV_VARS, active
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
-from ..ops.all_reduce.calibrate import group_layout
+from ..ops.choose import group_layout
 from ..ops.attention.choose import ulysses_key, ulysses_pick
 from ..ops.attention.core import Attend, attention_rows, make_spec
 from ..ops.attention.query_split import query_split_attention

@@ -22,14 +22,15 @@ import torch
 
 from ..plan.chooser import Chooser, Key, bucket
 from ..runtime.timing import paired
-from ..ops.all_reduce.calibrate import ROUNDS, WARMUP, settle
+from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan
 
 _REFERENCE = OpPlan("reference")
 
 
 def train_key(site: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
-    """<site>/train/<bucket of s * b> on `layout`, the weight's sizes (calibrate.group_layout: layout, members)."""
+    """<site>/train/<bucket of s * b> on `layout`, the weight's sizes (ops/choose.py group_layout: layout,
+    members)."""
     return Key(site, "train", bucket(x.shape[0] * x.shape[1]), layout,
                f"w {weight.shape[0]}x{weight.shape[1]} x {x.shape[-1]}", members)
 

@@ -1,7 +1,8 @@
 """Overlap operators by family (tp_sp, tp_nosp, all_reduce, attention, dp, moe): in each family folder its plain
 functions (one per algorithm, one signature), reference, autograd.Function and public wrapper side by side;
 `registry` holds the algorithm words per operator, the dispatch tables, `force_reference()` and the settings
-objects of the GEMM operators (OpPlan: the algorithm and its knobs; WgradRoute: where dW goes)."""
+objects of the GEMM operators (OpPlan: the algorithm and its knobs; WgradRoute: where dW goes); `choose` the
+chooser's measured tier every family's choice settles through (plan/chooser.py holds the rule)."""
 from .registry import ALGOS, OpPlan, WgradRoute, force_reference
 from .attention.core import Attend
 from .all_reduce.all_reduce import AR_ALGOS, all_reduce

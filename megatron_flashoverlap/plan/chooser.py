@@ -1,10 +1,14 @@
-"""The one chooser: which algorithm an inference site runs, per step kind and shape bucket, and why.
+"""The one chooser: which algorithm a site runs, per step kind and shape bucket, and why.
 
     Key(site, kind, bucket, layout, shape)
         site    proj | fc2: the row-parallel output all-reduce without SP of a prefill or mixed step
                     candidates: reference (the GEMM, then stock all-reduce) | decomposed (the layer's algo)
                 qkv | proj | fc1 | fc2 at a training step, where the layer's algo is auto
                     candidates: reference (stock's forward) | flash, forward + backward (megatron/train_choice.py)
+                moe: an MoE layer's exchange + experts at a training step, where moe.algo is auto
+                    candidates: reference (stock a2a, experts, a2a) | flash (fused), forward (ops/moe/choose.py)
+                ulysses: Ulysses attention's two all-to-alls at a training step, ulysses_algo auto
+                    candidates: reference (all_to_all_single) | flash, fwd + bwd (ops/attention/choose.py)
                 all_reduce: the decode all-reduce (one per row site and decode step, whole after the GEMM)
                     candidates: reference | the all-reduce algorithms distinct on the layout
         kind    train | prefill | decode | mixed (a step holding prefill and decode tokens)
@@ -18,7 +22,9 @@
                     other than auto (its training step never asks)
         2 pinned    choices.pinned: what a run wrote to choices.write, passed back (same layout, else an error)
         3 measured  paired rounds of stock and every candidate on the real group at the bucket's shape
-                    (ops/all_reduce/calibrate.py, ops/tp_nosp/choose.py), or an all-reduce calibration file
+                    (ops/choose.py `settle`; each site's measurement: ops/all_reduce/calibrate.py,
+                    ops/tp_nosp/choose.py, ops/moe/choose.py, ops/attention/choose.py,
+                    megatron/train_choice.py), or an all-reduce calibration file
                     (all_reduce.table), while the measured seconds stay inside choices.budget_s; a row site's
                     prefill and mixed keys of a bucket share one measurement. When: a dynamic engine's first
                     step measures every bucket the engine can meet, smallest first (megatron/buckets.py), so
@@ -30,7 +36,8 @@
     PAIRED_WINS of the rounds, each round pairing them under the same load: a noisy win stays stock.
 Every rank of a group decides alike: the samples it decides on are the max over the group's ranks (the time of
 a collective is its slowest rank's), the budget is charged those same seconds, and the rule is a pure function.
-A training site's samples are the max over the tensor + data parallel group as well: every replica agrees.
+A training site's samples are the max over its replicas as well (the stage's tensor + data + context parallel
+group; the expert-data-parallel group for the MoE exchange): every replica agrees.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def startup(rank, world, local, shape, table=None, slow=None):
     -> what the test checks (the decisions this rank holds, the log lines, the path taken, exactness)."""
     os.environ["LOCAL_WORLD_SIZE"] = str(local)
     lines = Lines()
-    logging.getLogger("megatron_flashoverlap.ops.all_reduce").addHandler(lines)
+    logging.getLogger("megatron_flashoverlap.ops").addHandler(lines)
     select.warn_once.clear()
     saved = calibrate.plain
     calibrate.plain = _slowed(rank, slow)
@@ -62,4 +62,4 @@ def startup(rank, world, local, shape, table=None, slow=None):
     finally:
         calibrate.plain = saved
         os.environ.pop("LOCAL_WORLD_SIZE", None)
-        logging.getLogger("megatron_flashoverlap.ops.all_reduce").removeHandler(lines)
+        logging.getLogger("megatron_flashoverlap.ops").removeHandler(lines)

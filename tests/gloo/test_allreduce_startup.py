@@ -10,7 +10,8 @@ Sums: exact here (small integers in float32: every order of the additions gives 
 """
 import pytest
 
-from megatron_flashoverlap.ops.all_reduce.calibrate import ROUNDS, candidates
+from megatron_flashoverlap.ops.all_reduce.calibrate import candidates
+from megatron_flashoverlap.ops.choose import ROUNDS
 
 
 def _decision(per_rank, word):

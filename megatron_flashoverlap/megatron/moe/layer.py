@@ -39,7 +39,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ...config import FlashOverlapConfig, active
 from ...ops.all_reduce.all_reduce import resolve_local_world_size
-from ...ops.all_reduce.calibrate import group_layout
+from ...ops.choose import group_layout
 from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
 from ...ops.moe.choose import moe_key, moe_pick
 from ...ops.registry import forced

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from ...config import ALL_REDUCE_ALGOS, active
 from ...plan.chooser import chooser_of
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info, names_operator
-from .calibrate import decode_key, decode_pick, group_layout
+from ..choose import group_layout
+from .calibrate import decode_key, decode_pick
 from .select import is_decode_shaped, node_layout, warn_once
 from ..checks import peers_agree
 from ..registry import plain, register, resolve_algo

@@ -22,13 +22,14 @@ import torch
 from ...config import ULYSSES_SITE
 from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
-from ..all_reduce.calibrate import ROUNDS, WARMUP, settle
+from ..choose import ROUNDS, WARMUP, settle
 from .core import Attend
 from .ulysses import ulysses_attention
 
 
 def ulysses_key(q_s: torch.Tensor, k_s: torch.Tensor, layout: str, members: tuple) -> Key:
-    """ulysses/train/<bucket of s/P * b> on `layout` (calibrate.group_layout of the CP group), the heads' sizes."""
+    """ulysses/train/<bucket of s/P * b> on `layout` (ops/choose.py group_layout of the CP group), the heads'
+    sizes."""
     return Key(ULYSSES_SITE, "train", bucket(q_s.shape[0] * q_s.shape[1]), layout,
                f"np {q_s.shape[2]} ng {k_s.shape[2]} hn {q_s.shape[3]}", members)
 

@@ -20,11 +20,11 @@ import torch
 from ...config import MOE_SITE
 from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
-from ..all_reduce.calibrate import ROUNDS, WARMUP, settle
+from ..choose import ROUNDS, WARMUP, settle
 from .fused import LocalExperts, expert_pipeline
 
 def moe_key(rows: int, h: int, experts: int, layout: str, members: tuple) -> Key:
-    """moe/train/<bucket of the routed rows> on `layout` (calibrate.group_layout of the EP group)."""
+    """moe/train/<bucket of the routed rows> on `layout` (ops/choose.py group_layout of the EP group)."""
     return Key(MOE_SITE, "train", bucket(rows), layout, f"h {h} experts {experts}", members)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
-from ..all_reduce.calibrate import ROUNDS, WARMUP, settle
+from ..choose import ROUNDS, WARMUP, settle
 from ..registry import OpPlan
 from .all_reduce_matmul import ar_matmul_forward
 
@@ -25,7 +25,7 @@ _REFERENCE = OpPlan("reference")
 
 def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
     """The key of a row site's step: <site>/<kind>/<bucket of s * b> on `layout` (the group `members`), the
-    weight's sizes (calibrate.group_layout gives layout and members)."""
+    weight's sizes (ops/choose.py group_layout gives layout and members)."""
     return Key(site, kind, bucket(x.shape[0] * x.shape[1]), layout, f"h {weight.shape[0]} k {weight.shape[1]}",
                members)
 
