@@ -4,8 +4,8 @@
     cfg: {"tokens", "hidden", "ffn", "experts", "topk", "repeats"}   EP = P, TP = expert-TP = 1, SequentialMLP
 
 Methods (rows): "stock" = Megatron's unmodified MoELayer (MoEAlltoAllTokenDispatcher: all_to_all_single),
-then ours (FlashMoELayer) once per word of config.MOE_ALGOS, whatever that tuple holds. Modes fwd and
-fwd+bwd. Per (method, mode) three measured calls, every one a variant of one interleaved loop
+then ours (FlashMoELayer) once per word of config.MOE_SITE_ALGOS (auto included), whatever that tuple holds. Modes
+fwd and fwd+bwd. Per (method, mode) three measured calls, every one a variant of one interleaved loop
 (runtime/timing.py; one warm-up round; a sample = the max over ranks of one call after a barrier):
 
     block    the layer on the real (shaped) EP group
@@ -29,7 +29,7 @@ import contextlib
 
 import torch
 
-from megatron_flashoverlap.config import MOE_ALGOS
+from megatron_flashoverlap.config import MOE_SITE_ALGOS
 from benchmarks.harness import timing
 from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
 
@@ -37,11 +37,12 @@ MODES = ("fwd", "fwd+bwd")
 
 
 def methods() -> tuple[str, ...]:
-    """The rows: Megatron stock first, then ours for every MoE algorithm the config knows."""
-    return ("stock", *MOE_ALGOS)
+    """The rows: Megatron stock first, then ours for every moe.algo the config knows (auto: the default, stock or
+    flash as its first training forward measures them; the measurement falls in the warm-up round)."""
+    return ("stock", *MOE_SITE_ALGOS)
 
 
-def _layer(cfg: dict, world: int, method: str, ffn: int):
+def _layer(cfg: dict, world: int, method: str, ffn: int, flash_config=None):
     """The MoE layer (decoder.layers[0].mlp) of a 1-layer MoE GPT from stock's or our spec, expert ffn `ffn`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -56,14 +57,18 @@ def _layer(cfg: dict, world: int, method: str, ffn: int):
     if method == "stock":
         spec = get_gpt_layer_local_spec(num_experts=cfg["experts"])
     else:
-        spec = get_gpt_layer_flashoverlap_spec(num_experts=cfg["experts"],
-                                               flash_config=from_dict({"moe": {"algo": method}}))
+        spec = get_gpt_layer_flashoverlap_spec(num_experts=cfg["experts"], flash_config=flash_config or
+                                               from_dict({"moe": {"algo": method}}))
     return tm.build_gpt(config, spec).decoder.layers[0].mlp
 
 
 def _pair(cfg: dict, world: int, method: str) -> tuple:
-    """(full layer, comm-only layer with expert ffn 1 and the full layer's router weight)."""
-    full, thin = _layer(cfg, world, method, cfg["ffn"]), _layer(cfg, world, method, 1)
+    """(full layer, comm-only layer with expert ffn 1 and the full layer's router weight); one config, so under
+    auto the thin layer runs what the full layer's measurement picked (the same key)."""
+    from megatron_flashoverlap.config import from_dict
+
+    shared = from_dict({"moe": {"algo": method}}) if method != "stock" else None
+    full, thin = _layer(cfg, world, method, cfg["ffn"], shared), _layer(cfg, world, method, 1, shared)
     with torch.no_grad():
         thin.router.weight.copy_(full.router.weight)
     return full, thin

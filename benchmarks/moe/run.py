@@ -1,5 +1,5 @@
 """MoE-layer benchmark: one Megatron MoE layer (alltoall dispatcher, expert-TP 1, SequentialMLP experts),
-Megatron stock vs ours for every word of config.MOE_ALGOS, EP = 2 and 4, fwd and fwd+bwd, on the shaped link.
+Megatron stock vs ours for every moe.algo of config.MOE_SITE_ALGOS (auto: the default), EP = 2 and 4, fwd and fwd+bwd, on the shaped link.
 
     sudo .venv/bin/python benchmarks/moe/run.py --worlds 2,4 --rates 1gbit,2gbit   # out/moe/moe.md + moe_raw.json
     .venv/bin/python benchmarks/moe/run.py --unshaped --quick                      # no root: host loopback, labelled
