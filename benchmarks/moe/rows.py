@@ -120,4 +120,5 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     finally:
         parallel_state.destroy_model_parallel()
     rows = [{"method": m, "mode": mode, **timing.derived(stats, m, mode)} for m in methods() for mode in MODES]
-    return {"config": cfg, "world": world, "rows": rows} if rank == 0 else None
+    picked = {m: "flash" if full.flash_fused else "stock" for m, (full, _) in pairs.items() if m == "auto"}
+    return {"config": cfg, "world": world, "rows": rows, "picked": picked} if rank == 0 else None

@@ -57,9 +57,10 @@ def header(run: dict) -> str:
     c, world = run["config"], run["world"]
     cores = f"; {world} ranks share this machine's cores" if world > 2 else ""
     shares = ", ".join(f"{mode} {share(run, mode) * 100:.0f}%" for mode in ("fwd", "fwd+bwd"))
+    picked = "".join(f"; {m} ran {p} (its start-up measurement)" for m, p in run.get("picked", {}).items())
     return (f"EP={world}, link {run['rate']}{cores}: tokens/rank {c['tokens']}, hidden {c['hidden']}, expert ffn "
             f"{c['ffn']}, {c['experts']} experts, top-{c['topk']}, fp32, {c['repeats']} rounds; stock's comm "
-            f"alone / stock's block: {shares}")
+            f"alone / stock's block: {shares}{picked}")
 
 
 def summary(runs: list[dict]) -> list[str]:
