@@ -14,7 +14,7 @@ BASE = ("--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
         "--train-iters", str(ITERS), "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0",
         "--eval-interval", "1000", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--mock-data",
-        "--seed", "1234", "--num-workers", "0")  # the batches in-process: no data-loader worker processes to fork
+        "--seed", "1234")
 TP2 = ("--tensor-model-parallel-size", "2", "--sequence-parallel")
 ROPE_GQA = ("--normalization", "RMSNorm", "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights",
             "--disable-bias-linear", "--group-query-attention", "--num-query-groups", "2")

@@ -137,11 +137,14 @@ def _fused_layers(world):
     """(config, fc1 column, fc2 row): both Flash layers built with gradient_accumulation_fusion=True (no apex)."""
     from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear, FlashRowParallelLinear
 
+    from megatron_flashoverlap.config import from_dict
+
     cfg = tm.tiny_config(world, True)
     cfg.gradient_accumulation_fusion = True
-    col = FlashColumnParallelLinear(32, 64, config=cfg, init_method=cfg.init_method, bias=True,
+    ours = from_dict({"default": {"algo": "flash"}})  # our operators, whatever auto would measure
+    col = FlashColumnParallelLinear(32, 64, config=cfg, init_method=cfg.init_method, bias=True, flash_config=ours,
                                     gather_output=False, tp_comm_buffer_name="fc1")
-    row = FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True,
+    row = FlashRowParallelLinear(64, 32, config=cfg, init_method=cfg.init_method, bias=True, flash_config=ours,
                                  input_is_parallel=True, skip_bias_add=True, tp_comm_buffer_name="fc2")
     return cfg, col, row
 

@@ -70,6 +70,13 @@ class Result:
         return self
 
 
+# Every training job of a batch runs in a process that earlier jobs left multi-threaded (gloo's and our
+# communication threads); Megatron's data loader would fork its workers from it, and a fork of a multi-threaded
+# process may only call async-signal-safe functions (a worker segfaulted in CI). In-process loading reads the
+# same samples in the same order (Megatron's sampler decides them, not the workers).
+IN_PROCESS = ("--num-workers", "0")
+
+
 def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
     """Run `jobs` (one world size) in order behind one torchrun start-up; -> {name: Result}."""
     world = {j.world for j in jobs}
@@ -80,8 +87,8 @@ def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(text)
     jobs = sorted(jobs, key=lambda j: j.order)  # stable: declaration order within an order
-    spec = [{"name": j.name, "entry": j.entry, "argv": [a.replace("{tmp}", str(tmp)) for a in j.argv]}
-            for j in jobs]
+    spec = [{"name": j.name, "entry": j.entry, "argv": [a.replace("{tmp}", str(tmp)) for a in j.argv]
+             + (list(IN_PROCESS) if j.entry in ("pretrain_gpt", "launch") else [])} for j in jobs]
     (out / "jobs.json").write_text(json.dumps(spec, indent=1))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world.pop()}",
            "-m", RUNNER, str(out / "jobs.json"), str(out), str(JOB_S)]
