@@ -1,7 +1,8 @@
 """Megatron's OpenAI-compatible HTTP server (`python -m megatron_flashoverlap.serve`: the wheel's
 MegatronAsyncLLM.serve, coordinator mode) answers one completion request identically stock and --flash-overlap,
 and stops cleanly on SIGTERM; a request out of range (top_p 2.0, logprobs 1000) gets a 400 naming the field and the
-server keeps serving; a start on a taken port fails with its error and leaves no process behind.
+server keeps serving; a start on a taken port fails with its error and leaves no process behind; a rank killed
+mid-request (rank 0, rank 1) fails the request with a 503 naming the cause and ends the job, nothing left.
 
 Tier 2 (the shared pretrain() start-up saves the checkpoint; then two torchrun starts, one server per arm, TP=2 on
 2 CPU ranks over gloo; newest lane: the high-level inference API ships in the 0.19 wheel; needs the `serve`
@@ -201,47 +202,65 @@ def _rank(launcher: psutil.Process, rank: str) -> psutil.Process:
     return ranks[0]
 
 
+# a request still in flight at the kill: 4 short prompts, as many tokens as the 64 positions allow (the checks'
+# 400 otherwise); greedy
+IN_FLIGHT = {"prompt": [[1, 5, 9, 17, 3], [7, 7], [4] * 4, [9, 3, 1]], "max_tokens": 59, "temperature": 0,
+             "ignore_eos": True}
+CAUSES = {"0": "the inference engine stopped: rank 0 (pid {pid}) ended",  # seen by the frontend (its parent gone)
+          "1": "the inference engine on rank 0 stopped on an error (RuntimeError"}  # rank 0's engine lost its peer
+
+
 @pytest.mark.newest_only
 @pytest.mark.pretrain(SAVE)
-def test_a_killed_rank_0_takes_the_frontend_and_coordinator_with_it(pretrain, tmp_path):
-    """kill -9 of rank 0 mid-request: its HTTP frontend and Megatron's coordinator (its children; the coordinator
-    ignores SIGTERM) used to outlive it, re-parented to init, /health answering 200 and every request hanging.
-    The launcher adopts them (a subreaper) and kills them: /health stops answering within 10 s, the in-flight
-    request ends (its connection closed: the frontend that held it is gone), the launcher exits non-zero, and
-    no process is left."""
+@pytest.mark.parametrize("victim", ["0", "1"])
+def test_a_killed_rank_fails_the_request_in_flight_with_a_503_naming_it_and_ends_the_job(pretrain, tmp_path, victim):
+    """kill -9 of a rank mid-request. Rank 0: its HTTP frontend sees its parent gone and answers 503 naming it, then
+    the launcher (a subreaper) kills the frontend and Megatron's coordinator it adopted (they used to outlive rank 0,
+    /health answering 200 and every request hanging). Rank 1: rank 0's engine fails on the lost peer; rank 0 has
+    its frontend answer 503 naming that error, stops it and exits 1. Either way: the request in flight gets the
+    503 (not a closed connection), /health stops answering 200 within 10 s, the launcher exits non-zero, and no
+    process is left."""
     pretrain(SAVE.name).check()
-    port, log = free_port(), tmp_path / "serve-kill0.log"
+    port, log = free_port(), tmp_path / f"serve-kill{victim}.log"
     url, proc = f"http://127.0.0.1:{port}", start("stock", CKPT.replace("{tmp}", str(pretrain.tmp)), port, log)
     family, outcome = [], {}
     try:
         wait_ready(proc, url, log)
         family = psutil.Process(proc.pid).children(recursive=True)
+        rank0 = _rank(psutil.Process(proc.pid), "0").pid
 
         def request():
             try:
-                post(url + "/v1/completions", {"prompt": PROMPTS, "max_tokens": 40, "temperature": 0}, REQUEST_S)
-                outcome["request"] = "answered"
+                post(url + "/v1/completions", IN_FLIGHT, REQUEST_S)
+                outcome["request"] = (200, "answered")
+            except urllib.error.HTTPError as err:
+                outcome["request"] = (err.code, json.load(err)["error"]["message"])
             except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
-                outcome["request"] = type(err).__name__
+                outcome["request"] = (None, type(err).__name__)
         import threading
         asker = threading.Thread(target=request)
         asker.start()
         time.sleep(0.3)
         t0 = time.monotonic()
-        _rank(psutil.Process(proc.pid), "0").kill()
+        _rank(psutil.Process(proc.pid), victim).kill()
         while time.monotonic() - t0 < 10 and "health_s" not in outcome:
             try:
                 with urllib.request.urlopen(url + "/health", timeout=1):
                     pass
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):  # HTTPError (a 503) included
                 outcome["health_s"] = time.monotonic() - t0
             time.sleep(0.2)
         asker.join(REQUEST_S)
         rc = proc.wait(timeout=STOP_S)
+        outcome["exit_s"] = time.monotonic() - t0
     finally:
         _, left = stop(proc)
     _, alive = psutil.wait_procs(family, timeout=10)
-    assert outcome.get("health_s") is not None, (outcome, log.read_text()[-3000:])
-    assert outcome["request"] != "answered" and rc not in (0, None), (outcome, rc)
-    assert "a rank died leaving processes" in log.read_text()
+    text = log.read_text()
+    status, message = outcome.get("request", (None, "no answer"))
+    assert status == 503 and CAUSES[victim].format(pid=rank0) in message, (outcome, text[-3000:])
+    assert outcome.get("health_s") is not None, (outcome, text[-3000:])
+    assert rc not in (0, None), (outcome, rc)  # within STOP_S: not torchrun's grace for an orderly stop
+    if victim == "0":
+        assert "a rank ended leaving processes" in text, text[-3000:]
     assert not alive and not left, (alive, left)

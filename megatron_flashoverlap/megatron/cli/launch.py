@@ -151,9 +151,11 @@ def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
     """Start `nproc` ranks of `python -m module [--cpu] rest...` under torchrun (standalone); -> exit code.
     SIGTERM to this process is passed to torchrun (which passes it to every rank): the server stops in order.
     A rank that dies leaves its own children (a server's HTTP frontends, Megatron's coordinator) to this
-    launcher (a subreaper on Linux): they are killed at once and torchrun told to stop the job; none outlives
-    the launcher. A rank that fails reports it (failures.py): the ranks still running a short grace later are
-    killed (a stopped or hung one never ends on torchrun's SIGTERM), except after a SIGTERM to this process."""
+    launcher (a subreaper on Linux): they are killed when seen a second time, one poll later (a dead rank 0's
+    frontend has answered its requests by then; a child a rank leaves as it exits in order has ended by itself);
+    torchrun ends the job where the rank failed; none outlives the launcher. A rank that fails reports it
+    (failures.py): the ranks still running a short grace later are killed (a stopped or hung one never ends on
+    torchrun's SIGTERM), except after a SIGTERM to this process."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *(["--cpu"] if cpu else []), *rest]
     watch = Watch()
@@ -164,7 +166,7 @@ def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
     def stop(*_):  # the user's stop: torchrun stops its ranks, with its own grace
         watch.disarm()
         proc.send_signal(signal.SIGTERM)
-    old = signal.signal(signal.SIGTERM, stop)
+    old, seen = signal.signal(signal.SIGTERM, stop), set()
     try:
         while True:
             try:
@@ -173,11 +175,11 @@ def torchrun(module: str, cpu: bool, nproc: int, rest: Sequence[str]) -> int:
                 pass
             watch.poll(proc.pid)
             orphans = _adopted(proc.pid)
-            if orphans:  # a rank died and left its children (a server's frontends, Megatron's coordinator)
-                print(f"flashoverlap-launch: a rank died leaving processes {orphans}: killing them and stopping "
-                      f"the job", file=sys.stderr, flush=True)
-                _kill(orphans)
-                proc.send_signal(signal.SIGTERM)
+            left, seen = [p for p in orphans if p in seen], set(orphans)  # seen at the last poll too
+            if left:  # a rank ended and left its children (a server's frontends, Megatron's coordinator)
+                print(f"flashoverlap-launch: a rank ended leaving processes {left}: killing them",
+                      file=sys.stderr, flush=True)
+                _kill(left)
     finally:
         signal.signal(signal.SIGTERM, old)
         watch.close()
