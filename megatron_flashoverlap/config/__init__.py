@@ -45,7 +45,8 @@ YAML (files in configs/ only choose values; every key is optional):
     planner: {probe: auto}                        # on CUDA: the choices this YAML leaves open (layers it does
                                                   # not name, hop_chunks, dp.fuse auto, the decode all-reduce
                                                   # table) from the planner after a start-up probe
-                                                  # (megatron/probe.py); off: the CPU rules everywhere
+                                                  # (megatron/probe.py); always: on every backend (gloo
+                                                  # too); off: the CPU rules everywhere
     timeout_s: 300                                # an upper bound on every wait of ours; unset: the
                                                   # process group's own timeout (Megatron's
                                                   # --distributed-timeout-minutes), as stock waits
@@ -93,7 +94,7 @@ MOE_ALGOS = ("flash", "exchange", "reference")
 MOE_SITE_ALGOS = MOE_ALGOS + ("auto",)
 MOE_SITE = "moe"  # the MoE exchange's site word in a choice key
 DP_FUSE = ("auto", "all", "none")  # megatron/ddp/pretrain.py
-PLANNER_PROBES = ("auto", "off")  # megatron/probe.py: auto = on CUDA only
+PLANNER_PROBES = ("auto", "always", "off")  # megatron/probe.py: auto = on NCCL only, always = every backend
 
 LAYERS = ("qkv", "proj", "fc1", "fc2")
 COLUMN_LAYERS = ("qkv", "fc1")

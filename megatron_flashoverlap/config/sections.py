@@ -116,9 +116,15 @@ class DPSettings:
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    """probe: "auto" (on CUDA, the planner fills what the YAML leaves open: megatron/probe.py) or "off"."""
+    """probe: "auto" (on NCCL, the planner fills what the YAML leaves open: megatron/probe.py), "always" (on
+    every backend: gloo runs the GPU run's path) or "off"."""
     probe: str = "auto"
 
     def __post_init__(self):
+        if self.probe is False:  # YAML 1.1 reads a bare `off` as false
+            object.__setattr__(self, "probe", "off")
+        if self.probe is True:
+            raise ValueError("planner.probe: YAML reads a bare on / yes / true as a boolean: write always (every "
+                             "backend) or auto (NCCL only)")
         if self.probe not in PLANNER_PROBES:
             raise ValueError(f"planner.probe {self.probe!r}: choose one of {PLANNER_PROBES}")

@@ -1,15 +1,17 @@
-"""The start-up probe on GPUs: a few GEMMs and point-to-point hops timed with CUDA events, the same figures on
-every rank, handed to the planner (plan/choices.py) for the choices the YAML leaves open.
+"""The start-up probe: a few GEMMs and point-to-point hops timed on the real group, the same figures on every
+rank, handed to the planner (plan/choices.py) for the choices the YAML leaves open.
 
-    planned(cfg) -> cfg      where the spec reads the config (spec.model_layer_specs): on CUDA with torch.distributed
-                             initialized, Megatron's args parsed and cfg.planner.probe == "auto": probe once, choose,
-                             apply (the YAML wins), activate the result (the DDP wrapper reads dp.fuse from it),
-                             load the predicted decode all-reduce table unless the YAML names one; log the figures
-                             and choices once. Anything else (CPU, gloo, probe off): cfg unchanged, so the CPU
-                             rules (hops.py, megatron/ddp/choice.py, the measured all-reduce table) keep working.
-    measure(shapes, sizes, gpus_per_node, group=None) -> figures   the GPU part (plan/choices.py: Figures)
-        GEMMs: each shape in bf16, median of 3 calls after a warm-up, CUDA events (the wing may not import
-               runtime/timing.py, a floor above it: tests/pure/test_layering.py; as megatron/ddp/choice.py times its probe)
+    planned(cfg) -> cfg      where the spec reads the config (spec.model_layer_specs), torch.distributed
+                             initialized and Megatron's args parsed, when cfg.planner.probe is
+                                 "auto"  on NCCL only (the default: on gloo the CPU rules decide)
+                                 "always" on every backend: gloo runs the very code a GPU run takes (CI runs it)
+                             probe once, choose, apply (the YAML wins), activate the result (the DDP wrapper reads
+                             dp.fuse from it), hand the predicted picks and decode table to the chooser's model
+                             tier; log the figures once (INFO) and the choices once (WARNING, as every decision
+                             line). Anything else: cfg unchanged (hops.py, megatron/ddp/choice.py, the measured tier).
+    measure(shapes, gpus_per_node, group=None) -> figures   (plan/choices.py: Figures)
+        GEMMs: each shape, median of 3 calls after a warm-up: on NCCL in bf16 between CUDA events, on any other
+               backend in fp32 on the host clock (runtime/timing.py)
         hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
                call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
                node (ranks without a pair report nothing)
@@ -26,13 +28,14 @@ import torch.distributed as dist
 
 from ..config import activate
 from ..plan.chooser import chooser_of
-from ..runtime.timing import cuda_timed
+from ..runtime.timing import cuda_timed, timed
 from ..runtime.once import LogOnce
 from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
 
 log = logging.getLogger(__name__)
-_SAID = LogOnce(log, logging.INFO)  # the figures and the choices, once per process
+_FIGURES = LogOnce(log, logging.INFO)  # the figures, once per process
+_CHOSE = LogOnce(log)  # the choices: a decision line, as the chooser's
 _REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
 ROUNDS = 3
@@ -43,48 +46,60 @@ def _median(call) -> float:
     return statistics.median(call() for _ in range(ROUNDS))
 
 
-def _gemm_seconds(shapes) -> list[float]:
+class _Clock:
+    """Where the probe runs: (device, GEMM dtype, its figures' word, seconds of one call) of the group's backend."""
+
+    def __init__(self, group):
+        self.backend = str(dist.get_backend(group))
+        cuda = self.backend == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.dtype, self.word = (torch.bfloat16, "bf16") if cuda else (torch.float32, "fp32")
+        self.name = torch.cuda.get_device_name() if cuda else f"host CPU ({self.backend})"
+        self.seconds = cuda_timed if cuda else (lambda fn: timed(fn, barrier=False))
+
+
+def _gemm_seconds(shapes, clock: _Clock) -> list[float]:
     out = []
     for m, k, n in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        out.append(_median(lambda: cuda_timed(lambda: torch.matmul(a, b))))
+        a = torch.randn(m, k, device=clock.device, dtype=clock.dtype)
+        b = torch.randn(k, n, device=clock.device, dtype=clock.dtype)
+        out.append(_median(lambda: clock.seconds(lambda: torch.matmul(a, b))))
     return out
 
 
-def _exchange(peer: int | None, nbytes: int, group) -> float:
+def _exchange(peer: int | None, nbytes: int, group, clock: _Clock) -> float:
     """Seconds of one exchange of `nbytes` with `peer` (0 without a peer), after a barrier."""
     dist.barrier(group=group)
     if peer is None:
         return 0.0
-    send = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    send = torch.empty(nbytes, dtype=torch.uint8, device=clock.device)
     recv = torch.empty_like(send)
 
     def run():
         ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    return cuda_timed(run)
+    return clock.seconds(run)
 
 
-def _hop_seconds(peer: int | None, group) -> list[float]:
+def _hop_seconds(peer: int | None, group, clock: _Clock) -> list[float]:
     out = []
     for nbytes in HOP_BYTES:
-        out.append(_median(lambda: _exchange(peer, nbytes, group)))
+        out.append(_median(lambda: _exchange(peer, nbytes, group, clock)))
     return out
 
 
 def measure(shapes, gpus_per_node: int, group=None) -> dict:
     """The probe's figures, identical on every rank (module docstring)."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rank, world, clock = dist.get_rank(group), dist.get_world_size(group), _Clock(group)
     intra, inter = partners(rank, world, gpus_per_node)
-    times = _gemm_seconds(shapes) + _hop_seconds(intra, group) + _hop_seconds(inter, group)
-    t = torch.tensor(times, dtype=torch.float64, device="cuda")
+    times = _gemm_seconds(shapes, clock) + _hop_seconds(intra, group, clock) + _hop_seconds(inter, group, clock)
+    t = torch.tensor(times, dtype=torch.float64, device=clock.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     times = t.tolist()
     n, h = len(shapes), len(HOP_BYTES)
     hops = (lambda xs: [[b, s] for b, s in zip(HOP_BYTES, xs) if s > 0])
-    return {"device": torch.cuda.get_device_name(), "dtype": "bf16", "gpus_per_node": gpus_per_node,
+    return {"device": clock.name, "backend": clock.backend, "dtype": clock.word, "gpus_per_node": gpus_per_node,
             "nodes": max(1, world // gpus_per_node),
             "gemm": [[*s, x] for s, x in zip(shapes, times[:n])],
             "intra": hops(times[n:n + h]), "inter": hops(times[n + h:])}
@@ -129,8 +144,9 @@ def _probe_and_choose(model: Model, layout: Layout):
 
 def planned(cfg):
     """cfg with the planner's choices on this GPU cluster, or cfg unchanged (module docstring)."""
-    if cfg.planner.probe != "auto" or not torch.cuda.is_available() or not dist.is_initialized() \
-            or dist.get_backend() != "nccl":
+    if cfg.planner.probe == "off" or not dist.is_initialized():
+        return cfg
+    if cfg.planner.probe == "auto" and not (torch.cuda.is_available() and dist.get_backend() == "nccl"):
         return cfg
     args = _megatron_args()
     if args is None:
@@ -147,7 +163,8 @@ def planned(cfg):
     chooser.model_sites = dict(choices.sites)
     if choices.decode_table is not None:
         chooser.model_tables = list(choices.decode_table["tables"])
-    _SAID(("probe", model, layout), "flash-overlap probe: %s", figures)
-    _SAID(("choices", model, layout), "flash-overlap %s", choices.log)
+    _FIGURES(("probe", model, layout), "flash-overlap probe: %s", figures)
+    if dist.get_rank() == 0:
+        _CHOSE(("choices", model, layout), "flash-overlap %s", choices.log)
     activate(out)
     return out

@@ -2,7 +2,7 @@
 that measures the figures is megatron/probe.py).
 
     Figures (a JSON-able dict, identical on every rank: the probe takes the max over ranks of each figure)
-        {"device": "NVIDIA H100 80GB HBM3", "dtype": "bf16", "gpus_per_node": G, "nodes": N,
+        {"device": "NVIDIA H100 80GB HBM3", "backend": "nccl", "dtype": "bf16", "gpus_per_node": G, "nodes": N,
          "gemm": [[m, k, n, seconds], ...],          GEMMs of the model's own sites, whole and 1/P slices
          "intra": [[bytes, seconds], ...],           one point-to-point hop between two GPUs of a node (every
                                                      GPU exchanging at once, as a ring step does)
@@ -118,7 +118,7 @@ def _knobs(variant: str, sequence_parallel: bool) -> dict:
     return {"algo": algo, "num_chunks": None, "hop_chunks": None}
 
 
-def decode_table(env: Env, tp: int, dtype: str) -> dict | None:
+def decode_table(env: Env, tp: int, dtype: str, backend: str = "nccl") -> dict | None:
     """The decode all-reduce's predicted table over the TP group, in ops/all_reduce/select.py's format."""
     if tp < 2:
         return None
@@ -129,7 +129,7 @@ def decode_table(env: Env, tp: int, dtype: str) -> dict | None:
         rows.append({"bytes": nbytes, "reference_us": t["reference"] * 1e6,
                      **{f"{a.split(':')[1]}_us": s * 1e6 for a, s in t.items() if a.startswith("flash:")}})
     dtypes = sorted({_TORCH_DTYPE.get(dtype, dtype), "bfloat16", "float16"})  # a message's time is its bytes'
-    return {"tables": [{"world_size": tp, "local_world_size": g.per_node, "backend": "nccl", "dtype": d,
+    return {"tables": [{"world_size": tp, "local_world_size": g.per_node, "backend": backend, "dtype": d,
                         "source": "planner prediction", "rows": rows} for d in dtypes]}
 
 
@@ -148,7 +148,7 @@ def choose(figures: dict, model: Model, layout: Layout, slowdown: float = 0.10) 
                      for n, k in sites.items())
     log = (f"planner (prediction) on {figures['device']} x {env.cluster.world}: {picks}; dp.fuse {fuse}; "
            f"step stock {st.step(True) * 1e3:.1f} ms -> ours {st.step(False) * 1e3:.1f} ms")
-    return Choices(sites, ar, fuse, decode_table(env, layout.tp, env.dtype), log,
+    return Choices(sites, ar, fuse, decode_table(env, layout.tp, env.dtype, figures.get("backend", "nccl")), log,
                    {"stock_s": st.step(True), "ours_s": st.step(False)})
 
 

@@ -83,6 +83,24 @@ def test_launcher_runs_an_unmodified_pretrain_script_on_cpu(pretrain):
         assert len(at) == 1 and len(start) == 1 and at[0] < start[0], run.logs[0][-3000:]
 
 
+# planner: {probe: always}: the start-up probe a GPU run takes at model build (megatron/probe.py), here on gloo with
+# the host clock; the planner fills what the YAML leaves open (hop_chunks of the flash layers), which moves no sum
+PROBE_YAML = ("probe_always.yaml", "default: {algo: flash}\nplanner: {probe: always}\n")
+PROBE_JOB = Job("launch-llama-probe", "launch", (*LAUNCH, "--flash-overlap", "--flash-overlap-config",
+                                                 "{tmp}/probe_always.yaml"), files=(PROBE_YAML,))
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(LAUNCH_JOBS[0], PROBE_JOB)
+def test_the_gpu_runs_start_up_probe_runs_on_gloo_inside_pretrain(pretrain):
+    stock, probed = pretrain(LAUNCH_JOBS[0].name).check(), pretrain(PROBE_JOB.name).check()
+    assert_same_curve(stock.losses, probed.losses)
+    chose = [ln for ln in probed.logs[0].splitlines() if "flash-overlap planner (prediction) on host CPU (gloo) x 2:" in ln]
+    assert len(chose) == 1, probed.logs[0][-3000:]  # rank 0 says the planner's picks once
+    assert all(f"{site}=" in chose[0] for site in ("qkv", "proj", "fc1", "fc2")) and "dp.fuse" in chose[0]
+    assert probed.sites.startswith("GEMM sites: dense[1-2]: qkv=flash"), probed.sites  # the YAML wins
+
+
 # Issue 26 items 4, 5, 7, 9 through Megatron's pretrain() on 2 CPU ranks, three short runs of one GPT with
 # learned absolute position embeddings (Megatron's default; the table is an nn.Embedding initialised from the
 # CPU generator, as on a GPU) and no dropout (CP=2 would draw other masks):

@@ -185,3 +185,15 @@ def test_hop_chunks_is_a_flash_knob_per_layer():
     cfg = from_dict({"default": {"algo": "flash", "hop_chunks": 3}, "fc2": {"algo": "flash"}}, QUIET)
     assert cfg.plan("fc1").hop_chunks == 3 and cfg.plan("proj").hop_chunks == 3
     assert cfg.plan("fc2").hop_chunks is None  # a layer's own entry replaces the default: automatic
+
+
+def test_planner_probe_reads_yamls_bare_off_and_refuses_a_bare_on(tmp_path):
+    """YAML 1.1 reads a bare `off` as false and `on` as true: `off` is the documented word, `on` is ambiguous."""
+    path = tmp_path / "probe.yaml"
+    path.write_text("planner: {probe: off}\n")
+    assert load_config(path).planner.probe == "off"
+    path.write_text("planner: {probe: always}\n")
+    assert load_config(path).planner.probe == "always"
+    path.write_text("planner: {probe: on}\n")
+    with pytest.raises(ValueError, match="write always"):
+        load_config(path)
