@@ -229,6 +229,36 @@ def test_an_engine_that_fails_during_the_stop_ends_it_at_once(small):
     assert seconds < 1.0 and "Connection closed by peer" in str(err.code), (seconds, err.code)
 
 
+def _failing_after(llm, seconds: float, busy: bool) -> float:
+    """`failing_step` on `llm` whose engine (with requests when `busy`) fails `seconds` after the stop signal;
+    -> the seconds it waited."""
+    llm.engine.has_unfinished_requests = lambda: busy
+
+    async def main():
+        async def fail():
+            await asyncio.sleep(seconds)
+            raise RuntimeError("Connection reset by peer")
+        llm.engine.engine_loop_task = asyncio.ensure_future(fail())
+        t0 = time.monotonic()
+        await serve.failing_step(llm)
+        waited = time.monotonic() - t0
+        await asyncio.wait([llm.engine.engine_loop_task])
+        return waited
+    return asyncio.run(main())
+
+
+def test_a_stop_signal_while_requests_run_waits_for_the_engine_to_fail_so_the_503_names_it(monkeypatch):
+    """torchrun SIGTERMs rank 0 when it sees a peer die, which can come before the engine's collective reports the
+    lost peer (CI: the request got "the server is stopping"); with requests running, the engine's failure is
+    awaited a bounded time first, so it is what the 503 says. An idle engine, or one that does not fail, is not."""
+    monkeypatch.setattr(serve, "STOP_CAUSE_S", 1.0)
+    busy = LLM(step=0.0, rest=0.0)
+    assert 0.2 <= _failing_after(busy, 0.2, busy=True) < 0.6  # the failure came, then the stop goes on
+    assert serve.engine_failure(busy).startswith("RuntimeError: Connection reset by peer")
+    assert _failing_after(LLM(step=0.0, rest=0.0), 0.2, busy=False) < 0.1  # idle: no step can fail
+    assert 1.0 <= _failing_after(LLM(step=0.0, rest=0.0), 1.6, busy=True) < 1.5  # bounded: STOP_CAUSE_S
+
+
 def test_torchruns_grace_outlasts_the_longest_orderly_stop(monkeypatch):
     """Under the launcher torchrun waits past the stop's bound (Megatron's group timeout, its default read from
     Megatron) before its SIGKILL; a grace the user set stays."""

@@ -180,6 +180,8 @@ async def serve(args, model, tokenizer, config) -> None:
         return
     print(f"serving on http://{args.host}:{args.port}", flush=True)
     await asyncio.wait([engine, down, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if not down.done():
+        await failing_step(llm)
     _raise_if_down(down, llm, watch)
     watch.stopping("the server is stopping (an orderly stop: SIGTERM or SIGINT); requests in flight are not "
                    "completed")
@@ -188,6 +190,18 @@ async def serve(args, model, tokenizer, config) -> None:
 
 
 ENGINE_POLL_S = 0.5  # how often each rank looks at its engine's loop
+STOP_CAUSE_S = 2.0  # a stop signal while requests run: how long rank 0 waits for its engine's step to fail first
+
+
+async def failing_step(llm) -> None:
+    """On a stop signal: while this rank's engine has requests, wait up to STOP_CAUSE_S for its loop to fail. torchrun
+    SIGTERMs rank 0 as soon as it sees a peer die, which can come before the engine's collective reports the lost
+    peer; the requests in flight then get the engine's error as their 503, not "the server is stopping"."""
+    engine = getattr(llm, "engine", None)
+    deadline = time.monotonic() + STOP_CAUSE_S
+    while engine is not None and engine.has_unfinished_requests() and engine_failure(llm) is None \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def engine_failure(llm) -> str | None:
