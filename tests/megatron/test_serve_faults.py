@@ -6,7 +6,8 @@ then a slack, never by a fixed time; an engine failing meanwhile ends it at once
 Tier 1 (no Megatron process group): a plain ASGI app, Megatron's own Quart app built as its frontend builds it,
 two forked processes for rank 0 and its frontend, and a stand-in `llm` whose engine state and shutdown are
 scripted. Time bounds are the code's constants made small (monkeypatch), asserted with a scheduling margin.
-The same paths on a running server: tests/megatron/test_serve.py.
+The same paths on a running server: tests/megatron/test_serve.py. Newest lane only, as the server entry (its
+Quart frontend, Megatron's inference config and `megatron.training` are megatron-core 0.19's and the serve extra's).
 """
 import asyncio
 import json
@@ -19,6 +20,8 @@ import pytest
 
 from megatron_flashoverlap.megatron.cli import engine_watch, serve
 from megatron_flashoverlap.megatron.cli.engine_watch import EngineWatch, Guard
+
+pytestmark = pytest.mark.newest_only
 
 WHY = "the inference engine on rank 1 stopped on an error (RuntimeError: Connection closed by peer)"
 
