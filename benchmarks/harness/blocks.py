@@ -36,7 +36,13 @@ class Method:
 
 METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2), Method("slicing k=4", "slicing", 4),
            Method("slicing k=8", "slicing", 8), Method("flash", "flash"), Method("flash c=2", "flash", hop_chunks=2),
-           Method("flash c=4", "flash", hop_chunks=4), Method("flash_bidir", "flash_bidir"))
+           Method("flash c=4", "flash", hop_chunks=4), Method("flash_bidir", "flash_bidir"),
+           Method("auto", "auto"))  # the layers' default (their chooser): Megatron rows only, operators have no auto
+
+
+def operator_methods(methods) -> list:
+    """The methods an operator block can run (every one but the layers' auto)."""
+    return [m for m in methods if m.algo != "auto"]
 
 
 def method_by_name(name: str) -> Method:

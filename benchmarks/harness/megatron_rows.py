@@ -60,11 +60,23 @@ def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: lis
         dy = torch.randn(seq // world, batch, hidden, generator=g)
         variants = {(name, mode): (lambda mlp=mlp, mode=mode: _time(mlp, x, dy, mode))
                     for name, mlp in mlps.items() for mode in ("fwd", "fwd+bwd")}
-        samples = rank_max(interleaved(variants, repeats))
+        samples = rank_max(interleaved(variants, repeats))  # an auto MLP decides in the warm-up round
+        picked = {name: _picked(mlp) for name, mlp in mlps.items() if name == "ours: auto"}
     finally:
         destroy()
     return [{"kind": "megatron mlp", "seq": seq, "method": name, "mode": mode, "block": statistics.median(vals),
-             "spread": (min(vals), max(vals)), "samples": list(vals)} for (name, mode), vals in samples.items()]
+             "spread": (min(vals), max(vals)), "samples": list(vals), **({"picked": picked[name]} if name in picked
+                                                                         else {})}
+            for (name, mode), vals in samples.items()]
+
+
+def _picked(mlp) -> str:
+    """What an auto MLP's chooser picked per linear at its training shape: "fc1=flash, fc2=stock"."""
+    out = []
+    for site, linear in (("fc1", mlp.linear_fc1), ("fc2", mlp.linear_fc2)):
+        picks = {"stock" if p is None else "flash" for p in getattr(linear, "_flash_trained", {}).values()}
+        out.append(f"{site}=" + ("/".join(sorted(picks)) or "undecided"))
+    return ", ".join(out)
 
 
 # ------------------------------------------------------------------ Megatron DDP rows (benchmarks/dp/run.py)

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if __name__ == "__main__":  # run as a script: the checkout's root on the path, not this folder
     sys.path[0] = ROOT
 
-from benchmarks.harness.blocks import METHODS  # noqa: E402
+from benchmarks.harness.blocks import METHODS, operator_methods  # noqa: E402
 from benchmarks.harness.cli import before_run, out_dir, parser  # noqa: E402
 from benchmarks.harness.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_ranks  # noqa: E402
 from benchmarks.harness.netns import shaped_namespace, why_not_shaped  # noqa: E402
@@ -65,11 +65,14 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def config(a, seqs: list[int]) -> dict:
+    """The worker's CONFIG; the layers' `auto` runs in the Megatron rows only (operators have no auto)."""
+    chosen = [m for m in METHODS if not a.methods or m.name in a.methods.split(",")]
     return {"kinds": a.kinds.split(","), "seqs": seqs, "batch": a.batch, "hidden": a.hidden, "width": a.width,
             "head_dim": a.head_dim, "repeats": a.repeats, "attn_max_seq": a.attn_max_seq,
-            "methods": [m.name for m in METHODS if not a.methods or m.name in a.methods.split(",")],
+            "methods": [m.name for m in operator_methods(chosen)],
             "trace": {"kind": "mlp", "seq": seqs[len(seqs) // 2], "methods": ["stock", "slicing k=4", "flash"]},
-            "megatron": {"seq": seqs[len(seqs) // 2]} if a.megatron else None, "stock_rs": a.stock_rs}
+            "megatron": {"seq": seqs[len(seqs) // 2], "methods": [m.name for m in chosen]} if a.megatron else None,
+            "stock_rs": a.stock_rs}
 
 
 def run_rates(cfg: dict, rates: list[str], burst: str = "512kb", unshaped: bool = False,

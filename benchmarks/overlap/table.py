@@ -72,7 +72,8 @@ def megatron_table(run: dict) -> str:
     for name in dict.fromkeys(r["method"] for r in rows):
         f, fb = by[(name, "fwd")], by[(name, "fwd+bwd")]
         sf, sfb = (speedup(by[("megatron stock", m)]["samples"], by[(name, m)]["samples"]) for m in ("fwd", "fwd+bwd"))
-        lines.append(f"| {name} | {f['block'] * 1e3:.1f} ({f['spread'][0] * 1e3:.1f}-{f['spread'][1] * 1e3:.1f}) | "
+        label = f"{name} (ran {f['picked']})" if f.get("picked") else name
+        lines.append(f"| {label} | {f['block'] * 1e3:.1f} ({f['spread'][0] * 1e3:.1f}-{f['spread'][1] * 1e3:.1f}) | "
                      f"{fb['block'] * 1e3:.1f} ({fb['spread'][0] * 1e3:.1f}-{fb['spread'][1] * 1e3:.1f}) | "
                      f"{_ratio(sf)} | {_ratio(sfb)} |")
     return "\n".join(lines)

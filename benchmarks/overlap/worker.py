@@ -5,7 +5,8 @@
 CONFIG: {"kinds": ["mlp", "attn"], "seqs": [...], "batch", "hidden", "width", "head_dim", "repeats",
          "attn_max_seq" (optional: the attention block only up to this length; its core is O(s^2)),
          "methods": [names], "trace": {"kind", "seq", "methods": [names]} or null, "label": str,
-         "megatron": {"seq"} or null (adds rows for the real Megatron MLP: stock spec vs ours),
+         "megatron": {"seq", "methods"} or null (adds rows for the real Megatron MLP: stock spec vs ours per
+                     method, `auto` among them: the layers' chooser; default: "methods" above),
          "stock_rs": "ring" (default: reduce-scatters outside our rings as P2P rings, benchmarks/harness/line_rate_rs.py)
                      or "gloo" (gloo's own, an all-reduce's bytes)}
 OUT (returned by rank 0): config, world, probes (link bandwidth, GEMM throughput, middle-part times),
@@ -129,6 +130,7 @@ def _megatron(cfg: dict, methods) -> list[dict]:
     """Rows for the real Megatron MLP (stock spec vs ours) at cfg["megatron"]["seq"]."""
     from benchmarks.harness.megatron_rows import measure_megatron
 
+    methods = [method_by_name(n) for n in cfg["megatron"]["methods"]] if "methods" in cfg["megatron"] else methods
     return measure_megatron(cfg["megatron"]["seq"], cfg["batch"], cfg["hidden"], cfg["width"], methods,
                             cfg["repeats"])
 

@@ -5,13 +5,14 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 
 import pytest
 import torch
 
 from benchmarks.overlap import table as report
-from benchmarks.harness.blocks import METHODS
+from benchmarks.harness.blocks import METHODS, operator_methods
 from benchmarks.gpu_check.check import _sites
 from benchmarks.harness.netns import Namespace, parse_bytes, parse_rate, shaped_namespace, why_not_shaped
 
@@ -80,15 +81,19 @@ def test_blocks_agree_across_methods(pools):
 
 def test_harness_smoke_writes_table_plot_trace(pools, tmp_path):
     cfg = {"kinds": ["mlp", "attn"], "seqs": [16, 32], "batch": 1, "hidden": 8, "width": 16, "head_dim": 4,
-           "repeats": 1, "methods": [m.name for m in METHODS], "label": "smoke",
-           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "slicing k=2", "flash"]}, "megatron": {"seq": 16}}
+           "repeats": 1, "methods": [m.name for m in operator_methods(METHODS)], "label": "smoke",
+           "trace": {"kind": "mlp", "seq": 16, "methods": ["stock", "slicing k=2", "flash"]},
+           "megatron": {"seq": 16, "methods": [m.name for m in METHODS]}}  # the layers' auto: Megatron rows only
     out = pools(2).run("tests.gloo.mp_bench:harness", cfg, timeout=600)[0]  # generous: the CI box is shared
     out["rate"] = "unshaped (test)"
-    assert len(out["rows"]) == 2 * 2 * len(METHODS) * 2  # kinds x seqs x methods x modes
+    ops = len(METHODS) - 1
+    assert len(out["rows"]) == 2 * 2 * ops * 2  # kinds x seqs x operator methods x modes
     for r in out["rows"]:
         assert r["block"] > 0 and r["compute"] > 0 and r["comm"] > 0 and math.isfinite(r["hidden"])
     assert len(out["megatron_rows"]) == 2 * (1 + len(METHODS))  # (Megatron stock + ours per method) x modes
-    assert "megatron stock" in report.megatron_table(out)
+    picked = {r["picked"] for r in out["megatron_rows"] if r["method"] == "ours: auto"}
+    assert len(picked) == 1 and re.fullmatch(r"fc1=(stock|flash), fc2=(stock|flash)", picked.pop())
+    assert "megatron stock" in report.megatron_table(out) and "ours: auto (ran fc1=" in report.megatron_table(out)
     md = report.table(out)
     assert md.count("\n") == 1 + len(out["rows"]) and "flash_bidir" in md
     assert len(report.verdict(out, "mlp", "fwd")) == 2
