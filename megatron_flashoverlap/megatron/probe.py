@@ -10,8 +10,8 @@ rank, handed to the planner (plan/choices.py) for the choices the YAML leaves op
                              tier; log the figures once (INFO) and the choices once (WARNING, as every decision
                              line). Anything else: cfg unchanged (hops.py, megatron/ddp/choice.py, the measured tier).
     measure(shapes, gpus_per_node, group=None) -> figures   (plan/choices.py: Figures)
-        GEMMs: each shape, median of 3 calls after a warm-up: on NCCL in bf16 between CUDA events, on any other
-               backend in fp32 on the host clock (runtime/timing.py)
+        GEMMs: each shape, median of 3 calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
+               between CUDA events, on any other backend in fp32 on the host clock
         hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
                call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
                node (ranks without a pair report nothing)
@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ..config import activate
 from ..plan.chooser import chooser_of
-from ..runtime.timing import cuda_timed, timed
+from ..runtime.timing import cuda_timed, interleaved, timed
 from ..runtime.once import LogOnce
 from ..plan.choices import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
@@ -42,8 +42,9 @@ ROUNDS = 3
 
 
 def _median(call) -> float:
-    call()  # warm-up: kernels chosen, connections made
-    return statistics.median(call() for _ in range(ROUNDS))
+    """The median of ROUNDS calls of `call` (one measured call -> its seconds) after a warm-up call (kernels
+    chosen, connections made)."""
+    return statistics.median(interleaved({"call": call}, ROUNDS, warmup=1)["call"])
 
 
 class _Clock:

@@ -4,8 +4,8 @@
         tokens known (the wgrad GEMM's rows: seq x micro-batch; or Megatron's args when initialized):
             a quick calibration on this machine (PROBE gradient elements reduce-scattered over DP by stock's
             collective and by our ring, a ring over 8 x DP elements (its latency), the GEMM of a PROBE-element
-            weight over `tokens` rows, each the
-            best of two after a warm-up, max over the DP ranks) feeds the
+            weight over `tokens` rows; runtime/timing.paired: the max over the DP ranks per round, CUDA events
+            on a GPU; each the best of two rounds after a warm-up) feeds the
             cost model of ops/dp/choice.py; the k linears reduced last in backward that minimize its
             modelled step are fused (k = 0 where stock already hides its buckets)
         tokens unknown: stock's last bucket (layout.last_bucket_weights), as before
@@ -22,14 +22,12 @@
 """
 from __future__ import annotations
 
-import time
-
 import torch
-import torch.distributed as dist
 
 from ...ops.dp.choice import Param, Rates, choose, worker_pays
 from ...ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from ...runtime import OverlapContext, reduce_scatter_into
+from ...runtime.timing import paired
 from .worker import runs_async
 from .layout import last_bucket_weights
 
@@ -48,16 +46,6 @@ def megatron_tokens() -> int | None:
     return seq * mbs if seq and mbs else None
 
 
-def _best_of_two(fn) -> float:
-    fn()  # warm-up (buffers, connections)
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates:
     """Rates measured here (module docstring); the same on every DP rank (max over the group)."""
     world = dp_group.size()
@@ -69,15 +57,14 @@ def calibrate(dp_group, tokens: int, dtype=torch.float32, device="cpu") -> Rates
     dy = torch.randn(tokens, side, dtype=dtype, device=device, generator=gen)
     x = torch.randn(tokens, side, dtype=dtype, device=device, generator=gen)
     ctx = OverlapContext(check_peers=False)
-    comm = _best_of_two(lambda: reduce_scatter_into(out, grad, dp_group))
-    ring = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1], x[:1], DPBucket(grad, 0), dp_group, context=ctx))
-    gemm = _best_of_two(lambda: torch.mm(dy.t(), x))
     tiny = grad[:8 * world]  # one row of 8 per rank: the ring's per-call latency
-    lat = _best_of_two(lambda: matmul_wgrad_reduce_scatter(dy[:1, :8], x[:1, :world], DPBucket(tiny, 0), dp_group,
-                                                         context=ctx))
-    rates = torch.tensor([comm / PROBE, ring / PROBE, gemm / PROBE, lat], dtype=torch.float64)
-    dist.all_reduce(rates, op=dist.ReduceOp.MAX, group=dp_group)
-    return Rates(*rates.tolist(), hops=world - 1)
+    calls = {"comm": lambda: reduce_scatter_into(out, grad, dp_group),
+             "ring": lambda: matmul_wgrad_reduce_scatter(dy[:1], x[:1], DPBucket(grad, 0), dp_group, context=ctx),
+             "gemm": lambda: torch.mm(dy.t(), x),
+             "lat": lambda: matmul_wgrad_reduce_scatter(dy[:1, :8], x[:1, :world], DPBucket(tiny, 0), dp_group,
+                                                        context=ctx)}
+    best = {k: min(v) for k, v in paired(calls, dp_group, torch.device(device), rounds=2, warmup=1).items()}
+    return Rates(best["comm"] / PROBE, best["ring"] / PROBE, best["gemm"] / PROBE, best["lat"], hops=world - 1)
 
 
 def _tp_size(candidates) -> int:
