@@ -9,7 +9,7 @@
         causal masks and the already applied RoPE stay right. With cp == 1 it is plain local attention.
 
     QuerySplitDotProductAttention + QuerySplitRowParallelLinear (core_attention + linear_proj, TP with SP)
-        core attention + output projection + reduce-scatter as one operator (ops/attention_query_split.py):
+        core attention + output projection + reduce-scatter as one operator (ops/attention/query_split.py):
         the core attention returns a shape-only stand-in carrying q, k, v (`PendingAttention`); linear_proj
         runs query_split_attention with its own weight, so the RS hides behind attention. The linear keeps
         RowParallelLinear's parameters, checkpoint keys and return; its site plan ('proj') picks the algo

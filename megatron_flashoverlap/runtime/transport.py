@@ -7,7 +7,7 @@
     names_call(label)(fn)                                         the same for a plain function (and a finish
                                                                   it hands back)
     first_peer_error(wait_s) -> PeerError | None                  the first one this process made, any thread
-    wait_collective(works, group, ctx, label)                     async collectives (references, baselines)
+    wait_collective(works, group, device, timeout, label)         async collectives (references, baselines)
 
 "stream" (NCCL, any CUDA backend, torch's "fake" backend): `work.wait()` without a timeout. On NCCL that
     only makes the current CUDA stream wait on NCCL's stream (an event): no host sync, so the host runs

@@ -1,5 +1,5 @@
 """Measure all-reduce latency per message size, stock vs ours, on the current group; write the JSON table
-that `all_reduce(algo="auto")` reads (ops/all_reduce/select.py).
+that `all_reduce(algo="auto")` reads (plan/chooser.py).
 
     torchrun --nproc-per-node 4 -m megatron_flashoverlap.tools.calibrate_allreduce \
         --out allreduce_calibration.json [--local-world-size 2] [--dtype bfloat16]

@@ -1,7 +1,7 @@
 """Every Megatron-Core DDP internal this plugin touches, in one place (checked: megatron-core 0.16.1, 0.19.2).
 
 What the data-parallel overlap needs from Megatron's `DistributedDataParallel` (distributed optimizer):
-a selected weight's gradient is reduce-scattered INSIDE its wgrad GEMM (ddp/wgrad_rs.py), so Megatron
+a selected weight's gradient is reduce-scattered INSIDE its wgrad GEMM (ops/dp/wgrad_rs.py), so Megatron
 must (a) give that weight a bucket of its own, and (b) not reduce-scatter that bucket a second time.
 
     (a) layout   `layout.isolated_buckets(module, weights)`: while DDP (and, on 0.19, its param layout) is
@@ -54,7 +54,7 @@ def megatron_version() -> str:
 def check_version() -> None:
     v = megatron_version()
     if not v.startswith(SUPPORTED):
-        raise RuntimeError(f"megatron_flashoverlap.ops.dp patches DDP internals checked on megatron-core 0.16.1 and "
+        raise RuntimeError(f"megatron_flashoverlap.megatron.ddp patches DDP internals checked on megatron-core 0.16.1 and "
                            f"0.19.2; found {v}. Pin megatron-core>=0.16.1,<0.20 or disable the DP overlap")
 
 
