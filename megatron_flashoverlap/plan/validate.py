@@ -7,7 +7,7 @@ Per row (kinds): op (one AG+GEMM / GEMM+RS, forward: ops.py), collective (a stoc
 reconstructed (a published range on a reconstructed layout: the decode all-reduce), unscored (hardware unknown:
 listed, never scored). The model is never fitted to these rows: every number comes from catalog.py.
 
-Targets (issue 25, item 4b), reported met or missed:
+Targets, reported met or missed:
     baseline   predicted stock time within BASELINE_TOL (15 %) of the published one, on >= 10 rows
     gain       where the published overlap has our structure (`structure` = ours) and paid: the predicted gain of
                flash (every site flash for e2e rows) within GAIN_TOL (5) points of the published gain

@@ -158,7 +158,7 @@ def _check_compatible(args: argparse.Namespace) -> None:
                          f"for, Megatron's DotProductAttention, is what {FLAG} builds with --transformer-impl local "
                          f"and --attention-backend auto (or any backend with attention: {{core: megatron}} in the "
                          f"YAML): drop --attention-backend local")
-    # FP8/FP4 (issue 27): Transformer Engine's low-precision GEMMs, which our linears do not run
+    # FP8/FP4: Transformer Engine's low-precision GEMMs, which our linears do not run
     refuse_low_precision(lambda field: getattr(args, field, None), FLAG, LOW_PRECISION_ARGS)
 
 

@@ -23,11 +23,8 @@ ops/dp/choice.worker_pays); asynchronous=False keeps each ring inside its layer'
 worker. At TP > 1
 the worker's DP rings and backward's TP rings post
 from two threads at once: each group has its own FIFO communication thread (runtime/commthread.py), so
-neither ring's posts queue behind the other's. The first TP2xDP2 run hung because the worker lacked
-torch.no_grad() (grad mode is per thread): measured, the TP2xDP2 + SP test without it still hangs (the
-raising rank leaves its peers in untimed stock collectives), with it it trains like stock, on the shared
-FIFO as on the per-group ones (gloo posts never wait for the peer: a 64 MiB send posts in < 1 ms with the
-receiver 2 s late).
+neither ring's posts queue behind the other's. The worker runs its rings under torch.no_grad(): grad mode is per
+thread, and without it a TP2xDP2 + SP step raised on a rank, leaving its peers waiting in stock collectives.
 
 The ring's shape check runs in the compute thread before the job is queued (a collective on the DP group
 issued in program order, like Megatron's own bucket collectives); the worker's ring runs with a context
