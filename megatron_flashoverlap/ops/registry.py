@@ -38,7 +38,7 @@ The OpPlan knobs:
                        all-reduce runs whatever x's shape (False: decode-shaped x [1, b, k/P] only)
 Per call a wrapper only resolves its plan (`resolve`, cached per operator and plan: a knob the operator does
 not read is refused, not ignored; force_reference() gives the reference plan; the all-reduce operators' flash
-chunks are filled in); the TP/SP operators then fix hop_chunks for the group size and shard (tp_sp/hops.py
+chunks are filled in); the TP/SP operators then fix hop_chunks for the shard (tp_sp/hops.py
 `sized`, cached too). WgradRoute(into=None, fn=None): dW returned to autograd (both None), added into `into`
 slice by slice (e.g. Megatron's fp32 main_grad: runtime/accumulate.py), or handed to fn(dy_full, x_full) once
 (e.g. the data-parallel reduce-scatter of dW inside its GEMM, megatron/ddp/grad_sync.py). A backward is given the route,

@@ -27,7 +27,6 @@ The autograd.Functions carry (tensors..., plan, route, group, context): the plan
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -92,7 +91,7 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
     ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, route)
     if ctx is None:
         return linear_into(x_shard, weight, bias, route.into, route.fn)
-    plan = sized(plan, group_info(group)[1], x_shard.shape[0], _row_width(x_shard))
+    plan = sized(plan, x_shard.shape[0])
     return AllGatherMatmul.apply(x_shard, weight, bias, plan, route, group, ctx)
 
 
@@ -107,11 +106,6 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
     ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, route, divisible=True)
     if ctx is None:
         return linear_into(x, weight, None, route.into, route.fn)
-    world = group_info(group)[1]
-    plan = sized(plan, world, x.shape[0] // world, _row_width(x))
+    plan = sized(plan, x.shape[0] // group_info(group)[1])
     return MatmulReduceScatter.apply(x, weight, plan, route, group, ctx)
 
-
-def _row_width(x: torch.Tensor) -> int:
-    """GEMM rows per sequence row of x [s, b, h]: b."""
-    return math.prod(x.shape[1:-1])
