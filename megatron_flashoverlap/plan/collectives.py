@@ -118,7 +118,7 @@ def all_reduce(env: Env, g: Group, nbytes: float) -> OpTimes:
     ref = env.net.collective("all_reduce", nbytes, g)
     times = {"reference": ref}
     if g.size > 1:
-        times.update({f"flash:{a}": _all_reduce_algo(env, g, nbytes, a) for a in S.ALL_REDUCE_ALGOS})
+        times.update({f"flash:{a}": _all_reduce_algo(env, g, nbytes, a) for a in S.ALL_REDUCE_SCHEDULES})
     nodes, per = g.nodes, g.per_node
     bw = 2 * (per - 1) / per * nbytes / (c.intra.gbps * 1e9)
     if nodes > 1:

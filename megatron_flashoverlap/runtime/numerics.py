@@ -103,7 +103,7 @@ def wgrad(dy: torch.Tensor, x: torch.Tensor, cols: slice | None = None) -> torch
 _HAS_OUT_DTYPE = "dtype_out" in torch.ops.aten.addmm.overloads()  # torch >= 2.8
 
 
-def _should_use_out_dtype(a: torch.Tensor, into: torch.Tensor) -> bool:
+def _out_dtype_gemm(a: torch.Tensor, into: torch.Tensor) -> bool:
     """bf16/fp16 operands into fp32 on CUDA: the out_dtype GEMM (module docstring). Basis: torch's
     _addmm_dtype_out_cuda accepts exactly fp16/bf16 -> fp32, and CPU has no kernel for it."""
     return (_HAS_OUT_DTYPE and a.is_cuda and into.dtype == torch.float32
@@ -115,7 +115,7 @@ def add_wgrad(into: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, cols: slice
     a, b = (flat(dy) if cols is None else flat(dy)[:, cols]).t(), flat(x)  # [n, r], [r, h]
     if a.dtype == into.dtype:
         into.addmm_(a, b)
-    elif _should_use_out_dtype(a, into):
+    elif _out_dtype_gemm(a, into):
         torch.addmm(into, a, b, out_dtype=into.dtype, out=into)
     else:
         into.addmm_(a.to(into.dtype), b.to(into.dtype))  # slice-sized casts (module docstring)

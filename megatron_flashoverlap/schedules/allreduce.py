@@ -204,12 +204,12 @@ def all_reduce_recursive_doubling(rank: int, world_size: int, *, tag: int = 0) -
     return all_reduce_hierarchical(rank, world_size, 1, tag=tag, name="all_reduce_recursive_doubling")
 
 
-ALL_REDUCE_ALGOS = ("ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
+ALL_REDUCE_SCHEDULES = ("ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
 
 
 def all_reduce_schedule(algo: str, rank: int, world_size: int, local_world_size: int | None = None,
                         *, tag: int = 0) -> Schedule:
-    """The schedule of `algo` (one of ALL_REDUCE_ALGOS); `local_world_size` only matters for the hierarchical two."""
+    """The schedule of `algo` (one of ALL_REDUCE_SCHEDULES); `local_world_size` only matters for the hierarchical ones."""
     if algo == "ring":
         return all_reduce_ring(rank, world_size, tag=tag)
     if algo == "recursive_doubling":
@@ -220,4 +220,4 @@ def all_reduce_schedule(algo: str, rank: int, world_size: int, local_world_size:
         return all_reduce_hierarchical_pipelined(rank, world_size, local_world_size or world_size, tag=tag)
     if algo == "hierarchical_hd":
         return all_reduce_hierarchical_hd(rank, world_size, local_world_size or world_size, tag=tag)
-    raise ValueError(f"unknown all-reduce schedule {algo!r}; choose one of {ALL_REDUCE_ALGOS}")
+    raise ValueError(f"unknown all-reduce schedule {algo!r}; choose one of {ALL_REDUCE_SCHEDULES}")

@@ -9,7 +9,7 @@ fp32 (a sum of 4096 products; it may split the sum, so not bitwise).
 import pytest
 import torch
 
-from megatron_flashoverlap.runtime.numerics import _should_use_out_dtype, add_wgrad
+from megatron_flashoverlap.runtime.numerics import _out_dtype_gemm, add_wgrad
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -22,7 +22,7 @@ def test_add_wgrad_accumulates_in_place_without_temporaries(dtype):
     x = torch.randn(r, 1, h, generator=g, device="cuda").to(dtype)
     into = torch.randn(n, h, generator=g, device="cuda")
     base = into.double()
-    assert _should_use_out_dtype(dy, into)
+    assert _out_dtype_gemm(dy, into)
     add_wgrad(torch.zeros_like(into), dy, x)  # warm-up: cuBLAS takes its workspace from the allocator once
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -144,7 +144,7 @@ def _chooser_prefers_slower() -> list:
 
 def _decode_branch_off() -> list:
     """Decode-shaped inputs no longer take the decode all-reduce (the shipped branch is never entered)."""
-    return _replace("megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul", "_should_use_decode_all_reduce",
+    return _replace("megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul", "_decode_branch",
                     lambda x, plan: False)  # DEFECT
 
 

@@ -42,7 +42,7 @@ from .ar_matmul import DEFAULT_CHUNKS, OP
 _REFERENCE = OpPlan("reference")
 
 
-def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
+def _decode_branch(x, plan: OpPlan) -> bool:
     """A decode step under a fused algo (x decode-shaped [1, b, k/P], or plan.decode_step: the caller's word for
     any layout), unless the plan turned the choice off. Basis: one token per sequence has no rank blocks worth
     decomposing (a few rows padded to P, many small hops); all_reduce("auto") follows the measured table."""
@@ -53,7 +53,7 @@ def _should_use_decode_all_reduce(x, plan: OpPlan) -> bool:
 def runs_stock_collective(x, plan: OpPlan) -> bool:
     """matmul_all_reduce's forward on x runs stock's all-reduce and no walk of ours: the reference plan, or the
     decode branch with the reference all-reduce (a caller then has no P2P peers to check)."""
-    stock_decode = _should_use_decode_all_reduce(x, plan) and plan.decode_all_reduce == "reference"
+    stock_decode = _decode_branch(x, plan) and plan.decode_all_reduce == "reference"
     return plan.algo == "reference" or stock_decode
 
 
@@ -125,7 +125,7 @@ class MatmulAllReduce(torch.autograd.Function):
     def forward(ctx, x, weight, plan, route, group, octx):
         ctx.save_for_backward(x, weight)
         ctx.route = route
-        if _should_use_decode_all_reduce(x, plan):
+        if _decode_branch(x, plan):
             return _decode_all_reduce(F.linear(x, weight), group, plan, octx)
         return ar_matmul_forward(x, weight, group, octx, plan)
 
