@@ -283,7 +283,7 @@ MUTATIONS: dict[str, Mutation] = {
         _chooser_prefers_slower),
     "decode_branch_off": Mutation(
         "decode-shaped inputs skip the decode all-reduce branch of matmul_all_reduce",
-        (_D + "[2-ring-None-2]",), _decode_branch_off),
+        (_D + "[2-auto-None-1]",), _decode_branch_off),
     "dp_skip_fused_shard": Mutation(
         "the fused DP reduce-scatter leaves global rank 1's dW out of the bucket's first shard",
         ("tests/megatron/test_ddp.py::test_bf16_params_fp32_grad_buffers",), _dp_skip_fused_shard),
