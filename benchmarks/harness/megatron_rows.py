@@ -27,6 +27,9 @@ def _build(config, mlp_spec, seed: int):
     return MLP(config=config, submodules=submodules_of(mlp_spec))  # 0.16 ModuleSpec or 0.19 partial
 
 
+AUTO = "ours: auto"  # the row of the layers' default (_specs names it)
+
+
 def _specs(methods):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -61,13 +64,12 @@ def measure_megatron(seq: int, batch: int, hidden: int, width: int, methods: lis
         variants = {(name, mode): (lambda mlp=mlp, mode=mode: _time(mlp, x, dy, mode))
                     for name, mlp in mlps.items() for mode in ("fwd", "fwd+bwd")}
         samples = rank_max(interleaved(variants, repeats))  # an auto MLP decides in the warm-up round
-        picked = {name: _picked(mlp) for name, mlp in mlps.items() if name == "ours: auto"}
+        picked = {AUTO: _picked(mlps[AUTO])} if AUTO in mlps else {}
     finally:
         destroy()
     return [{"kind": "megatron mlp", "seq": seq, "method": name, "mode": mode, "block": statistics.median(vals),
-             "spread": (min(vals), max(vals)), "samples": list(vals), **({"picked": picked[name]} if name in picked
-                                                                         else {})}
-            for (name, mode), vals in samples.items()]
+             "spread": (min(vals), max(vals)), "samples": list(vals),
+             **({"picked": picked[name]} if name in picked else {})} for (name, mode), vals in samples.items()]
 
 
 def _picked(mlp) -> str:

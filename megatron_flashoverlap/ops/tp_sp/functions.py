@@ -23,10 +23,9 @@ wgrad=WgradRoute(...) (optional) says where dW goes:
         its GEMM, megatron/ddp/grad_sync.py): backward keeps the operand it gathers and hands this rank's complete dW
         operands to it once (backward.py)
 The autograd.Functions carry (tensors..., plan, route, group, context): the plan resolved once per call
-(words, force_reference, hop_chunks for this group and shard) and saved on ctx for the backward.
+(words, force_reference, hop_chunks for this shard) and saved on ctx for the backward.
 """
 from __future__ import annotations
-
 
 import torch
 
