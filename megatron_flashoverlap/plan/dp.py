@@ -1,89 +1,186 @@
-"""The data-parallel gradient reduce-scatter at the end of a step: stock buckets, or fused into the wgrad GEMMs.
+"""The data-parallel gradient reduce-scatter of one backward: stock buckets, or rings fused into the wgrad GEMMs.
 
-The last micro-batch's backward on the first pipeline stage is walked as a step list (one compute slice per
-parameter, in backward order: per layer fc2, fc1, attention, proj, qkv, the norms; then the embedding):
+The one DP cost model: the planner prices it from its figures (`sync`), pretrain()'s automatic choice from
+rates measured on the real DP group (`Rates`, megatron/ddp/choice.py). Pure: no torch.
 
-    stock  Megatron DDP with --overlap-grad-reduce and the distributed optimizer: parameters fill buckets of
-           max(40M, 1M x dp) elements in backward order (distributed_data_parallel.py); a bucket's reduce-scatter
-           (fp32 gradients) is posted when its last gradient is ready; they run one after another; whatever is
-           still running when the backward ends is exposed (the last bucket: the first layers and the embedding)
-    fused  dp.fuse: the TP linears' weights (qkv, proj, fc1, fc2) leave the buckets; each one's wgrad GEMM runs
-           inside its own DP ring (collectives.dp_ring: schedules.reduce_scatter_ring over DP, shard by shard,
-           own shard last), so the slice of that parameter costs the ring walk instead of the whole wgrad
-The exposed time is the walk's end minus the end of its compute; the backward's own growth (contention, a ring
-longer than the GEMM it hides under) is `extra`.
+    Grad(name, numel, before, wgrad, ring)   one trainable parameter in backward (= Megatron's layout) order:
+                                    `before` seconds of its backward before the wgrad GEMM (the dgrad; all of a
+                                    parameter that is no GEMM's weight), `wgrad` seconds of that GEMM, `ring`
+                                    seconds of our DP ring reducing its gradient (None: not a candidate)
+    Link(comm, hops)                comm(n): seconds of stock's reduce-scatter of a bucket of n gradient elements;
+                                    hops: the ring's, DP size - 1
+    simulate(grads, fused, bucket_size, link, asynchronous) -> Outcome(compute, exposed, step)
+    choose(grads, bucket_size, link, asynchronous) -> (k, Outcome of k, Outcome of stock): fuse the k
+                                    candidates reduced LAST in backward (the first layers), k minimizing the step
+    worker_pays(grads, bucket_size, link) -> bool   the rings on the DP worker thread (module note below)
+    sync(env, g, grads, fused) -> DpTimes           the planner's view: every candidate fused, or none
+
+One serial link, one compute thread:
+
+    compute  | p1 dgrad wgrad | p2 ... | fused w: dgrad, wgrad (waits hops-1 of its hops) | v: dgrad, (wait w) ...
+    link     |     bucket 1 RS (starts when its last param is ready) | bucket 2 RS | w's ring ...| v's ring
+                                                                                          exposed = tail
+
+A stock bucket (Megatron's size rule over the parameters not fused, megatron/ddp/layout.isolated_buckets)
+reduce-scatters when its last gradient is ready and the link is free: Megatron's buckets go one at a time. A
+fused weight's ring starts at its wgrad when the link is free; the compute thread waits for its first hops - 1
+of `hops` hops in the wgrad (each partial is added and forwarded), and for its last hop when the next fused
+weight's wgrad begins, or at the end (the deferred last hop, megatron/ddp/grad_sync.py). `asynchronous` (the
+rings on the DP worker thread, megatron/ddp/worker.py): the compute thread never waits; a ring holds the link
+from its wgrad on, like a bucket of its own. The worker pays only where its best step beats the best in
+backward by more than one call latency per fused ring (the hand-off; its other host time is not modelled).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
-from ..schedules import Slice, Step, Transfer
-from . import steps as B
 from .collectives import dp_ring
 from .links import Group
-from .price import ACC_BYTES, Env, Side, prices, walk_clock
+from .price import ACC_BYTES, Env
 
 BUCKET_MIN, BUCKET_PER_RANK = 40_000_000, 1_000_000  # Megatron DDP's default bucket size: max(40M, 1M x dp)
 
 
 @dataclass(frozen=True)
-class Param:
-    """One parameter of the backward: `numel` elements on this rank, `compute` seconds of backward before its
-    gradient is ready (after the previous one's), `ring`: (rows, tokens, k) of its wgrad if it can be fused."""
-
+class Grad:
     name: str
     numel: int
-    compute: float
-    ring: tuple | None = None
-    wgrad: float = 0.0  # seconds of its whole wgrad GEMM (inside `compute`)
+    before: float
+    wgrad: float = 0.0
+    ring: float | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    comm: Callable[[int], float]
+    hops: int = 1
+
+    def __post_init__(self):
+        if self.hops < 1:
+            raise ValueError(f"Link: hops={self.hops}; a ring over D ranks has D - 1 >= 1 hops")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    compute: float  # end of the backward's compute (fused rings' waits included)
+    exposed: float  # DP communication still running after it
+    step: float  # compute + exposed: the backward + grad sync the model predicts
+
+
+def megatron_bucket_size(dp: int) -> int:
+    """Megatron DDP's default bucket size (distributed_data_parallel.py)."""
+    return max(BUCKET_MIN, BUCKET_PER_RANK * dp)
+
+
+def _buckets(grads: Sequence[Grad], fused: set, bucket_size: int | None) -> list[list[int]]:
+    """Megatron's size rule over the non-fused grads (backward order) -> lists of indices."""
+    out, filled = [[]], 0
+    for i, p in enumerate(grads):
+        if i in fused:
+            continue
+        if bucket_size is not None and filled >= bucket_size and out[-1]:
+            out.append([])
+            filled = 0
+        out[-1].append(i)
+        filled += p.numel
+    return [b for b in out if b]
+
+
+def simulate(grads: Sequence[Grad], fused: set, bucket_size: int | None, link: Link,
+             asynchronous: bool = False) -> Outcome:
+    """The modelled backward (module docstring) with the grads at indices `fused` fused."""
+    last_of = {b[-1]: sum(grads[i].numel for i in b) for b in _buckets(grads, fused, bucket_size)}
+    t = free = pending = 0.0
+    for i, p in enumerate(grads):
+        t += p.before
+        if i in fused:
+            t = t if asynchronous else max(t, pending)  # the previous ring's last hop
+            start = max(t, free)
+            free = pending = start + p.ring
+            t += p.wgrad
+            if not asynchronous and link.hops > 1:  # the hops before the last, waited in the wgrad
+                t = max(t, start + p.ring * (link.hops - 1) / link.hops)
+        else:
+            t += p.wgrad
+        if i in last_of:
+            free = max(t, free) + link.comm(last_of[i])
+    exposed = max(0.0, free - t)
+    return Outcome(t, exposed, t + exposed)
+
+
+def tail_candidates(grads: Sequence[Grad]) -> list[int]:
+    """Indices of the fusable grads, the one reduced last in backward first."""
+    return [i for i in range(len(grads) - 1, -1, -1) if grads[i].ring is not None]
+
+
+def choose(grads: Sequence[Grad], bucket_size: int | None, link: Link,
+           asynchronous: bool = False) -> tuple[int, Outcome, Outcome]:
+    """(k, its outcome, stock's outcome): fusing the last k candidates in backward order minimizes the
+    modelled step (ties: the smaller k, the fewer changes to Megatron's buckets)."""
+    tail = tail_candidates(grads)
+    stock = simulate(grads, set(), bucket_size, link)
+    best_k, best = 0, stock
+    for k in range(1, len(tail) + 1):
+        out = simulate(grads, set(tail[:k]), bucket_size, link, asynchronous)
+        if out.step < best.step * (1 - 1e-9):
+            best_k, best = k, out
+    return best_k, best, stock
+
+
+def worker_pays(grads: Sequence[Grad], bucket_size: int | None, link: Link, call_s: float) -> bool:
+    """Whether the rings should run on the DP worker (module docstring); `call_s`: one ring call's latency."""
+    k, worker, _ = choose(grads, bucket_size, link, True)
+    return worker.step + k * call_s < choose(grads, bucket_size, link, False)[1].step * (1 - 1e-9)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Seconds per gradient element measured on the DP group (megatron/ddp/choice.calibrate): stock's
+    reduce-scatter (comm_s), our ring (ring_s) and one backward GEMM, dgrad or wgrad (gemm_s, at the run's
+    token count); a ring call over (almost) nothing (ring_lat_s); the ring's hops (DP size - 1)."""
+
+    comm_s: float
+    ring_s: float
+    gemm_s: float
+    ring_lat_s: float = 0.0
+    hops: int = 1
+
+    def __post_init__(self):
+        if not min(self.comm_s, self.ring_s, self.gemm_s, self.ring_lat_s) >= 0:
+            raise ValueError(f"Rates: comm_s={self.comm_s}, ring_s={self.ring_s}, gemm_s={self.gemm_s}; each must "
+                             f"be >= 0 seconds per element (measure them with megatron/ddp/choice.calibrate)")
+        Link(self.comm, self.hops)  # the same check of hops
+
+    def comm(self, n: int) -> float:
+        return self.comm_s * n
+
+    def link(self) -> Link:
+        return Link(self.comm, self.hops)
+
+    def grads(self, params: Sequence[tuple[int, bool]]) -> list[Grad]:
+        """(numel, is a TP linear's weight) in backward order -> Grads: a linear's backward is its dgrad and
+        wgrad GEMMs; other parameters cost no compute (norms, biases, embeddings are small next to the GEMMs;
+        attention's score GEMMs are left out too, so the model under-counts compute and errs towards fusing)."""
+        return [Grad(str(i), n, self.gemm_s * n, self.gemm_s * n, self.ring_lat_s + self.ring_s * n)
+                if linear else Grad(str(i), n, 0.0) for i, (n, linear) in enumerate(params)]
 
 
 @dataclass(frozen=True)
 class DpTimes:
     exposed: float
-    extra: float  # backward time added over the parameters' own compute (contention, rings)
+    extra: float  # backward time added over the parameters' own compute (waits on rings)
 
 
-def _buckets(params: list[Param], skip: set[int], dp: int) -> list[list[int]]:
-    size, out, filled = max(BUCKET_MIN, BUCKET_PER_RANK * dp), [[]], 0
-    for i, p in enumerate(params):
-        if i in skip:
-            continue
-        out[-1].append(i)
-        filled += p.numel
-        if filled >= size:
-            out.append([])
-            filled = 0
-    return [b for b in out if b]
+def ring_seconds(env: Env, g: Group, rows: float, tokens: float, k_in: float) -> float:
+    """Our DP ring alone over one weight [rows, k_in] (plan/collectives.dp_ring)."""
+    return dp_ring(env, g, rows, tokens, k_in)[2]
 
 
-def _steps(params: list[Param], buckets: list[list[int]]) -> tuple[Step, ...]:
-    last = len(params)
-    closes = {b[-1]: j for j, b in enumerate(buckets)}
-    steps = []
-    for i in range(last + 1):
-        post = () if i == 0 or (i - 1) not in closes else (Transfer(B.NO_PEER, Slice(closes[i - 1], 0, B.COLL),
-                                                                         lag=last - i),)
-        steps.append(Step(sends=post, compute=(Slice(i, 0, 0),) if i < last else ()))
-    return tuple(steps)
-
-
-def sync(env: Env, g: Group, params: list[Param], fused: bool) -> DpTimes:
-    """The DP reduce-scatter of one backward (module docstring); `fused`: every parameter with a ring fuses."""
+def sync(env: Env, g: Group, grads: Sequence[Grad], fused: bool) -> DpTimes:
+    """The planner's DP reduce-scatter of one backward: every candidate fused (`fused`), or Megatron's buckets."""
     if g.size == 1:
         return DpTimes(0.0, 0.0)
-    skip = {i for i, p in enumerate(params) if fused and p.ring is not None}
-    rings: dict = {}  # identical layers: one walk per weight shape
-    for i in skip:
-        if params[i].ring not in rings:
-            rings[params[i].ring] = dp_ring(env, g, *params[i].ring)[0]
-    cost = {i: params[i].compute - params[i].wgrad + rings[params[i].ring] for i in skip}
-    buckets = _buckets(params, skip, g.size)
-    sizes = [sum(params[i].numel for i in b) for b in buckets]
-    colls = [env.net.collective("reduce_scatter", n * ACC_BYTES, g) for n in sizes]
-    sides = {0: Side(compute=lambda x: cost.get(x.block, params[x.block].compute if x.block < len(params) else 0.0),
-                     name="backward"),
-             B.COLL: Side(collective=lambda x: colls[x.block])}
-    clock = walk_clock(env, [_steps(params, buckets)], prices(env, g, sides))
-    compute_end = max((e for lane, _, e, _ in clock.events if lane == "compute"), default=0.0)
-    return DpTimes(clock.t - compute_end, compute_end - sum(p.compute for p in params))
+    link = Link(lambda n: env.net.collective("reduce_scatter", n * ACC_BYTES, g), g.size - 1)
+    out = simulate(grads, set(tail_candidates(grads)) if fused else set(), megatron_bucket_size(g.size), link)
+    return DpTimes(out.exposed, out.compute - sum(p.before + p.wgrad for p in grads))

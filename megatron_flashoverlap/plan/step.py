@@ -57,30 +57,32 @@ def _head(env: Env, model: Model, layout: Layout, tokens: int) -> float:
     return fwd.time("reference") + bwd.time("reference") + 2 * xent
 
 
-def _params(env: Env, model: Model, lt: LayerTimes, layout: Layout, stock: bool) -> list[DP.Param]:
+def _grads(env: Env, model: Model, lt: LayerTimes, layout: Layout, stock: bool) -> list[DP.Grad]:
     """The first stage's parameters in backward order (dp.py)."""
     tokens = model.seq // layout.cp * model.micro_batch
     numel = model.params_per_layer(layout.tp)
+    dpg = place(layout.dp, layout.tp * layout.cp, env.cluster)
     out = []
     for _ in range(model.layers // layout.pp):
         for name in ("fc2", "fc1", "attention", "proj", "qkv", "norms"):
-            out.append(_param(env, model, lt, layout, (name, tokens, numel, stock)))
-    out.append(DP.Param("embedding", model.vocab // layout.tp * model.hidden, 0.0))
+            out.append(_grad(env, model, lt, layout, (name, tokens, numel, stock, dpg)))
+    out.append(DP.Grad("embedding", model.vocab // layout.tp * model.hidden, 0.0))
     return out
 
 
-def _param(env: Env, model: Model, lt: LayerTimes, layout: Layout, what: tuple) -> DP.Param:
-    name, tokens, numel, stock = what
+def _grad(env: Env, model: Model, lt: LayerTimes, layout: Layout, what: tuple) -> DP.Grad:
+    name, tokens, numel, stock, dpg = what
     if name == "attention":  # attention core, Ulysses and MoE backward; expert weights reduce over the expert-DP
         extra = sum(s.bwd("reference" if stock else s.variant) for s in lt.extras.values())  # group: not modelled
-        return DP.Param("attention", 0, lt.fixed_bwd + extra)
+        return DP.Grad("attention", 0, lt.fixed_bwd + extra)
     if name not in lt.sites:
-        return DP.Param(name, numel.get(name, 0), 0.0)
+        return DP.Grad(name, numel.get(name, 0), 0.0)
     site = lt.sites[name]
     kind, m, k, n = model.sites(tokens)[name]
     rows, k_in = (n // layout.tp, k) if kind == "column" else (n, k // layout.tp)
-    return DP.Param(name, rows * k_in, site.bwd("reference" if stock else site.variant), (rows, tokens, k_in),
-                    env.mm(rows, tokens, k_in))
+    wgrad = env.mm(rows, tokens, k_in)
+    return DP.Grad(name, rows * k_in, site.bwd("reference" if stock else site.variant) - wgrad, wgrad,
+                   DP.ring_seconds(env, dpg, rows, tokens, k_in))
 
 
 def plan_step(env: Env, model: Model, layout: Layout, decode_batch: int = 1, force: str | None = None) -> StepTimes:
@@ -96,11 +98,11 @@ def plan_step(env: Env, model: Model, layout: Layout, decode_batch: int = 1, for
     pp = place(layout.pp, layout.tp * layout.cp * layout.dp, env.cluster)
     p2p = 2 * env.net.hop(act, act, pp.spans) if layout.pp > 1 else 0.0
     dpg = place(layout.dp, layout.tp * layout.cp, env.cluster)
-    dp_stock = DP.sync(env, dpg, _params(env, model, lt, layout, True), fused=False)
-    ours_params = _params(env, model, lt, layout, False)
-    plain, fused = DP.sync(env, dpg, ours_params, fused=False), DP.sync(env, dpg, ours_params, fused=True)
+    dp_stock = DP.sync(env, dpg, _grads(env, model, lt, layout, True), fused=False)
+    ours = _grads(env, model, lt, layout, False)
+    plain, fused = DP.sync(env, dpg, ours, fused=False), DP.sync(env, dpg, ours, fused=True)
     fuse = fused.exposed + fused.extra < (plain.exposed + plain.extra) * 0.999
-    shard = sum(p.numel for p in ours_params) / layout.dp
+    shard = sum(p.numel for p in ours) / layout.dp
     opt = env.gemm.elementwise(shard * OPT_BYTES, 1.0)
     tp = place(layout.tp, 1, env.cluster)
     decode = all_reduce(env, tp, decode_batch * model.hidden * env.bytes) if layout.tp > 1 else None

@@ -84,7 +84,7 @@ def _fixed_rates(rates):
     """rates (comm_s, ring_s, gemm_s, ring_lat_s) or None: the cost model's calibration (megatron/ddp/choice.calibrate,
     a timing of this machine) replaced by these numbers, so its choice is known in advance; None: measured."""
     from megatron_flashoverlap.megatron.ddp import choice as ddp_choice
-    from megatron_flashoverlap.ops.dp.choice import Rates
+    from megatron_flashoverlap.plan.dp import Rates
 
     if rates is None:
         yield

@@ -93,7 +93,7 @@ def test_cost_model_choice_is_logged_and_trains_like_stock(pools, tp):
     said = int(re.search(r"fusing the (\d+) of \d+ tensor-parallel", lines[0]).group(1))
     assert all(len(r["flash"]["fused"]) == said for r in res), (lines[0], res[0]["flash"]["fused"])  # as it says
     ours = 8 if fixed else len(_ours(res[0]["flash"]["fused"]))  # fixed: every layer's 4 linears (FIXED_RATES)
-    # the model also placed the rings (ops/dp/choice.worker_pays): the sites run where its line says
+    # the model also placed the rings (plan/dp.worker_pays): the sites run where its line says
     placed = [True] if "on the DP worker thread" in lines[0] else [False]
     assert res[0]["flash"]["asynchronous"] in ([], placed), (res[0]["flash"]["asynchronous"], lines[0])
     if tp > 1:  # at TP > 1 the worker whatever the model finds (megatron/ddp/choice.auto_linears)

@@ -1,15 +1,28 @@
-"""Tier: pure. The cost model of the automatic DP-fusion choice (ops/dp/choice.py), checked against timelines
-worked out by hand (no processes, no torch)."""
+"""Tier: pure. The one DP cost model (plan/dp.py) as the automatic DP-fusion choice feeds it (per-element rates
+measured on the group), checked against timelines worked out by hand (no processes, no torch)."""
 import pytest
 
-from megatron_flashoverlap.ops.dp.choice import Param, Rates, choose, simulate, tail_candidates, worker_pays
+from megatron_flashoverlap.plan import dp
+from megatron_flashoverlap.plan.dp import Link, Rates
+
+
+def simulate(params, fused, bucket_size, rates, asynchronous=False):
+    return dp.simulate(rates.grads(params), fused, bucket_size, rates.link(), asynchronous)
+
+
+def choose(params, bucket_size, rates, asynchronous=False):
+    return dp.choose(rates.grads(params), bucket_size, rates.link(), asynchronous)
+
+
+def worker_pays(params, bucket_size, rates):
+    return dp.worker_pays(rates.grads(params), bucket_size, rates.link(), rates.ring_lat_s)
 
 # exact float comparisons are fine below: every time is a small integer count of 1.0-second units
 
 
 def _layers(n, weight=10):
-    """n layers of one linear weight + one norm each, in backward order (last layer first)."""
-    return [p for _ in range(n) for p in (Param(weight, True), Param(1, False))]
+    """n layers of one linear weight + one norm each, in backward order (last layer first): (numel, linear)."""
+    return [p for _ in range(n) for p in ((weight, True), (1, False))]
 
 
 def test_one_bucket_exposes_all_of_its_communication():
@@ -75,13 +88,15 @@ def test_the_hops_before_the_last_are_waited_in_the_wgrad():
     assert choose(_layers(4), 11, rates)[0] == 0
     with pytest.raises(ValueError, match="hops"):
         Rates(comm_s=1.0, ring_s=1.0, gemm_s=1.0, hops=0)
+    with pytest.raises(ValueError, match="hops"):
+        Link(lambda n: 0.0, hops=0)
 
 
 def test_choose_keeps_stock_where_fusing_cannot_help():
     # no linear candidates: k = 0 and the stock outcome
-    params = [Param(5, False), Param(5, False)]
+    params = [(5, False), (5, False)]  # (numel, a TP linear's weight)
     k, best, stock = choose(params, None, Rates(1.0, 1.0, 1.0))
-    assert k == 0 and best == stock and tail_candidates(params) == []
+    assert k == 0 and best == stock and dp.tail_candidates(Rates(1.0, 1.0, 1.0).grads(params)) == []
 
 
 def test_rates_must_be_non_negative():

@@ -67,10 +67,10 @@ def test_the_last_dp_bucket_is_exposed():
     # two parameters of 1 ms backward each, one bucket: its reduce-scatter (NCCL ring over 4 ranks: 3 steps of
     # 1 us, bytes ~0) starts when the backward ends: exposed = 3 us, the backward unchanged
     e = env(p2p_us=1.0, gbps=1e12)
-    params = [dp.Param("a", 1000, 1e-3), dp.Param("b", 1000, 1e-3)]
+    params = [dp.Grad("a", 1000, 1e-3), dp.Grad("b", 1000, 1e-3)]
     out = dp.sync(e, Group(4, 4), params, fused=False)
     assert math.isclose(out.exposed, 3e-6) and abs(out.extra) < 1e-15
     # buckets of >= 40M elements: a first parameter that fills one alone closes it, and that bucket's
     # reduce-scatter (3 us) runs under the second parameter's 1 ms: only the last bucket is exposed
-    params = [dp.Param("a", 40_000_000, 1e-3), dp.Param("b", 1000, 1e-3)]
+    params = [dp.Grad("a", 40_000_000, 1e-3), dp.Grad("b", 1000, 1e-3)]
     assert math.isclose(dp.sync(e, Group(4, 4), params, fused=False).exposed, 3e-6)

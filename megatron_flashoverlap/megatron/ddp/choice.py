@@ -6,12 +6,12 @@
             collective and by our ring, a ring over 8 x DP elements (its latency), the GEMM of a PROBE-element
             weight over `tokens` rows; runtime/timing.paired: the max over the DP ranks per round, CUDA events
             on a GPU; each the best of two rounds after a warm-up) feeds the
-            cost model of ops/dp/choice.py; the k linears reduced last in backward that minimize its
+            DP cost model (plan/dp.py); the k linears reduced last in backward that minimize its
             modelled step are fused (k = 0 where stock already hides its buckets)
         tokens unknown: stock's last bucket (layout.last_bucket_weights), as before
     asynchronous None on a host-driven transport (gloo), with the cost model: at TP = 1 the DP worker thread
         only where the model's best step with rings in backward (each last hop waited at the next ring)
-        is longer than on the worker by more than a call latency per ring (ops/dp/choice.worker_pays),
+        is longer than on the worker by more than a call latency per ring (plan/dp.worker_pays),
         each ring in its layer's backward otherwise; at TP > 1 the worker (the model counts neither the TP
         rings the compute thread also waits on nor the host's threads). Measured against a line-rate
         stock (benchmarks/dp/RESULTS.md), exposed DP on the worker vs in backward: compute-bound TP1xDP2
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops.dp.choice import Param, Rates, choose, worker_pays
+from ...plan.dp import Rates, choose, worker_pays
 from ...ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from ...runtime import OverlapContext, reduce_scatter_into
 from ...runtime.timing import paired
@@ -72,18 +72,18 @@ def _tp_size(candidates) -> int:
     return max((m.tp_group.size() for m in candidates if getattr(m, "tp_group", None) is not None), default=1)
 
 
-def _params(module, candidates) -> tuple[list, list[Param]]:
-    """Trainable params in backward (layout) order, and their cost-model view."""
+def _params(module, candidates) -> tuple[list, list[tuple[int, bool]]]:
+    """Trainable params in backward (layout) order, and (numel, is a candidate's weight) of each."""
     ids = {id(m.weight) for m in candidates}
     order = [p for _, p in module.named_parameters() if p.requires_grad][::-1]
-    return order, [Param(p.numel(), id(p) in ids) for p in order]
+    return order, [(p.numel(), id(p) in ids) for p in order]
 
 
 def by_cost_model(module, candidates, bucket_size, rates: Rates, asynchronous: bool = False) -> tuple[list, str]:
     """The candidates the cost model fuses, and its one log line."""
     order, params = _params(module, candidates)
-    k, best, stock = choose(params, bucket_size, rates, asynchronous)
-    chosen = {id(p) for p in [order[i] for i in range(len(order) - 1, -1, -1) if params[i].linear][:k]}
+    k, best, stock = choose(rates.grads(params), bucket_size, rates.link(), asynchronous)
+    chosen = {id(p) for p in [order[i] for i in range(len(order) - 1, -1, -1) if params[i][1]][:k]}
     picked = [m for m in candidates if id(m.weight) in chosen]
     line = (f"flash DP overlap (automatic, cost model): reduce-scatter {rates.comm_s * 1e9:.1f} ns (stock) / "
             f"{rates.ring_s * 1e9:.1f} ns + {rates.ring_lat_s * 1e3:.2f} ms a call (our ring) and one backward GEMM {rates.gemm_s * 1e9:.1f} ns per "
@@ -119,6 +119,7 @@ def auto_linears(module, candidates, bucket_size, dp_group, tokens, asynchronous
     first = next(module.parameters())
     rates = calibrate(dp_group, tokens, dtype=first.dtype, device=first.device)
     if asynchronous is None:
+        grads = rates.grads(_params(module, candidates)[1])
         asynchronous = runs_async(dp_group, first.device.type) and (
-            _tp_size(candidates) > 1 or worker_pays(_params(module, candidates)[1], bucket_size, rates))
+            _tp_size(candidates) > 1 or worker_pays(grads, bucket_size, rates.link(), rates.ring_lat_s))
     return (*by_cost_model(module, candidates, bucket_size, rates, asynchronous), asynchronous)

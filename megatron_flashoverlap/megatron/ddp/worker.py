@@ -19,7 +19,7 @@ let it overlap the next layers' GEMMs on the device too; not done here).
 
 On host-driven transports, asynchronous=None: the worker, except at TP = 1 where the automatic choice's cost
 model finds that rings in backward do not stall it (choice.auto_linears, with its measurements;
-ops/dp/choice.worker_pays); asynchronous=False keeps each ring inside its layer's backward, True forces the
+plan/dp.worker_pays); asynchronous=False keeps each ring inside its layer's backward, True forces the
 worker. At TP > 1
 the worker's DP rings and backward's TP rings post
 from two threads at once: each group has its own FIFO communication thread (runtime/commthread.py), so
