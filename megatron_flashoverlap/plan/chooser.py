@@ -168,9 +168,13 @@ class Chooser:
 
     def expected_s(self, key: Key) -> float:
         """What measuring `key` should cost: the last measured bucket of its site and operands, scaled by the
-        bucket (a message grows with it); 0 where none was measured."""
+        bucket (a message grows with it); for a site not measured yet, the costliest per token measured on its
+        layout so far, at its bucket; 0 where nothing was measured on the layout (the first measurement runs)."""
         last = self.costs.get((key.site, key.layout, key.shape))
-        return 0.0 if last is None else last[1] * key.bucket / last[0]
+        if last is None:
+            seen = [s / b for (_, layout, _), (b, s) in self.costs.items() if layout == key.layout]
+            return max(seen, default=0.0) * key.bucket
+        return last[1] * key.bucket / last[0]
 
     def can_measure(self, key: Key | None = None) -> bool:
         """The budget holds the measured seconds so far and, for `key`, what it should cost."""

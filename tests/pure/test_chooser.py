@@ -114,7 +114,10 @@ def test_the_budget_is_charged_the_measured_seconds():
     wide.decide(_prefill(bucket=16), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})  # 1.2 s at 16 tokens
     assert wide.can_measure(_prefill(bucket=32))  # about 2.4 s more: 3.6 s inside 4 s
     assert not wide.can_measure(_prefill(bucket=64))  # about 4.8 s more: the bucket is not started
-    assert wide.can_measure(_prefill("fc2", bucket=64))  # another site: nothing measured to scale from
+    # another site: scaled from the costliest per token on the layout (proj's 1.2 s at 16 tokens)
+    assert not wide.can_measure(_prefill("fc2", bucket=64)) and wide.can_measure(_prefill("fc2", bucket=16))
+    other = _prefill("fc2", bucket=64, layout=ch.layout_word(8, 8, "nccl", "bfloat16"))
+    assert wide.expected_s(other) == 0.0  # nothing measured on that layout: the first measurement runs
 
 
 def test_a_row_sites_prefill_and_mixed_keys_share_one_measurement_unless_pinned():
