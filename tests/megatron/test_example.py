@@ -45,3 +45,8 @@ def test_demo_curves_match(tmp_path, capsys, monkeypatch, pretrain):
     assert f"{ITERS:4d}  {stock[-1]:13.6f}  {flash[-1]:13.6f}" in printed  # the side-by-side table
     assert f"--flash-overlap GEMM sites: dense[1-2]: {SITES}" in printed and f"plot: {plot}" in printed
     assert plot.stat().st_size > 0 and json.loads(js.read_text())["max_diff"] <= RTOL * max(stock)
+    # the README's sample is what the demo prints: its first row (before any update, so independent of the
+    # iteration count and the LR schedule) and the sites line
+    readme = (ROOT / "README.md").read_text()
+    assert f"   1  {stock[0]:13.6f}  {flash[0]:13.6f}" in readme, "README.md's demo sample is stale: re-run make demo"
+    assert f"--flash-overlap GEMM sites: dense[1-2]: {SITES}" in readme
