@@ -29,7 +29,6 @@ or the weight does not own its bucket and bucket group (e.g. `disable_bucketing`
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -102,7 +101,12 @@ class DPSite:
     algo: str = "flash"
     context: OverlapContext = field(default_factory=default_context)
     fused_calls: int = 0  # last-micro-batch wgrads reduce-scattered in the GEMM (tests read it)
-    asynchronous: bool = False  # the ring runs on the DP worker thread (worker.py)
+    placement: object = None  # IN_BACKWARD or ON_WORKER: where the ring runs (set by _site)
+
+    @property
+    def asynchronous(self) -> bool:
+        """The ring runs on the DP worker thread (worker.py)."""
+        return self.placement is ON_WORKER
 
 
 def _refuse(ddp, param, bucket_group) -> str | None:
@@ -132,8 +136,9 @@ def _site(ddp, param, algo, context, asynchronous=None) -> DPSite:
     scale = bucket.gradient_scaling_factor / (group.size() if ddp.ddp_config.average_in_collective else 1)
     if asynchronous:
         check_async(group, grad_flat.device.type)
+    on_worker = asynchronous if asynchronous is not None else runs_async(group, grad_flat.device.type)
     return DPSite(bucket_group, grad_flat, offset, group, scale, algo, context or default_context(),
-                  asynchronous=asynchronous if asynchronous is not None else runs_async(group, grad_flat.device.type))
+                  placement=ON_WORKER if on_worker else IN_BACKWARD)
 
 
 def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapContext | None = None,
@@ -193,33 +198,50 @@ class _LocalNorm:
 
 
 def _fused_reduce_scatter(site: DPSite, dy, x) -> None:
-    """Last micro-batch: dW produced shard by shard inside the DP reduce-scatter of the weight's bucket, here
-    or on the DP worker (site.asynchronous); finish_grad_sync waits on the handle left on the bucket group."""
+    """Last micro-batch: dW produced shard by shard inside the DP reduce-scatter of the weight's bucket, where
+    site.placement runs it; finish_grad_sync waits on the handle left on the bucket group."""
     group_ = site.bucket_group
     if getattr(group_, "_flashoverlap_reduced", False):
         raise RuntimeError("flash DP overlap: this weight's bucket is already reduce-scattered and not yet "
                            "consumed: either the weight is used twice per step (disable the DP overlap for "
                            "it) or the previous step skipped ddp.finish_grad_sync() (call it every step)")
     local = _LocalNorm()
-    ctx = site.context
-    if site.asynchronous:  # the shape check here, in program order; the ring on the worker (worker.py)
-        peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, ctx, site.grad_flat.numel(),
-                    site.offset, dy.shape[-1], x.shape[-1])
-        bound = None if ctx.timeout is None else ctx.timeout.total_seconds()
-        ctx = shared_context("worker", bound)  # the worker's own (runtime/context.py)
     bucket = DPBucket(site.grad_flat, site.offset, site.scale, local if local.wanted(group_) else None)
-    run = functools.partial(matmul_wgrad_reduce_scatter, dy, x, bucket, site.group, algo=site.algo, context=ctx)
-    if site.asynchronous:
-        group_._flashoverlap_handle = RingHandle(worker().submit(no_grad(run)), lambda: local.check(group_))
-    else:  # in backward, its last hop waited at the next ring on this context or at finish_grad_sync
-        finish_pending(ctx)
-        handle = _DeferredRing(ctx, run(defer_last=True), lambda: local.check(group_))
-        group_._flashoverlap_handle = _PENDING[id(ctx)] = handle
+
+    def run(ctx, **kw):
+        return matmul_wgrad_reduce_scatter(dy, x, bucket, site.group, algo=site.algo, context=ctx, **kw)
+    group_._flashoverlap_handle = site.placement.launch(site, run, lambda: local.check(group_), dy, x)
     group_._flashoverlap_reduced = True
     site.fused_calls += 1
 
 
-_PENDING: dict = {}  # id(context) -> the in-backward ring whose last hop is not yet waited (one per context)
+class _InBackward:
+    """The ring in the compute thread, in its layer's backward, up to its last hop: that hop is waited at the
+    next ring on the same context (whose buffers it shares) or at finish_grad_sync (_DeferredRing)."""
+
+    def launch(self, site: DPSite, run, on_done, dy, x):
+        ctx = site.context
+        finish_pending(ctx)
+        handle = _PENDING[id(ctx)] = _DeferredRing(ctx, run(ctx, defer_last=True), on_done)
+        return handle
+
+
+class _OnWorker:
+    """The ring on the DP worker thread (worker.py): the shape check here, in program order; the ring, with
+    the worker's own context (runtime/context.py), queued behind the rings before it."""
+
+    def launch(self, site: DPSite, run, on_done, dy, x):
+        peers_agree(DP_OP, site.group, site.group.size(), site.grad_flat.device, site.context,
+                    site.grad_flat.numel(), site.offset, dy.shape[-1], x.shape[-1])
+        bound = None if site.context.timeout is None else site.context.timeout.total_seconds()
+        ctx = shared_context("worker", bound)
+        return RingHandle(worker().submit(no_grad(lambda: run(ctx))), on_done)
+
+
+IN_BACKWARD, ON_WORKER = _InBackward(), _OnWorker()
+# id(context) -> the in-backward ring whose last hop is not yet waited (one per context; the handle holds its
+# context, so the id is not reused while the entry lives)
+_PENDING: dict = {}
 
 
 class _DeferredRing:
