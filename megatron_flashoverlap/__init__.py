@@ -12,6 +12,7 @@ _EXPORTS = {
             "matmul_allreduce_dgrad", "matmul_reduce_scatter", "matmul_wgrad_reduce_scatter",
             "query_split_attention", "ulysses_attention", "ulysses_fused_attention"),
     "runtime": ("OverlapContext", "PeerTimeoutError", "default_context"),
+    "megatron.ddp.linear": ("wrap_with_dp_overlap",),  # the DP entry: Megatron's DDP with fused wgrad rings
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
