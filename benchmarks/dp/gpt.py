@@ -10,8 +10,8 @@ DDP and optimizer, identical seeds):
     stock, small buckets       the same, bucket_size = cfg["bucket"] (several buckets: only the last exposed)
     ours, fusion off           our spec (Flash TP linears), stock DDP, default buckets: the TP effect alone
     ours, auto                 our spec, wrap_with_dp_overlap's automatic choice (its calibrated cost model,
-                               tokens = s x b: megatron/ddp/choice.py), default buckets; it places the rings
-                               too (megatron/ddp/choice.auto_linears: at TP = 1 the DP worker thread only
+                               tokens = s x b: megatron/ddp/auto_fuse.py), default buckets; it places the rings
+                               too (megatron/ddp/auto_fuse.auto_linears: at TP = 1 the DP worker thread only
                                where rings in backward would stall it; at TP > 1 the worker)
     ours, auto, small buckets  the same with bucket_size = cfg["bucket"]
     ours, auto, ring in bwd    "ours, auto" with each fused ring inside its layer's backward (asynchronous=False)
@@ -90,7 +90,7 @@ def _build(name: str, cfg: dict) -> Arm:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.wrap import wrap_with_dp_overlap
     from megatron_flashoverlap.megatron.spec import layer_spec
 
     config = _config(cfg)
@@ -215,7 +215,7 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     """The rank entry: TP groups of cfg["tp"], every arm measured; rank 0 returns the samples + the log."""
     import logging
 
-    from megatron_flashoverlap.megatron.ddp import linear as ddp_linear
+    from megatron_flashoverlap.megatron.ddp import wrap as ddp_linear
     from megatron_flashoverlap.megatron.models import destroy, init_tp
 
     torch.set_num_threads(1)

@@ -107,7 +107,7 @@ def _ddp_build(variant: str, tcfg, hidden: int, ffn: int, layers: int):
     """(module, DDP wrapper) of one variant: stock DDP (one 40M bucket, or a bucket per weight) or ours."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.wrap import wrap_with_dp_overlap
 
     torch.manual_seed(0)
     m = _ddp_model(tcfg, hidden, ffn, layers)

@@ -104,7 +104,7 @@ _SECTIONS = {"attention": ("core", "query_split", "ulysses_algo"),
              "all_reduce": ("num_chunks", "table", "decode", "prefill"), "moe": ("algo",), "dp": ("fuse",),
              "planner": ("probe",), "choices": ("budget_s", "write", "layout", "pinned")}
 PREFILL_ALGOS = ("auto", "reference", "decomposed")  # the row layers' all-reduce at prefill (plan/chooser.py)
-STEP_KINDS = ("train", "prefill", "decode", "mixed")  # the step kinds a choice is made for (megatron/step.py)
+STEP_KINDS = ("train", "prefill", "decode", "mixed")  # the step kinds a choice is made for (megatron/step_kind.py)
 ROW_SITES = ("proj", "fc2")  # the row layers whose output all-reduce is chosen at prefill and mixed steps
 DECODE_SITE = "all_reduce"  # the decode all-reduce's site word in a choice key
 _DOC_KEYS = ("description", "stock_megatron")

@@ -5,7 +5,7 @@
     spec.py                    the layer spec and its provider (`--spec megatron_flashoverlap.spec ...`)
     structure.py               what of Megatron's model structure the spec builds as stock, what it refuses
     sites.py                   the GEMM sites line: what each site of each layer kind runs, and why
-    step.py, buckets.py        the step kind a forward tells its row linears (train / prefill / decode / mixed);
+    step_kind.py, buckets.py   the step kind a forward tells its row linears (train / prefill / decode / mixed);
                                the inference token buckets the chooser decides at the first step
     train_choice.py            an `auto` layer's training step: stock or flash, measured by the chooser
     probe.py                   the start-up probe: GEMMs and hops timed on the real group, for the planner

@@ -18,11 +18,11 @@ SP operator, one for the all-reduce operator without SP; a forward hands that ob
 Where the overlap does not apply (TP=1, algo `reference`, another buffer name, gather_output, an explicit
 weight, experts) the stock forward runs, logged once per layer kind and reason. Without SP the all-reduce
 runs decomposed (matmul_all_reduce / matmul_allreduce_dgrad) with the config's `all_reduce.num_chunks`
-sequence chunks for the flash algos in training; an inference step (megatron/step.py) takes the chooser's plan
+sequence chunks for the flash algos in training; an inference step (megatron/step_kind.py) takes the chooser's plan
 (plan/chooser.py: the decode all-reduce's algorithm, or stock vs decomposed for prefill and mixed steps).
 The config's `timeout_s` bounds every P2P wait of these layers.
 
-Data parallel (megatron/ddp/linear.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
+Data parallel (megatron/ddp/wrap.py, wrap_with_dp_overlap): a weight marked for the fused DP reduce-scatter
 hands its complete wgrad operands to `ddp.dp_wgrad` from inside the TP walk (`wgrad_fn`), which produces dW
 shard by shard inside the reduce-scatter of its bucket into main_grad, on the last micro-batch.
 
@@ -121,7 +121,7 @@ class _FlashMixin:
         self.flash_auto = self.flash_plan is not None and self.flash_plan.algo == "auto"
         self._flash_checked: set = set()
         self._flash_trained: dict = {}  # (input shape, dtype) -> the auto layer's training plan, once decided
-        self.flash_step_kind = "train"  # set per forward by megatron/step.py (train, prefill, decode, mixed)
+        self.flash_step_kind = "train"  # set per forward by megatron/step_kind.py (train, prefill, decode, mixed)
         self.config = config  # the stock ctor saw _stock_config(config)
         self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
         self.gradient_accumulation_fusion = self.flash_fuse_wgrad and _apex_fused_wgrad()  # the stock forward's

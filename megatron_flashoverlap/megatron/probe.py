@@ -1,5 +1,5 @@
 """The start-up probe: a few GEMMs and point-to-point hops timed on the real group, the same figures on every
-rank, handed to the planner (plan/choices.py) for the choices the YAML leaves open.
+rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves open.
 
     planned(cfg) -> cfg      where the spec reads the config (spec.model_layer_specs), torch.distributed
                              initialized and Megatron's args parsed, when cfg.planner.probe is
@@ -8,8 +8,8 @@ rank, handed to the planner (plan/choices.py) for the choices the YAML leaves op
                              probe once, choose, apply (the YAML wins), activate the result (the DDP wrapper reads
                              dp.fuse from it), hand the predicted picks and decode table to the chooser's model
                              tier; log the figures once (INFO) and the choices once (WARNING, as every decision
-                             line). Anything else: cfg unchanged (hops.py, megatron/ddp/choice.py, the measured tier).
-    measure(shapes, gpus_per_node, group=None) -> figures   (plan/choices.py: Figures)
+                             line). Anything else: cfg unchanged (hops.py, megatron/ddp/auto_fuse.py, the measured tier).
+    measure(shapes, gpus_per_node, group=None) -> figures   (plan/probe_plan.py: Figures)
         GEMMs: each shape, median of 3 calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
                between CUDA events, on any other backend in fp32 on the host clock
         hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
@@ -30,7 +30,7 @@ from ..config import activate
 from ..plan.chooser import chooser_of
 from ..runtime.timing import cuda_timed, interleaved, timed
 from ..runtime.once import LogOnce
-from ..plan.choices import apply, choose, partners, probe_shapes
+from ..plan.probe_plan import apply, choose, partners, probe_shapes
 from ..plan.model import Layout, Model
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from .probe import planned
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 from .moe.layer import check_moe_config, flash_moe_spec
 from .structure import check_structure, moe_layer_pattern
-from .step import watch_step_kinds
+from .step_kind import watch_step_kinds
 
 
 class FlashOverlapSpecProvider(LocalSpecProvider):
@@ -89,7 +89,7 @@ def layer_spec(flash_config: FlashOverlapConfig | None = None, *, qk_layernorm: 
     _norms_and_attention(spec.submodules, attention, provider.flash_config, qk_layernorm and not qk_l2_norm,
                          (attention_backend, transformer_impl))
     spec.submodules.mlp = mlp_spec(provider, num_experts, moe_grouped_gemm)
-    spec.module = FlashOverlapTransformerLayer  # TransformerLayer + the decode-step record (megatron/step.py)
+    spec.module = FlashOverlapTransformerLayer  # TransformerLayer + the decode-step record (megatron/step_kind.py)
     return spec
 
 
@@ -200,7 +200,7 @@ class FlashOverlapTransformerLayer(TransformerLayer):
     as it is (legacy gpt_builder, tools/checkpoint, --use-checkpoint-args) as well as 0.19's GPTModelBuilder.
     Given `submodules` (layer_spec's specs), it is that layer. Same modules, state_dict keys and forward as a
     TransformerLayer; each forward first tells its row-parallel linears whether it is a decode-only inference
-    step (megatron/step.py)."""
+    step (megatron/step_kind.py)."""
 
     def __init__(self, config, submodules=None, layer_number: int = 1, *args, **kwargs):
         if submodules is None:

@@ -26,7 +26,7 @@ from .price import Env
 
 def run_main(argv) -> int:
     from . import emit, report, timeline
-    from .step import plan_step
+    from .train_step import plan_step
     a = A.main_parser(__doc__).parse_args(argv)
     layout, nodes = A.sizes(a)
     env = Env(A.cluster_of(a, nodes), a.dtype or "bf16")

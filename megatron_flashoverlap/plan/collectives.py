@@ -19,7 +19,7 @@ import math
 
 import megatron_flashoverlap.schedules as S  # module attributes: a changed schedule changes the price
 from ..schedules import Slice, Step
-from . import steps as B
+from . import baselines as B
 from .links import Group
 from .ops import OpTimes, RingSide, chunked_walk, evaluate, flash_walk
 from .price import ACC_BYTES, Env, Side, prices

@@ -1,7 +1,7 @@
 """The data-parallel gradient reduce-scatter of one backward: stock buckets, or rings fused into the wgrad GEMMs.
 
 The one DP cost model: the planner prices it from its figures (`sync`), pretrain()'s automatic choice from
-rates measured on the real DP group (`Rates`, megatron/ddp/choice.py). Pure: no torch.
+rates measured on the real DP group (`Rates`, megatron/ddp/auto_fuse.py). Pure: no torch.
 
     Grad(name, numel, before, wgrad, ring)   one trainable parameter in backward (= Megatron's layout) order:
                                     `before` seconds of its backward before the wgrad GEMM (the dgrad; all of a
@@ -136,7 +136,7 @@ def worker_pays(grads: Sequence[Grad], bucket_size: int | None, link: Link, call
 
 @dataclass(frozen=True)
 class Rates:
-    """Seconds per gradient element measured on the DP group (megatron/ddp/choice.calibrate): stock's
+    """Seconds per gradient element measured on the DP group (megatron/ddp/auto_fuse.calibrate): stock's
     reduce-scatter (comm_s), our ring (ring_s) and one backward GEMM, dgrad or wgrad (gemm_s, at the run's
     token count); a ring call over (almost) nothing (ring_lat_s); the ring's hops (DP size - 1)."""
 
@@ -149,7 +149,7 @@ class Rates:
     def __post_init__(self):
         if not min(self.comm_s, self.ring_s, self.gemm_s, self.ring_lat_s) >= 0:
             raise ValueError(f"Rates: comm_s={self.comm_s}, ring_s={self.ring_s}, gemm_s={self.gemm_s}; each must "
-                             f"be >= 0 seconds per element (measure them with megatron/ddp/choice.calibrate)")
+                             f"be >= 0 seconds per element (measure them with megatron/ddp/auto_fuse.calibrate)")
         Link(self.comm, self.hops)  # the same check of hops
 
     def comm(self, n: int) -> float:

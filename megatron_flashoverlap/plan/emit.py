@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from ..config import from_dict
-from .step import StepTimes
+from .train_step import StepTimes
 
 
 def _site_entry(variant: str, tp_sp: bool) -> dict:

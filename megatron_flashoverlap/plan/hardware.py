@@ -8,7 +8,7 @@
               while a transfer runs beside a GEMM (SM / memory contention)
 
 A user's own hardware: a JSON file (`load_hardware`) with {"gpus": {name: {...Gpu fields}}, "links": {name:
-{...Link fields}}}, merged over the catalogue (the start-up probe writes the same form: plan/choices.hardware_json).
+{...Link fields}}}, merged over the catalogue (the start-up probe writes the same form: plan/probe_plan.hardware_json).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 
 import megatron_flashoverlap.schedules as S  # module attributes: a changed schedule changes the price
 from ..schedules import Step
-from . import steps as B
+from . import baselines as B
 from .links import Group
 from .price import ACC_BYTES, Env, Side, prices, walk_clock
 from .walk import Clock

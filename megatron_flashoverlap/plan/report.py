@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .layer import Site
 from .price import Env
-from .step import StepTimes
+from .train_step import StepTimes
 
 LABEL = "PREDICTION of the planner's model (not a measurement)"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .step import StepTimes
+from .train_step import StepTimes
 
 
 def _events(st: StepTimes, stock: bool) -> list:

@@ -3,7 +3,7 @@
     python -m megatron_flashoverlap.plan validate --out results.csv [--table published.csv]
 
 Per row (kinds): op (one AG+GEMM / GEMM+RS, forward: ops.py), collective (a stock NCCL collective), gemm_collective
-(a GEMM and an independent collective, one after the other), e2e (a training step: step.py; tokens/s per GPU),
+(a GEMM and an independent collective, one after the other), e2e (a training step: train_step.py; tokens/s per GPU),
 reconstructed (a published range on a reconstructed layout: the decode all-reduce), unscored (hardware unknown:
 listed, never scored). The model is never fitted to these rows: every number comes from catalog.py.
 
@@ -28,7 +28,7 @@ from .hardware import Cluster
 from .links import Group
 from .ops import column_fwd, row_fwd
 from .price import Env
-from .step import plan_step
+from .train_step import plan_step
 
 TABLE = Path(__file__).with_name("validation") / "published.csv"
 BASELINE_TOL, GAIN_TOL = 0.15, 5.0

@@ -1,5 +1,5 @@
 """Tier 4 (CUDA only): the start-up probe's GPU part (megatron/probe.py measure) on one process, and its
-figures through the planner's pure part (plan/choices.py; tested with given figures in
+figures through the planner's pure part (plan/probe_plan.py; tested with given figures in
 tests/pure/test_plan_choices.py).
 
 One rank: a NCCL group of one, so the GEMMs are timed and no hop has a partner (both hop lists stay empty:
@@ -24,7 +24,7 @@ def one_rank_nccl(tmp_path_factory):
 
 def test_probe_figures_and_choices(one_rank_nccl):
     from megatron_flashoverlap.megatron.probe import measure
-    from megatron_flashoverlap.plan.choices import choose, hardware, probe_shapes
+    from megatron_flashoverlap.plan.probe_plan import choose, hardware, probe_shapes
     from megatron_flashoverlap.plan.model import Layout, Model
 
     model, layout = Model(hidden=4096, ffn=16384, heads=32, layers=2, seq=4096), Layout(tp=8, dp=1)

@@ -49,7 +49,7 @@ def _build(mode, cfg, h, f, layers, ddp_kw, opt_kw, seed, asynchronous=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.wrap import wrap_with_dp_overlap
 
     torch.manual_seed(seed)
     module = MLP(cfg, h, f, layers)
@@ -218,7 +218,7 @@ def weight_used_twice(rank, world, h=8, f=8):
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.wrap import wrap_with_dp_overlap
 
     ps = _setup(1)
     try:
@@ -245,7 +245,7 @@ def nan_attribution(rank, world, h=8, f=16):  # W [16, 8] fills both DP shards o
     from megatron.core.tensor_parallel import ColumnParallelLinear
     from megatron.core.transformer import TransformerConfig
 
-    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.wrap import wrap_with_dp_overlap
 
     ps = _setup(1)
     try:

@@ -30,7 +30,7 @@ def _model(mode, tp, sp, layers):
 def _ddp(mode, cfg, model, ddp_kw, layout, linears, tokens=None, asynchronous=None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    from megatron_flashoverlap.megatron.ddp.linear import wrap_with_dp_overlap
+    from megatron_flashoverlap.megatron.ddp.wrap import wrap_with_dp_overlap
 
     ddp_cfg = DistributedDataParallelConfig(use_distributed_optimizer=True, overlap_grad_reduce=True, **ddp_kw)
     kwargs = {}
@@ -81,9 +81,9 @@ def _run(mode, tp, sp, layers, steps, micro, ddp_kw, layout, linears, tokens=Non
 
 @contextlib.contextmanager
 def _fixed_rates(rates):
-    """rates (comm_s, ring_s, gemm_s, ring_lat_s) or None: the cost model's calibration (megatron/ddp/choice.calibrate,
+    """rates (comm_s, ring_s, gemm_s, ring_lat_s) or None: the cost model's calibration (megatron/ddp/auto_fuse.calibrate,
     a timing of this machine) replaced by these numbers, so its choice is known in advance; None: measured."""
-    from megatron_flashoverlap.megatron.ddp import choice as ddp_choice
+    from megatron_flashoverlap.megatron.ddp import auto_fuse as ddp_choice
     from megatron_flashoverlap.plan.dp import Rates
 
     if rates is None:
@@ -103,7 +103,7 @@ def train(rank, world, tp=2, sp=True, layers=2, steps=3, micro=2, ddp_kw=None, l
     rates: fixed cost-model rates (_fixed_rates) instead of the calibration."""
     from megatron.core import parallel_state as ps
 
-    from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp, linear as ddp_linear
+    from megatron_flashoverlap.megatron.ddp import grad_sync as megatron_ddp, wrap as ddp_linear
 
     tm.init_tp(tp)
     lines = _Lines()

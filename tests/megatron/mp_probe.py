@@ -8,7 +8,7 @@ def figures(rank, world):
     """The probe's figures for a small TP = world layout (each rank its own node's neighbour) -> (figures,
     the shapes asked for, the planner's choices on them)."""
     from megatron_flashoverlap.megatron.probe import measure
-    from megatron_flashoverlap.plan.choices import choose, probe_shapes
+    from megatron_flashoverlap.plan.probe_plan import choose, probe_shapes
     from megatron_flashoverlap.plan.model import Layout, Model
 
     os.environ["LOCAL_WORLD_SIZE"] = str(world)

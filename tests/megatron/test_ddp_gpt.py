@@ -82,7 +82,7 @@ FIXED_RATES = (1e-6, 1e-9, 1e-9, 0.0)
 
 @pytest.mark.parametrize("tp", [2, 1])
 def test_cost_model_choice_is_logged_and_trains_like_stock(pools, tp):
-    # tokens given: the cost model (megatron/ddp/choice.py) picks the linears. TP=2: calibrated on this box,
+    # tokens given: the cost model (megatron/ddp/auto_fuse.py) picks the linears. TP=2: calibrated on this box,
     # whatever it picks (0 to all 8 + output) must be what its line says and still equal stock; TP=1: fixed
     # rates (FIXED_RATES), where the count is known without the code under test
     fixed = FIXED_RATES if tp == 1 else None
@@ -96,7 +96,7 @@ def test_cost_model_choice_is_logged_and_trains_like_stock(pools, tp):
     # the model also placed the rings (plan/dp.worker_pays): the sites run where its line says
     placed = [True] if "on the DP worker thread" in lines[0] else [False]
     assert res[0]["flash"]["asynchronous"] in ([], placed), (res[0]["flash"]["asynchronous"], lines[0])
-    if tp > 1:  # at TP > 1 the worker whatever the model finds (megatron/ddp/choice.auto_linears)
+    if tp > 1:  # at TP > 1 the worker whatever the model finds (megatron/ddp/auto_fuse.auto_linears)
         assert "on the DP worker thread" in lines[0], lines[0]
     for r in res:  # the fused linears are those reduced last in backward: layer 1 only after layer 0
         fused = r["flash"]["fused"]

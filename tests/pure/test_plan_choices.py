@@ -1,4 +1,4 @@
-"""The probe's pure part: figures -> hardware -> the layers' choices -> the config (plan/choices.py), with given
+"""The probe's pure part: figures -> hardware -> the layers' choices -> the config (plan/probe_plan.py), with given
 figures (the GPU part that measures them is tests/gpu/test_probe_gpu.py).
 
 Tier: pure (no processes; seconds). Expected values are worked out from the figures the tests write.
@@ -7,7 +7,7 @@ import pytest
 
 from megatron_flashoverlap import config as C
 from megatron_flashoverlap.plan import catalog
-from megatron_flashoverlap.plan.choices import (Choices, apply, choose, gpu_key, hardware, hardware_json, partners,
+from megatron_flashoverlap.plan.probe_plan import (Choices, apply, choose, gpu_key, hardware, hardware_json, partners,
                                                 probe_shapes)
 from megatron_flashoverlap.plan.hardware import load_hardware
 from megatron_flashoverlap.plan.model import Layout, Model

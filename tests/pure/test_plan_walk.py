@@ -6,7 +6,7 @@ rows, free adds, no contention, hops of a stated latency); expected values are d
 import math
 
 from megatron_flashoverlap import schedules as S
-from megatron_flashoverlap.plan import collectives, dp, ops, steps
+from megatron_flashoverlap.plan import baselines, collectives, dp, ops
 from megatron_flashoverlap.plan.links import Group
 from megatron_flashoverlap.schedules import Step
 
@@ -56,10 +56,10 @@ def test_the_decode_all_reduce_walks_schedules_all_reduce_schedule(monkeypatch):
 
 def test_the_slicing_baseline_step_lists():
     # consume: step 0 posts k gathers (gather j due at the end of step j), then one GEMM chunk per step
-    c = steps.consume_chunks(3)
+    c = baselines.consume_chunks(3)
     assert [t.lag for t in c[0].sends] == [0, 1, 2] and [len(s.compute) for s in c] == [0, 1, 1, 1]
     # produce: chunk j's reduce-scatter posted at step j+1, every one due at the last step (k)
-    p = steps.produce_chunks(3)
+    p = baselines.produce_chunks(3)
     assert [(i, t.lag) for i, s in enumerate(p) for t in s.sends] == [(1, 2), (2, 1), (3, 0)]
 
 

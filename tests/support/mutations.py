@@ -180,14 +180,14 @@ def _dp_fused_grad_five_percent_low() -> list:
 
 
 def _cost_model_fuses_nothing() -> list:
-    from megatron_flashoverlap.megatron.ddp import choice
+    from megatron_flashoverlap.megatron.ddp import auto_fuse
 
     orig = choice.choose
 
     def choose(grads, bucket_size, link, asynchronous=False):
         k, best, stock = orig(grads, bucket_size, link, asynchronous)
         return 0, stock, stock  # DEFECT: whatever the model finds, nothing fused
-    return _replace("megatron_flashoverlap.megatron.ddp.choice", "choose", choose)
+    return _replace("megatron_flashoverlap.megatron.ddp.auto_fuse", "choose", choose)
 
 
 class _ScaleGrad:
@@ -294,7 +294,7 @@ MUTATIONS: dict[str, Mutation] = {
         "the fused DP reduce-scatter's dW is 1 % too small",
         ("tests/megatron/test_ddp_gpt.py::test_explicit_choice",), _dp_fused_grad_one_percent_low),
     "cost_model_fuses_nothing": Mutation(
-        "the DP cost model (plan/dp.choose, as megatron/ddp/choice calls it) picks no linear, whatever its rates",
+        "the DP cost model (plan/dp.choose, as megatron/ddp/auto_fuse calls it) picks no linear, whatever its rates",
         ("tests/megatron/test_ddp_gpt.py::test_cost_model_choice_is_logged_and_trains_like_stock[1]",),
         _cost_model_fuses_nothing),
     "ulysses_dq_one_percent_high": Mutation(

@@ -144,7 +144,7 @@ def _site(ddp, param, algo, context, asynchronous=None) -> DPSite:
 def enable_dp_overlap(ddp, weights, *, algo: str = "flash", context: OverlapContext | None = None,
                       asynchronous: bool | None = None) -> list:
     """Mark `weights` of a Megatron DDP model for the fused wgrad reduce-scatter; returns the ones accepted
-    (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/linear.py).
+    (the others stay stock, named in one log line). The backward calls `dp_wgrad` (ddp/wrap.py).
     asynchronous: True = the ring on the DP worker thread (worker.py, gloo); False = in backward; None = as
     worker.runs_async decides (the worker on gloo, the current stream on NCCL)."""
     _patch_start_grad_sync()

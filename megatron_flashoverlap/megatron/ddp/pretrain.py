@@ -26,7 +26,7 @@ import os
 from megatron.core.distributed import DistributedDataParallel
 
 from ...config import active
-from .linear import _dp_groups, _linears, build_with_dp_overlap
+from .wrap import _dp_groups, _linears, build_with_dp_overlap
 
 log = logging.getLogger(__name__)
 

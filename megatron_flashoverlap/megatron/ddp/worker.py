@@ -18,7 +18,7 @@ stays on the current stream: its waits are stream-ordered and never block the ho
 let it overlap the next layers' GEMMs on the device too; not done here).
 
 On host-driven transports, asynchronous=None: the worker, except at TP = 1 where the automatic choice's cost
-model finds that rings in backward do not stall it (choice.auto_linears, with its measurements;
+model finds that rings in backward do not stall it (auto_fuse.auto_linears, with its measurements;
 plan/dp.worker_pays); asynchronous=False keeps each ring inside its layer's backward, True forces the
 worker. At TP > 1
 the worker's DP rings and backward's TP rings post

@@ -13,7 +13,7 @@ A sub-chunk's GEMM slice starts as soon as it arrives (all-gather), its partial 
 more posts and waits per hop. The operator cannot see whether a hop outlasts its slice (it does not know the
 link), and each extra post costs host time, so an open request is one transfer per hop; a layer whose hop is
 long against its slice sets `hop_chunks` in its plan, and the planner fills it where the YAML leaves it open
-(plan/choices.py). The measured basis: benchmarks/overlap/RESULTS.md, "Hop sub-chunks at P = 2".
+(plan/probe_plan.py). The measured basis: benchmarks/overlap/RESULTS.md, "Hop sub-chunks at P = 2".
 """
 from __future__ import annotations
 

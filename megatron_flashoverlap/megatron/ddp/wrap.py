@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ...runtime import all_gather_into, group_info, names_operator, reduce_scatter_into
 from .grad_sync import dp_wgrad, enable_dp_overlap
-from .choice import auto_linears
+from .auto_fuse import auto_linears
 from .layout import isolated_buckets, relayout, stock_bucket_size
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _dp_groups(ddp_kwargs):
 
 
 def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> tuple[list, bool | None]:
-    """The linears to fuse by default (choice.auto_linears: the cost model where the token count is
+    """The linears to fuse by default (auto_fuse.auto_linears: the cost model where the token count is
     known, else stock's last bucket), explained in one log line, and where their rings run."""
     dp, dp_cp = _dp_groups(ddp_kwargs)
     size = None if ddp_kwargs.get("disable_bucketing") else stock_bucket_size(ddp_config, dp.size())
@@ -120,7 +120,7 @@ def _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous) -> tuple[
 
 def _select(module, linears, ddp_config, ddp_kwargs, tokens=None, asynchronous=None) -> tuple[list, bool | None]:
     """The linears to fuse (explicit, or the automatic choice) less the unfusable ones (one log line), and
-    where their rings run (the automatic choice may settle asynchronous=None: choice.auto_linears)."""
+    where their rings run (the automatic choice may settle asynchronous=None: auto_fuse.auto_linears)."""
     if linears is None:
         linears, asynchronous = _auto_choice(module, ddp_config, ddp_kwargs, tokens, asynchronous)
     linears = list(linears)
@@ -156,14 +156,14 @@ def wrap_with_dp_overlap(config, ddp_config, module, *, linears=None, algo="flas
     reduce-scatter their weight gradient over DP inside their wgrad GEMM (stock layers through
     `linear_dp_forward_impl`, the plugin's Flash layers inside their own TP walk, megatron/linear.py).
 
-    linears: None = the automatic choice, logged in one line (megatron/ddp/choice.py: with `tokens`, the rows
+    linears: None = the automatic choice, logged in one line (megatron/ddp/auto_fuse.py: with `tokens`, the rows
     of a wgrad GEMM (seq x micro-batch; read from Megatron's args when pretrain() set them), a calibrated
     cost model fuses the linears reduced last in backward where stock would leave communication exposed;
     without it, the weights in stock's last bucket), or an explicit list. A precomputed `full_param_layout`
     (megatron-core >= 0.19) is rewritten so that each fused weight has a bucket of its own and every other parameter keeps its bucket (layout.relayout).
     asynchronous: None = the current stream on NCCL; on host-driven transports (gloo) the DP worker thread,
     except at TP = 1 where the automatic choice's cost model finds rings in backward do not stall it
-    (choice.auto_linears); True = the worker (gloo only, any TP size);
+    (auto_fuse.auto_linears); True = the worker (gloo only, any TP size);
     False = each ring inside its own layer's backward.
     Returns (ddp_model, accepted): `accepted` are the weights whose reduce-scatter runs fused; the others
     stay stock (named in one log line)."""

@@ -18,7 +18,7 @@ that measures the figures is megatron/probe.py).
     apply(choices, cfg) -> FlashOverlapConfig: the YAML wins: a layer keeps its plan (the planner only fills
         hop_chunks where a flash layer left it open; an auto layer is measured, the planner's pick its model tier,
         plan/chooser.py); dp.fuse "auto" becomes the planner's; all_reduce.num_chunks only where the YAML left it
-Every number here is a PREDICTION of the planner (plan/step.py) priced on the probed figures.
+Every number here is a PREDICTION of the planner (plan/train_step.py) priced on the probed figures.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from .links import place
 from .model import Layout, Model
 from .price import Env
 from .proxy import fit
-from .step import plan_step
+from .train_step import plan_step
 
 DECODE_SIZES = tuple(8192 * 2 ** i for i in range(11))  # 8 KB .. 8 MB, the calibration's window
 DEVICE_NAMES = (("H200", "h200"), ("H100", "h100"), ("H800", "h800"), ("B200", "b200"), ("A100", "a100"),
