@@ -8,11 +8,12 @@ Only the Megatron-facing modules import megatron. The names below load on first 
 import importlib
 
 _EXPORTS = {
-    "ops": ("ALGOS", "AR_ALGOS", "Attend", "DPBucket", "OpPlan", "WgradRoute", "all_gather_matmul", "all_reduce", "force_reference", "matmul_all_reduce",
+    "ops": ("ALGOS", "AR_ALGOS", "Attend", "DPBucket", "OpPlan", "WgradRoute", "all_gather_matmul",
+            "all_gather_matmul_fp8", "all_reduce", "force_reference", "matmul_all_reduce",
             "matmul_allreduce_dgrad", "matmul_reduce_scatter", "matmul_wgrad_reduce_scatter",
             "query_split_attention", "ulysses_attention", "ulysses_fused_attention"),
-    "runtime": ("OverlapContext", "PeerTimeoutError", "default_context"),
-    "megatron.ddp.linear": ("wrap_with_dp_overlap",),  # the DP entry: Megatron's DDP with fused wgrad rings
+    "runtime": ("DelayedScales", "Fp8Recipe", "OverlapContext", "PeerTimeoutError", "default_context"),
+    "megatron.ddp.wrap": ("wrap_with_dp_overlap",),  # the DP entry: Megatron's DDP with fused wgrad rings
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -8,11 +8,15 @@ check, so if a later call disagrees the other ranks wait in the check until the 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
 from ..runtime import OverlapContext, default_context, group_info
 from ..runtime.accumulate import check_wgrad_into
+from ..runtime.fp8 import DelayedScales
+from ..runtime.handlers import chunk_bounds
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -86,3 +90,43 @@ def checked_context(op: str, x: torch.Tensor, weight: torch.Tensor, bias, group,
         check_divisible(op, x.shape[0], world)
     peers_agree(op, group, world, x.device, ctx, *x.shape, *weight.shape)
     return ctx
+
+
+_FP8_OUT = (torch.float32, torch.bfloat16, torch.float16)  # what CUDA's _scaled_mm writes
+
+
+def check_fp8_call(op: str, plan, scales, route) -> None:
+    """The recipe's state matches it: DelayedScales of the same recipe under 'delayed', none under
+    'tensorwise'; dW not handed to a caller's function (it takes bf16 operands)."""
+    recipe = plan.fp8
+    if recipe.recipe == "delayed" and (not isinstance(scales, DelayedScales) or scales.recipe != recipe):
+        raise ValueError(f"{op}: the delayed recipe needs its state: pass scales=DelayedScales(plan.fp8), kept per "
+                         f"layer and updated after each step (got {type(scales).__name__})")
+    if recipe.recipe == "tensorwise" and scales is not None:
+        raise ValueError(f"{op}: the tensorwise recipe keeps no state; pass scales=None")
+    if route.fn is not None:
+        raise ValueError(f"{op}: wgrad_fn takes the bf16 operands; with an FP8 recipe pass wgrad_into (or neither)")
+
+
+def _tokens_per_wgrad_slice(rows: int, batch: int, world: int, plan) -> list[int]:
+    """Tokens (K) of each wgrad GEMM of the FP8 backward: a slice per arrived part of a shard on the flash
+    ring (2 parts bidirectional, plan.hops one way), the whole AG(x) otherwise."""
+    if plan.algo not in ("flash", "flash_bidir") or plan.keep_gathered:
+        return [rows * world * batch]
+    return [(b - a) * batch for a, b in chunk_bounds(rows, 2 if plan.bidirectional else plan.hops)]
+
+
+def check_fp8_shapes(op: str, x: torch.Tensor, weight: torch.Tensor, world: int, plan, wgrad: bool) -> None:
+    """CUDA's FP8 GEMM rules on the shapes this call will multiply (runtime/scaled_mm.py), before any transfer."""
+    if x.dtype not in _FP8_OUT:
+        raise ValueError(f"{op}: an FP8 GEMM writes {_FP8_OUT}; the input is {x.dtype}: cast it, or drop the FP8 "
+                         f"recipe")
+    h, n = x.shape[-1], weight.shape[0]
+    if h % 16 or n % 16:
+        raise ValueError(f"{op}: FP8 needs the hidden size ({h}) and the output features per rank ({n}) to be "
+                         f"multiples of 16 (CUDA's _scaled_mm); pad them, or drop the FP8 recipe")
+    bad = [k for k in _tokens_per_wgrad_slice(x.shape[0], math.prod(x.shape[1:-1]), world, plan) if k % 16]
+    if wgrad and bad:
+        raise ValueError(f"{op}: the FP8 weight gradient multiplies over tokens, {bad} per GEMM slice here, which "
+                         f"CUDA needs in multiples of 16; make (sequence / group size / slices per shard) * batch a "
+                         f"multiple of 16 (fewer hop_chunks, or a longer sequence), or drop the FP8 recipe")

@@ -33,6 +33,9 @@ The OpPlan knobs:
     wire_dtype         what reduce-scatter partials travel in: "input" (stock's bytes) or "fp32"
     decode_all_reduce  matmul_all_reduce on decode-shaped x [1, b, k/P]: the all_reduce algo ("auto": the
                        calibrated choice; None: run `algo` on decode inputs too)
+    fp8                all_gather_matmul: an Fp8Recipe (runtime/fp8.py): every GEMM slice of the call, forward and
+                       backward, is an FP8 torch._scaled_mm and the gather carries FP8 bytes (None: no FP8);
+                       refused by the operators that have no FP8 path yet, never run without it
     decode_step        matmul_all_reduce: the caller knows this call belongs to a decode-only step (one new
                        token per sequence in any layout, e.g. the dynamic engine's [n, 1, k/P]): the decode
                        all-reduce runs whatever x's shape (False: decode-shaped x [1, b, k/P] only)
@@ -56,6 +59,7 @@ import torch
 
 from ..config import ALGOS, ALL_REDUCE_ALGOS, MOE_ALGOS, ULYSSES_ALGOS, _positive_int_or_none
 from ..runtime import Ring, check_wire
+from ..runtime.fp8 import Fp8Recipe
 
 # the public operators and the algorithm words each takes (all_reduce's "auto" is resolved by the op)
 ALLOWED = {
@@ -133,7 +137,7 @@ RINGS = ("flash", "flash_bidir")  # the algos that walk a decomposed ring
 # default) is refused when resolved, never ignored. num_chunks is read by slicing only, except where the
 # operator chunks its sequence for the rings too (CHUNKED).
 KNOBS = {
-    "all_gather_matmul": ("num_chunks", "hop_chunks", "keep_gathered"),
+    "all_gather_matmul": ("num_chunks", "hop_chunks", "keep_gathered", "fp8"),
     "matmul_reduce_scatter": ("num_chunks", "hop_chunks"),
     "matmul_all_reduce": ("num_chunks", "decode_all_reduce", "decode_step"),
     "matmul_allreduce_dgrad": ("num_chunks",),
@@ -153,6 +157,7 @@ class OpPlan:
     wire_dtype: str = "input"
     decode_all_reduce: str | None = "auto"
     decode_step: bool = False
+    fp8: Fp8Recipe | None = None
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -173,6 +178,9 @@ class OpPlan:
                              f"or None (decode inputs run `algo` too)")
         if not isinstance(self.decode_step, bool):
             raise ValueError(f"decode_step must be True or False, got {self.decode_step!r}")
+        if self.fp8 is not None and not isinstance(self.fp8, Fp8Recipe):
+            raise ValueError(f"fp8 must be an Fp8Recipe (megatron_flashoverlap.runtime.fp8) or None, got "
+                             f"{type(self.fp8).__name__}")
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
         object.__setattr__(self, "_rings", {})  # (name, tag) -> Ring: made once per plan
 

@@ -5,13 +5,14 @@ from .context import OverlapContext, TraceEvent, default_context, shared_context
 from .executor import execute
 from .transport import (PeerError, PeerLostError, PeerTimeoutError, first_peer_error, link, names_call,
                         names_operator, transport_kind, wait_collective)
+from .fp8 import DelayedScales, Fp8Recipe
 from .group import all_gather_into, global_rank, group_info, reduce_scatter_into
 from .numerics import (WIRE_DTYPES, acc_dtype, check_wire, partial_linear, partial_producer, rows_writer, sums, wgrad,
                        wire_dtype)
 from .options import Producer, Ring, Sums
 from .pipeline import Pass, exchange, gather, gather_and_consume, produce_and_scatter, scatter, tail, walk
 
-__all__ = ["OverlapContext", "Pass", "PeerError", "PeerLostError", "PeerTimeoutError", "Producer", "Ring", "Sums",
+__all__ = ["DelayedScales", "Fp8Recipe", "OverlapContext", "Pass", "PeerError", "PeerLostError", "PeerTimeoutError", "Producer", "Ring", "Sums",
            "TraceEvent", "WIRE_DTYPES",
            "acc_dtype", "all_gather_into", "check_wire", "first_peer_error", "link", "names_call", "names_operator", "partial_linear", "partial_producer", "rows_writer",
            "transport_kind", "wait_collective", "wire_dtype",

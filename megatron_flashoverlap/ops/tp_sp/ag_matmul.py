@@ -39,13 +39,25 @@ def gather_reference(x_shard, group):
     return full
 
 
+def timed_gather(x_shard, group, ctx):
+    """gather_reference, traced: the blocking collective is in flight and waited on at once."""
+    t = time.perf_counter()
+    full = gather_reference(x_shard, group)
+    ctx.record("post", "all-gather", t)
+    ctx.record("wait", "all-gather", t)
+    return full
+
+
+def gathered_output(x_shard, n: int, world: int, dtype) -> torch.Tensor:
+    """y [s, b, n] for a gather of x_shard [s/P, b, h] over `world` ranks, in `dtype`."""
+    return torch.empty((x_shard.shape[0] * world,) + tuple(x_shard.shape[1:-1]) + (n,), dtype=dtype,
+                       device=x_shard.device)
+
+
 @register(OP, "reference")
 def ag_matmul_reference(x_shard, weight, bias, group, ctx, plan):
     """Unfused: one all-gather, then one GEMM. Returns (y, gathered x or None)."""
-    t = time.perf_counter()
-    full = gather_reference(x_shard, group)
-    ctx.record("post", "all-gather", t)  # trace: the blocking collective is in flight and waited on at once
-    ctx.record("wait", "all-gather", t)
+    full = timed_gather(x_shard, group, ctx)
     t = time.perf_counter()
     y = F.linear(full, weight, bias)
     ctx.record("compute", "whole GEMM", t)
@@ -56,24 +68,17 @@ def ag_matmul_reference(x_shard, weight, bias, group, ctx, plan):
 @register(OP, "flash_bidir")
 def ag_matmul_ring(x_shard, weight, bias, group, ctx, plan):
     """Flash-AG: the ring of all_gather_ring; each arrived shard is multiplied while the next one flies."""
-    rank, world = group_info(group)
-    rows = x_shard.shape[0]
-    y = torch.empty((rows * world,) + tuple(x_shard.shape[1:-1]) + (weight.shape[0],),
-                    dtype=x_shard.dtype, device=x_shard.device)
+    y = gathered_output(x_shard, weight.shape[0], group_info(group)[1], x_shard.dtype)
     consume = rows_writer(y, weight, bias)  # y[span] = xs @ w^T + bias, straight into y's rows
     gathered = gather_and_consume(x_shard, consume, group, ctx, plan.ring("ag"), keep_gathered=plan.keep_gathered)
     return y, gathered
 
 
-@register(OP, "slicing")
-def ag_matmul_slicing(x_shard, weight, bias, group, ctx, plan):
-    """Data slicing (the Megatron/TE pipeline baseline): all-gather chunk j+1.. while chunk j multiplies.
-    The first gather is exposed (the head); chunks are cut along the local sequence."""
-    rank, world = group_info(group)
-    rows, tail = x_shard.shape[0], tuple(x_shard.shape[1:])
-    y = torch.empty((rows * world,) + tail[:-1] + (weight.shape[0],), dtype=x_shard.dtype, device=x_shard.device)
-    y_blocks = y.view(world, rows, *y.shape[1:])  # [P, s/P, b, n/P]
-    chunks = [x_shard[a:b] for a, b in chunk_bounds(rows, plan.num_chunks)]
+def sliced_gather(x_shard, consume, group, ctx, plan):
+    """All-gather of x_shard [s/P, ...] in plan.num_chunks row chunks, all posted at once; consume(a, b, buf)
+    as chunk rows a:b arrive, buf [P, b - a, ...]. -> AG(x) [s, ...] if plan.keep_gathered, else None."""
+    world, tail = group_info(group)[1], tuple(x_shard.shape[1:])
+    chunks = [x_shard[a:b] for a, b in chunk_bounds(x_shard.shape[0], plan.num_chunks)]
     bufs = [torch.empty((world,) + tuple(c.shape), dtype=c.dtype, device=c.device) for c in chunks]
     t = time.perf_counter()
     works = [all_gather_into(b.view(-1, *tail), c.contiguous(), group, async_op=True) for b, c in zip(bufs, chunks)]
@@ -85,9 +90,22 @@ def ag_matmul_slicing(x_shard, weight, bias, group, ctx, plan):
         wait_collective([w], group, x_shard.device, ctx.timeout, f"all-gather chunk {j}")
         ctx.record("wait", f"chunk {j}", t)
         t = time.perf_counter()
-        y_blocks[:, start:start + c.shape[0]] = F.linear(buf, weight, bias)  # [P, c, b, n/P]
+        consume(start, start + c.shape[0], buf)
         ctx.record("compute", f"chunk {j}", t)
         start += c.shape[0]
     if not plan.keep_gathered:
-        return y, None
-    return y, torch.cat(bufs, dim=1).view(-1, *tail)  # [P, s/P, b, h] -> [s, b, h]
+        return None
+    return torch.cat(bufs, dim=1).view(-1, *tail)  # [P, s/P, b, h] -> [s, b, h]
+
+
+@register(OP, "slicing")
+def ag_matmul_slicing(x_shard, weight, bias, group, ctx, plan):
+    """Data slicing (the Megatron/TE pipeline baseline): all-gather chunk j+1.. while chunk j multiplies.
+    The first gather is exposed (the head); chunks are cut along the local sequence."""
+    world = group_info(group)[1]
+    y = gathered_output(x_shard, weight.shape[0], world, x_shard.dtype)
+    y_blocks = y.view(world, x_shard.shape[0], *y.shape[1:])  # [P, s/P, b, n/P]
+
+    def consume(a, b, buf):
+        y_blocks[:, a:b] = F.linear(buf, weight, bias)  # [P, c, b, n/P]: one GEMM per chunk
+    return y, sliced_gather(x_shard, consume, group, ctx, plan)

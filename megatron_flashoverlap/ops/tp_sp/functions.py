@@ -4,6 +4,8 @@
         y = AG(x) @ w^T + bias              backward: dx = RS(dy @ w), dw = AG(x)^T dy, db = sum dy
     matmul_reduce_scatter(x [s, b, k/P], weight [h, k/P], group) -> y [s/P, b, h]
         y = RS(x @ w^T)                     backward: dx = AG(dy) @ w, dw = AG(dy)^T x
+    all_gather_matmul_fp8(x_shard, weight, group, plan=OpPlan(fp8=...), scales) -> y [s, b, n/P]
+        all_gather_matmul with every GEMM slice an FP8 _scaled_mm (ag_matmul_fp8.py, backward_fp8.py)
 
 algo: "flash" (decomposed ring, rank-adaptive), "flash_bidir" (the same on a bidirectional ring),
 "slicing" (data slicing with `num_chunks`, the baseline), "reference" (collective, then GEMM): the shorthand
@@ -15,7 +17,8 @@ of plan=OpPlan(algo, ...), which carries the other knobs (ops/registry.py):
     wire_dtype     what reduce-scatter partials (forward RS, column dgrad RS) travel in: "input" (default,
                    stock's bytes; sums kept in fp32 and rounded per hop) or "fp32" (twice the bytes, one
                    rounding; runtime/numerics.py)
-`force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM.
+    fp8            all_gather_matmul: an Fp8Recipe (runtime/fp8.py), run by all_gather_matmul_fp8 below
+`force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM (an FP8 one under fp8).
 wgrad=WgradRoute(...) (optional) says where dW goes:
     into [n, h] (e.g. Megatron's fp32 main_grad): dW is added into it slice by slice instead of being returned;
         the weight then gets Megatron's dummy gradient (runtime/accumulate.py: weight_grad)
@@ -27,13 +30,17 @@ The autograd.Functions carry (tensors..., plan, route, group, context): the plan
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import NamedTuple
+
 import torch
 
-from ...runtime import OverlapContext, group_info, names_operator
+from ...runtime import OverlapContext, default_context, group_info, names_operator
 from ...runtime.accumulate import linear_into, weight_grad
-from ..checks import checked_context
+from ...runtime.fp8 import DelayedScales, Quantized, cast, cast_shared
+from ..checks import check_fp8_call, check_fp8_shapes, checked_context
 from ..registry import RETURNED, OpPlan, WgradRoute, plain, plan_of, resolve
-from . import ag_matmul, backward, matmul_rs  # noqa: F401  (they fill the registry's tables)
+from . import ag_matmul, ag_matmul_fp8, backward, backward_fp8, matmul_rs  # noqa: F401  (they fill the tables)
 from .hops import sized
 
 
@@ -87,6 +94,8 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
     docstring; default: returned)."""
     route = RETURNED if wgrad is None else wgrad
     plan = resolve("all_gather_matmul", plan_of("all_gather_matmul", algo, plan))
+    if plan.fp8 is not None:
+        return all_gather_matmul_fp8(x_shard, weight, group, plan=plan, bias=bias, wgrad=wgrad, context=context)
     ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, route)
     if ctx is None:
         return linear_into(x_shard, weight, bias, route.into, route.fn)
@@ -108,3 +117,59 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
     plan = sized(plan, x.shape[0] // group_info(group)[1])
     return MatmulReduceScatter.apply(x, weight, plan, route, group, ctx)
 
+
+class Fp8Call(NamedTuple):
+    """What an FP8 call carries besides its plan: where dW goes, the delayed recipe's state (None: tensorwise)."""
+    route: WgradRoute
+    scales: DelayedScales | None
+
+
+@names_operator
+class Fp8AllGatherMatmul(torch.autograd.Function):
+    """x and w cast once per call (x's amax agreed over the group), the FP8 forward; backward casts dy once
+    (e5m2 under hybrid) and runs the FP8 dual. Saved: the FP8 bytes and their scales, not x."""
+
+    @staticmethod
+    def forward(ctx, x_shard, weight, bias, plan, call, group, octx):
+        xq = cast_shared(x_shard, "input", plan.fp8, call.scales, group)
+        wq = cast(weight, "weight", plan.fp8, call.scales)
+        y, gathered = plain(ag_matmul_fp8.OP, plan.algo)(xq, wq, bias, group, octx, plan)
+        kept = () if gathered is None else (gathered.data,)
+        ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv, *kept)
+        ctx.plan, ctx.call, ctx.group, ctx.octx = plan, call, group, octx
+        ctx.has_bias, ctx.x_dtype = bias is not None, x_shard.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        weight, x8, x_inv, w8, w_inv, *kept = ctx.saved_tensors
+        xq, wq = Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)
+        dyq = cast(dy.contiguous(), "grad_output", ctx.plan.fp8, ctx.call.scales)
+        dw = ctx.call.route if ctx.needs_input_grad[1] else None
+        dx, dW = plain(backward_fp8.COLUMN, ctx.plan.algo)(dyq, xq, xq._replace(data=kept[0]) if kept else None,
+                                                           wq, ctx.group, ctx.octx, ctx.plan, dw)
+        if dw is not None and dw.into is not None:
+            dW = weight_grad(weight, dw.into, ctx.x_dtype)
+        db = dy.sum(dim=tuple(range(dy.dim() - 1))) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dW, db, None, None, None, None
+
+
+def all_gather_matmul_fp8(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *, plan: OpPlan,
+                          bias: torch.Tensor | None = None, scales: DelayedScales | None = None,
+                          wgrad: WgradRoute | None = None, context: OverlapContext | None = None) -> torch.Tensor:
+    """y [s, b, n/P] = AG(x_shard [s/P, b, h]) @ weight[n/P, h]^T (+ bias [n/P]), every GEMM slice in FP8
+    (forward, dgrad, wgrad), with autograd. plan.fp8: the recipe; scales: its DelayedScales under 'delayed'
+    (the caller keeps one per layer and calls scales.update(group) after each step). A group of size 1 runs
+    the reference (one FP8 GEMM). Shapes CUDA cannot run in FP8 are refused (ops/checks.py), never run in bf16."""
+    route = RETURNED if wgrad is None else wgrad
+    plan = resolve("all_gather_matmul", plan_of("all_gather_matmul", None, plan))
+    if plan.fp8 is None:
+        raise ValueError("all_gather_matmul_fp8: plan.fp8 is None; pass OpPlan(..., fp8=Fp8Recipe(...)), or call "
+                         "all_gather_matmul for the bf16 GEMMs")
+    check_fp8_call("all_gather_matmul", plan, scales, route)
+    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, route)
+    plan = sized(plan, x_shard.shape[0]) if ctx is not None else replace(plan, algo="reference", num_chunks=None,
+                                                                          hop_chunks=None)
+    check_fp8_shapes("all_gather_matmul", x_shard, weight, group_info(group)[1], plan, weight.requires_grad)
+    return Fp8AllGatherMatmul.apply(x_shard, weight, bias, plan, Fp8Call(route, scales), group,
+                                    ctx or context or default_context())

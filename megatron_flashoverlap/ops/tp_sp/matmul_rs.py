@@ -29,19 +29,28 @@ from ..registry import register
 OP = "matmul_reduce_scatter"
 
 
+def scatter_reference(partial, dtype, group, ctx):
+    """Stock reduce-scatter of partial [s, ...] (already in the wire dtype) -> [s/P, ...] in `dtype`, traced:
+    the blocking collective is in flight and waited on at once. A group of one: the partial itself."""
+    world = group_info(group)[1]
+    if world == 1:
+        return partial.to(dtype)
+    out = torch.empty((partial.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype,
+                      device=partial.device)
+    t = time.perf_counter()
+    reduce_scatter_into(out, partial.contiguous(), group)
+    ctx.record("post", "reduce-scatter", t)
+    ctx.record("wait", "reduce-scatter", t)
+    return out.to(dtype)
+
+
 @register(OP, "reference")
 def rs_matmul_reference(x, weight, group, ctx, plan):
     """Unfused: one GEMM, then one stock reduce-scatter in the wire dtype (wire_dtype="input": stock Megatron)."""
-    rank, world = group_info(group)
     t = time.perf_counter()
     partial = partial_linear(x, weight).to(wire_dtype(x.dtype, plan.wire_dtype))  # [s, b, h]
     ctx.record("compute", "whole GEMM", t)
-    out = torch.empty((x.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype, device=x.device)
-    t = time.perf_counter()
-    reduce_scatter_into(out, partial.contiguous(), group)
-    ctx.record("post", "reduce-scatter", t)  # trace: the blocking collective, in flight and waited on at once
-    ctx.record("wait", "reduce-scatter", t)
-    return out.to(x.dtype)
+    return scatter_reference(partial, x.dtype, group, ctx)
 
 
 @register(OP, "flash")
@@ -54,27 +63,35 @@ def rs_matmul_ring(x, weight, group, ctx, plan):
                                plan.ring("rs"))
 
 
-@register(OP, "slicing")
-def rs_matmul_slicing(x, weight, group, ctx, plan):
-    """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies; the last is the tail.
-    Chunk j is rows a:b of every rank-block, copied contiguous first (a copy of the chunk's input, linear
-    time) so its GEMM is one BLAS mm: a GEMM on the strided [P, c, b, k/P] view took a batched path
-    12-15x slower than the unsplit reference. Each chunk is reduce-scattered into its rows of one output."""
-    rank, world = group_info(group)
+def sliced_scatter(partial, x, h: int, dtype, group, ctx, plan):
+    """Data slicing of RS(x [s, b, k] @ .): partial(xb [P, c, b, k], wire dtype) -> [P, c, b, h] for row chunk
+    a:b of every rank block, its reduce-scatter in flight while the next chunk multiplies (the last is the
+    tail); each chunk is reduce-scattered into its rows of one output [s/P, b, h] in `dtype` (the
+    activations': the wire dtype follows it).
+    The chunk is copied contiguous first (a copy of its input, linear time) so its GEMM is one BLAS mm: a GEMM
+    on the strided [P, c, b, k] view took a batched path 12-15x slower than the unsplit reference."""
+    world = group_info(group)[1]
     rows = x.shape[0] // world
     xb = x.view(world, rows, *x.shape[1:]) if x.is_contiguous() else x.reshape(world, rows, *x.shape[1:])
-    wdt = wire_dtype(x.dtype, plan.wire_dtype)
-    out = torch.empty((rows,) + tuple(x.shape[1:-1]) + (weight.shape[0],), dtype=wdt, device=x.device)
+    wdt = wire_dtype(dtype, plan.wire_dtype)
+    out = torch.empty((rows,) + tuple(x.shape[1:-1]) + (h,), dtype=wdt, device=x.device)
     works = []
     for j, (a, b) in enumerate(chunk_bounds(rows, plan.num_chunks)):
         t = time.perf_counter()
-        partial = partial_linear(xb[:, a:b].contiguous(), weight).to(wdt)  # [P, c, b, h], contiguous
+        part = partial(xb[:, a:b].contiguous(), wdt)  # [P, c, b, h], contiguous
         ctx.record("compute", f"chunk {j}", t)
         t = time.perf_counter()
-        works.append(reduce_scatter_into(out[a:b], partial.view(-1, *partial.shape[2:]), group, async_op=True))
+        works.append(reduce_scatter_into(out[a:b], part.view(-1, *part.shape[2:]), group, async_op=True))
         ctx.record("post", f"chunk {j}", t)
     for j, w in enumerate(works):
         t = time.perf_counter()
         wait_collective([w], group, x.device, ctx.timeout, f"reduce-scatter chunk {j}")
         ctx.record("wait", f"chunk {j}", t)
-    return out.to(x.dtype)
+    return out.to(dtype)
+
+
+@register(OP, "slicing")
+def rs_matmul_slicing(x, weight, group, ctx, plan):
+    """Data slicing: reduce-scatter of chunk j in flight while chunk j+1 multiplies (sliced_scatter)."""
+    return sliced_scatter(lambda xc, wdt: partial_linear(xc, weight).to(wdt), x, weight.shape[0], x.dtype, group, ctx,
+                          plan)

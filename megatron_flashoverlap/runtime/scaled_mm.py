@@ -1,0 +1,90 @@
+"""FP8 GEMM slices: CUDA's rules for torch._scaled_mm, checked on every device, and the one call.
+
+    check_scaled_mm(a, b)       a [m, k] row-major, b [k, n] column-major, k and n multiples of 16, both fp8,
+                                not both e5m2: cuBLASLt's FP8 rules, a ValueError naming the fix (the CPU
+                                kernel accepts more, so without this a CPU test passes a layout a GPU refuses)
+    scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, out)
+                                one torch._scaled_mm: out = (a @ b) * scale_a * scale_b (+ bias), accumulated in
+                                fp32, written in out_dtype; scale_a, scale_b 0-dim fp32 (the operands' scale_inv)
+    column_major(t)             t [k, n] laid out column-major: a transpose copy of the fp8 bytes
+    fp8_rows_writer(out, wq, x_scale_inv, bias)
+                                write(span, x_rows): out[span] = x_rows [r, b, k] (fp8) @ wq^T, dequantized,
+                                (+ bias), straight into out's rows: the GEMM slice of a gather
+
+A row-major weight w [n, k] is the second operand as it is: w.t() is [k, n] column-major. CUDA's bias epilogue
+takes a bias of the output's dtype and no fp32 output with a bias: there the bias is added after the GEMM.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .fp8 import Quantized
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _row_major(t: torch.Tensor) -> bool:
+    return t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1])
+
+
+def _col_major(t: torch.Tensor) -> bool:
+    return t.stride(0) == 1 and t.stride(1) >= max(1, t.shape[0])
+
+
+def _check_dtypes(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype not in FP8_DTYPES or b.dtype not in FP8_DTYPES:
+        raise ValueError(f"scaled_mm: operands are {a.dtype} and {b.dtype}; both must be fp8 ({FP8_DTYPES}): cast "
+                         f"them with runtime.fp8.quantize first")
+    if a.dtype == b.dtype == torch.float8_e5m2:
+        raise ValueError("scaled_mm: e5m2 x e5m2 has no CUDA kernel; cast one operand to e4m3 (format 'hybrid' "
+                         "keeps e5m2 for gradients only)")
+
+
+def check_scaled_mm(a: torch.Tensor, b: torch.Tensor) -> None:
+    """ValueError naming the fix unless a [m, k] @ b [k, n] is a GEMM CUDA's _scaled_mm runs (module docstring)."""
+    _check_dtypes(a, b)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"scaled_mm: shapes {tuple(a.shape)} @ {tuple(b.shape)} are not [m, k] @ [k, n]")
+    if not _row_major(a):
+        raise ValueError(f"scaled_mm: the first operand [m, k] must be row-major (stride[1] == 1), got strides "
+                         f"{a.stride()}; pass a contiguous tensor (a.contiguous())")
+    if not _col_major(b):
+        raise ValueError(f"scaled_mm: the second operand [k, n] must be column-major (stride[0] == 1), got strides "
+                         f"{b.stride()}; pass w.t() of a row-major weight w [n, k], or column_major(b)")
+    k, n = b.shape
+    if k % 16 or n % 16:
+        raise ValueError(f"scaled_mm: k = {k} and n = {n} must both be multiples of 16 for CUDA's FP8 GEMM; pad "
+                         f"the hidden size and the output features per rank to multiples of 16, or run without FP8")
+
+
+def column_major(t: torch.Tensor) -> torch.Tensor:
+    """t [k, n] with the same values, column-major (a copy unless it already is)."""
+    return t if _col_major(t) else t.t().contiguous().t()
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+              out_dtype: torch.dtype, bias: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """a [m, k] @ b [k, n] (fp8, CUDA's layout: checked) * scale_a * scale_b (+ bias [n]) -> [m, n] out_dtype."""
+    check_scaled_mm(a, b)
+    fused = bias if out_dtype != torch.float32 else None  # CUDA: no bias epilogue with an fp32 output
+    kw = {} if out is None else {"out": out}
+    y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=fused, out_dtype=out_dtype, **kw)
+    if bias is not None and fused is None:
+        y.add_(bias)
+    return y
+
+
+def fp8_rows_writer(out: torch.Tensor, wq: Quantized, x_scale_inv: torch.Tensor,
+                    bias: torch.Tensor | None = None):
+    """-> write(span, x_rows): out[span] = x_rows [r, b, k] (fp8) @ wq.data [m, k]^T, dequantized, (+ bias [m])
+    for out [s, b, m] (contiguous), written in place, one _scaled_mm per call."""
+    per = math.prod(out.shape[1:-1])  # rows of the flattened [s * b, m] per row of s
+    o2, wt = out.view(-1, out.shape[-1]), wq.data.t()  # [s * b, m], [k, m] column-major
+
+    def write(span, x_rows: torch.Tensor) -> None:
+        x2 = x_rows.reshape(-1, x_rows.shape[-1])  # [r * b, k]
+        scaled_mm(x2, wt, x_scale_inv, wq.scale_inv, out.dtype, bias, out=o2[span[0] * per:span[1] * per])
+    return write

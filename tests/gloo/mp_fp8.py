@@ -1,0 +1,113 @@
+"""Worker-side bodies of tests/gloo/test_fp8.py: the FP8 all-gather + GEMM against its unfused FP8 path
+(algo="reference": the stock all-gather of the bytes, one scaled GEMM) and against the recipe written in
+plain torch, and the bytes its ring sends.
+
+The recipe reference (tests/support/fp8_recipe.py) follows the recipe's definition, not the package's code: the
+amax of the whole tensor (for x the gathered one, which is what a MAX all-reduce of the shards' amaxes gives),
+scale = fp8_max / amax / 2^margin in fp32, a saturating cast, one torch._scaled_mm with the inverse scales and
+fp32 accumulation; gradients e5m2 under "hybrid", each rank's dy and weight shard scaled from their own amax.
+"""
+from __future__ import annotations
+
+import torch
+
+import megatron_flashoverlap as fo
+from tests.gloo.mp_ops import _raises
+from tests.gloo.mp_wire import Sends
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_cast, recipe_forward, scaled
+
+BF16, F32 = torch.bfloat16, torch.float32
+ROWS, B, H, N_PER_RANK = 16, 2, 32, 16  # s/P * b = 32 tokens: 16 per wgrad slice even when a shard is halved
+
+
+def _globals(world, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s, n = ROWS * world, N_PER_RANK * world
+    x = (torch.randn(s, B, H, generator=g) * 3).to(BF16)
+    w = (torch.randn(n, H, generator=g) / H ** 0.5).to(BF16)
+    return x, w, torch.randn(n, generator=g).to(BF16), torch.randn(s, B, n, generator=g).to(BF16)
+
+
+def _shards(rank, x, w, bias):
+    rows, cols = slice(rank * ROWS, (rank + 1) * ROWS), slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
+    return [t[i].clone().requires_grad_() for t, i in ((x, rows), (w, cols), (bias, cols))]
+
+
+def _run(rank, world, plan, seed=0):
+    """-> (y, dx, dw, db) of all_gather_matmul on this rank's shards under `plan`."""
+    x, w, bias, dy = _globals(world, seed)
+    xs, ws, bs = _shards(rank, x, w, bias)
+    y = fo.all_gather_matmul(xs, ws, bias=bs, plan=plan)
+    y.backward(dy[..., rank * N_PER_RANK:(rank + 1) * N_PER_RANK])
+    return y.detach(), xs.grad, ws.grad, bs.grad
+
+
+def _rel(a, ref):
+    ref = ref.double()
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def ag_fp8(rank, world, algo, fmt="hybrid", margin=0, wire="input", keep=False, hop_chunks=None):
+    """The FP8 operator under `algo` against algo="reference" (bitwise flags and errors) and the recipe."""
+    recipe = fo.Fp8Recipe(fmt, margin=margin)
+    knobs = dict(fp8=recipe, wire_dtype=wire, keep_gathered=keep, hop_chunks=hop_chunks,
+                 num_chunks=2 if algo == "slicing" else None)
+    got = _run(rank, world, fo.OpPlan(algo, **knobs))
+    ref = _run(rank, world, fo.OpPlan("reference", fp8=recipe, wire_dtype=wire, keep_gathered=keep))
+    x, w, bias, dy = _globals(world)
+    y_recipe, x8 = recipe_forward(x, w[rank * N_PER_RANK:(rank + 1) * N_PER_RANK],
+                                  bias[rank * N_PER_RANK:(rank + 1) * N_PER_RANK], margin)
+    dx_recipe, dws = recipe_backward(x8, dy, w, world, E5M2 if fmt == "hybrid" else E4M3, margin)
+    dequant = (x8[0].double() * x8[1].double()).reshape(-1, H)  # the GEMM in fp64 on the dequantized operands
+    wq, w_inv = recipe_cast(w[rank * N_PER_RANK:(rank + 1) * N_PER_RANK], E4M3, margin)
+    y64 = (dequant @ (wq.double() * w_inv.double()).t()).view(ROWS * world, B, -1) + bias[
+        rank * N_PER_RANK:(rank + 1) * N_PER_RANK].double()
+    return {f"{k}_is_reference": bool(torch.equal(a, b)) for k, a, b in zip(("y", "dx", "dw", "db"), got, ref)} | {
+        "y_is_recipe": bool(torch.equal(got[0], y_recipe)), "y_vs_fp64": _rel(got[0], y64),
+        "dx_vs_recipe": _rel(got[1], dx_recipe[rank * ROWS:(rank + 1) * ROWS]), "dw_vs_recipe": _rel(got[2], dws[rank]),
+        "dw_is_recipe": bool(torch.equal(got[2], dws[rank])), "dw_vs_reference": _rel(got[2], ref[2])}
+
+
+def wire_bytes(rank, world, algo):
+    """Bytes and dtypes each rank's ring sends, forward and backward, with and without the FP8 recipe."""
+    out = {}
+    for name, plan in (("fp8", fo.OpPlan(algo, fp8=fo.Fp8Recipe("hybrid"))), ("bf16", fo.OpPlan(algo))):
+        x, w, bias, dy = _globals(world)
+        xs, ws, bs = _shards(rank, x, w, bias)
+        with Sends() as fwd:
+            y = fo.all_gather_matmul(xs, ws, bias=bs, plan=plan)
+        with Sends() as bwd:
+            y.backward(dy[..., rank * N_PER_RANK:(rank + 1) * N_PER_RANK])
+        for key, m in (("fwd", fwd), ("bwd", bwd)):
+            out[f"{name}_{key}"] = (sum(n for _, n in m.sent), sorted({d for d, _ in m.sent}))
+    out["x_shard_numel"], out["dx_numel"] = ROWS * B * H, ROWS * B * H
+    return out
+
+
+def delayed_steps(rank, world, algo, margin=1):
+    """Two steps of the delayed recipe (history 2, max): step 1 casts with scale 1, the update agrees each
+    role's scale over the group, step 2 casts x with 448 / amax(step 1's global x) / 2^margin and the weight
+    with the same of step 1's global weight (the max of the shards' amaxes). -> per step, whether y is the
+    recipe's bit for bit, and this rank's scales after the updates."""
+    recipe = fo.Fp8Recipe("hybrid", "delayed", margin=margin, amax_history_len=2, amax_compute_algo="max")
+    scales, flags, want = fo.DelayedScales(recipe), [], (torch.tensor(1.0), torch.tensor(1.0))
+    seen = []  # (amax x, amax w) of each step's global tensors
+    for step in range(2):
+        x, w, bias, _ = _globals(world, seed=10 + step)
+        xs, ws, bs = (t.detach() for t in _shards(rank, x, w, bias))
+        y = fo.all_gather_matmul_fp8(xs, ws, bias=bs, plan=fo.OpPlan(algo, fp8=recipe), scales=scales)
+        xq, wq = ((t.float() * sc).clamp(-448, 448).to(E4M3) for t, sc in zip((x, ws), want))
+        y_recipe = scaled(xq.reshape(-1, H), torch.reciprocal(want[0]), wq, torch.reciprocal(want[1]), BF16, bs)
+        flags.append(bool(torch.equal(y, y_recipe.view(y.shape))))
+        seen.append(torch.stack([x.float().abs().max(), w.float().abs().max()]))
+        want = tuple(torch.tensor(448.0) / torch.stack(seen).amax(0) / 2.0 ** margin)  # the window's max
+        scales.update()
+    return {"steps_match_recipe": flags, "scales": scales.scales.tolist()[:2], "want": [t.item() for t in want]}
+
+
+def hop_slices_too_small(rank, world):
+    """hop_chunks=2 on a shard of 8 rows x 2: 8 tokens per wgrad slice, not a multiple of 16 -> ValueError."""
+    xs = torch.randn(8, 2, 32, dtype=BF16)
+    ws = torch.randn(16, 32, dtype=BF16, requires_grad=True)
+    plan = fo.OpPlan("flash", hop_chunks=2, fp8=fo.Fp8Recipe())
+    return _raises(lambda: fo.all_gather_matmul(xs, ws, plan=plan))

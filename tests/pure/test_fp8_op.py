@@ -1,0 +1,73 @@
+"""Tier: pure (no processes): the FP8 all-gather + GEMM in a group of one against the recipe in plain torch
+(tests/support/fp8_recipe.py), and every refusal, each before any transfer and naming its fix.
+
+A group of one runs the unfused FP8 path: one scaled GEMM each for y, dx and dW, the same calls the recipe
+makes, so every comparison is exact.
+"""
+import pytest
+import torch
+
+import megatron_flashoverlap as fo
+from megatron_flashoverlap.ops.registry import force_reference, resolve
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward
+
+BF16 = torch.bfloat16
+HYBRID = fo.Fp8Recipe("hybrid", margin=1)
+
+
+def _operands(s=16, b=2, h=32, n=16, seed=0, dtype=BF16):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(s, b, h, generator=g) * 3).to(dtype).requires_grad_()
+    w = (torch.randn(n, h, generator=g) / h ** 0.5).to(dtype).requires_grad_()
+    return x, w, torch.randn(n, generator=g).to(dtype).requires_grad_(), torch.randn(s, b, n, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("fmt,grad", [("hybrid", E5M2), ("e4m3", E4M3)])
+def test_a_group_of_one_is_the_recipe_forward_and_backward(fmt, grad):
+    x, w, bias, dy = _operands()
+    y = fo.all_gather_matmul(x, w, bias=bias, plan=fo.OpPlan("flash", fp8=fo.Fp8Recipe(fmt, margin=1)))
+    y.backward(dy)
+    y_want, x8 = recipe_forward(x.detach(), w.detach(), bias.detach(), margin=1)
+    dx_want, dws = recipe_backward(x8, dy, w.detach(), 1, grad, margin=1)
+    assert torch.equal(y, y_want)
+    assert torch.equal(x.grad, dx_want.to(BF16))  # one partial: the fp32 GEMM rounded once
+    assert torch.equal(w.grad, dws[0]) and torch.equal(bias.grad, dy.sum((0, 1)))
+
+
+def test_forward_only_rows_need_no_multiple_of_16():
+    """Rows are the GEMM's M, which CUDA leaves free; only a weight gradient multiplies over tokens."""
+    x, w, bias, _ = _operands(s=5, b=1)
+    y = fo.all_gather_matmul(x.detach(), w.detach(), bias=bias.detach(), plan=fo.OpPlan(fp8=HYBRID))
+    assert torch.equal(y, recipe_forward(x.detach(), w.detach(), bias.detach(), margin=1)[0])
+    with pytest.raises(ValueError, match=r"\[5\] per GEMM slice.*multiple of 16"):
+        fo.all_gather_matmul(x.detach(), w, plan=fo.OpPlan(fp8=HYBRID))
+
+
+def _call(x, w, **kw):
+    return lambda: fo.all_gather_matmul_fp8(x, w, **kw)
+
+
+_X, _W, _, _ = _operands()
+DELAYED = fo.Fp8Recipe(recipe="delayed")
+
+
+@pytest.mark.parametrize("call,fix", [
+    (_call(_X[..., :24], _W[:, :24], plan=fo.OpPlan(fp8=HYBRID)), "hidden size \\(24\\).*multiples of 16"),
+    (_call(_X, _W[:8], plan=fo.OpPlan(fp8=HYBRID)), "output features per rank \\(8\\)"),
+    (_call(_X.double(), _W.double(), plan=fo.OpPlan(fp8=HYBRID)), "the input is torch.float64: cast it"),
+    (_call(_X, _W, plan=fo.OpPlan(fp8=DELAYED)), "pass scales=DelayedScales"),
+    (_call(_X, _W, plan=fo.OpPlan(fp8=HYBRID), scales=fo.DelayedScales(DELAYED)), "pass scales=None"),
+    (_call(_X, _W, plan=fo.OpPlan(fp8=HYBRID), wgrad=fo.WgradRoute(fn=lambda dy, x: None)), "pass wgrad_into"),
+    (_call(_X, _W, plan=fo.OpPlan()), "plan.fp8 is None"),
+    (lambda: fo.matmul_reduce_scatter(_X, _W, plan=fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
+    (lambda: fo.OpPlan(fp8="e4m3"), "must be an Fp8Recipe"),
+])
+def test_what_fp8_cannot_run_is_refused_with_the_fix(call, fix):
+    with pytest.raises(ValueError, match=fix):
+        call()
+
+
+def test_force_reference_keeps_the_recipe():
+    """The unfused path of an FP8 plan is the unfused FP8 path, never a bf16 GEMM."""
+    with force_reference():
+        assert resolve("all_gather_matmul", fo.OpPlan("flash", fp8=HYBRID)) == fo.OpPlan("reference", fp8=HYBRID)
