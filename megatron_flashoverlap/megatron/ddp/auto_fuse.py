@@ -8,17 +8,13 @@
             on a GPU; each the best of two rounds after a warm-up) feeds the
             DP cost model (plan/dp.py); the k linears reduced last in backward that minimize its
             modelled step are fused (k = 0 where stock already hides its buckets)
-        tokens unknown: stock's last bucket (layout.last_bucket_weights), as before
+        tokens unknown: stock's last bucket (layout.last_bucket_weights)
     asynchronous None on a host-driven transport (gloo), with the cost model: at TP = 1 the DP worker thread
-        only where the model's best step with rings in backward (each last hop waited at the next ring)
-        is longer than on the worker by more than a call latency per ring (plan/dp.worker_pays),
-        each ring in its layer's backward otherwise; at TP > 1 the worker (the model counts neither the TP
-        rings the compute thread also waits on nor the host's threads). Measured against a line-rate
-        stock (benchmarks/dp/RESULTS.md), exposed DP on the worker vs in backward: compute-bound TP1xDP2
-        156 / 86 / 180 / 85 ms vs 57 / 24-55 / 78-89 / 75 ms; compute-bound TP2xDP2 + SP 175 / 124 / 77-131 ms
-        vs 209 / 220-244 / 254 ms; link-bound TP1xDP2 217 / 211 ms vs 337 / 323 ms with every hop waited in
-        backward, 184 ms vs 215 ms once the last hop is deferred. Without the cost model, and on
-        NCCL: worker.runs_async.
+        only where the model's best step with rings in backward is longer than on the worker by more than a
+        call latency per ring (plan/dp.worker_pays), each ring in its layer's backward otherwise; at TP > 1 the
+        worker (the model counts neither the TP rings the compute thread also waits on nor the host's threads).
+        Without the cost model, and on NCCL: worker.runs_async. The measured basis, worker against in
+        backward at each layout: benchmarks/dp/RESULTS.md.
 """
 from __future__ import annotations
 
