@@ -92,12 +92,13 @@ def test_spec_refuses_what_it_does_not_build_as_stock(clean_config, kw, words):
 @pytest.mark.parametrize("field", ["use_te_activation_func", "use_grouped_gemm_for_dense_mlp",
                                    "use_transformer_engine_op_fuser"])
 def test_te_only_mlp_flags_are_refused_where_stock_builds_them(clean_config, field):
+    flag = "--" + field.replace("_", "-")  # the message names the flag the user typed
     """Stock's TE spec builds them; its local spec ignores them (the same model as ours: no refusal there)."""
     from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
     te = SimpleNamespace(num_layers=2, pipeline_model_parallel_size=1, transformer_impl="transformer_engine",
                          **{field: True})
-    with pytest.raises(ValueError, match=f"{field}.*which the --flash-overlap spec does not build"):
+    with pytest.raises(ValueError, match=f"{flag} .*which the --flash-overlap spec does not build"):
         flashoverlap_layer_spec(te)
     local = SimpleNamespace(**{**vars(te), "transformer_impl": "local"})
     assert len(flashoverlap_layer_spec(local).layer_specs) == 2
