@@ -15,8 +15,9 @@ read by every check that refuses it. Adding a flag is adding a row; no check hol
 
 A condition is data: the row's field, an op and a value, and `also` tests (field, op, value), all of which must
 hold. Ops: on (set), off (not set), ==, !=, not in, > (a set value against `value`), has (a set collection holds
-`value`). Unset is None, False or "": a flag the user did not give is never refused, except where its absence is
-the refusal (off). An enum compares by its name, a list (argparse's nargs) as a tuple.
+`value`). Unset is None or a false plain value (False, 0, "", an empty list): a flag the user did not give is
+never refused, except where its absence is the refusal (off). An enum compares by its name, a list (argparse's
+nargs) as a tuple.
 
 Which check reads a row (`at`), and what it reads:
     parse         megatron/cli/args.py: Megatron-LM's parsed args (a row's `args` name where it differs), before
@@ -34,8 +35,10 @@ Which check reads a row (`at`), and what it reads:
     dp            megatron/ddp/pretrain.py: refused under dp: {fuse: all}; otherwise the reason a DDP chunk (or,
                   megatron/ddp/grad_sync.py, a weight) stays on Megatron's reduce-scatter, logged
     entry         megatron/cli/pretrain_gpt.py: the project's own pretrain entry
-Not here: fallbacks that are not about a flag (TP 1, algo reference, gather_output: megatron/linear.py
-_stock_reason), checks of our own YAML, and what a forward call is given (attention bias, packed sequences).
+Not here: what is honoured by running stock's code, logged once where it is met (TP 1, algo reference,
+gather_output, --moe-shared-expert-overlap: megatron/linear.py _stock_reason; the allgather dispatcher;
+--persist-layer-norm; several distributed-optimizer instances: megatron/ddp/grad_sync.py), checks of our own
+YAML, and what a forward call is given (attention bias, packed sequences).
 """
 from __future__ import annotations
 
@@ -83,7 +86,8 @@ class Refusal:
 
 
 def _unset(value) -> bool:
-    return value is None or value is False or (isinstance(value, str) and value == "")
+    """None, or a false plain value (False, 0, "", an empty list): what Megatron leaves a flag not given as."""
+    return value is None or (isinstance(value, (bool, int, float, str, list, tuple)) and not value)
 
 
 def _typed(value):
@@ -102,6 +106,8 @@ def _read(source, facts, field):
 
 
 def rows(at: str) -> tuple[Refusal, ...]:
+    if at not in CHECKS:  # a misspelt check would read no row and refuse nothing
+        raise KeyError(f"no check {at!r}: one of {tuple(CHECKS)}")
     return tuple(r for r in ROWS if at in r.at)
 
 

@@ -17,16 +17,6 @@ from tests.megatron.mp_structure import moe_config
 BODY = "tests.megatron.mp_structure"
 
 
-@pytest.fixture
-def clean_config(monkeypatch):
-    from megatron_flashoverlap import config as fc
-
-    monkeypatch.delenv("FLASHOVERLAP_CONFIG", raising=False)
-    previous = fc.activate(None)
-    yield fc
-    fc.activate(previous)
-
-
 def _is_moe(layer_spec) -> bool:
     """Whether a layer spec's MLP is Megatron's MoELayer or ours (0.19: a partial; 0.16: a ModuleSpec)."""
     from megatron.core.transformer.moe.moe_layer import MoELayer
