@@ -19,7 +19,8 @@ Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -
 bf16/fp16). Dropout keep-masks are a counter-based hash of (seed, head, row, key) (ops/attention/core.py
 keep_mask); the seed is drawn on the device from the RNG Megatron's dropout uses (the model-parallel one
 without SP), so a recompute reproduces the masks and TP ranks differ where stock's do.
-Not supported (ValueError naming the fix): packed sequences, attention bias, apply_query_key_layer_scaling.
+Not supported (ValueError naming the fix): packed sequences, attention bias; the flags are rows of
+config/refusals.py (--apply-query-key-layer-scaling, --cp-comm-type other than a2a, ...).
 softmax_type != "vanilla" (learnable / off-by-one) and sliding windows: the query-split core attention builds
 Megatron's DotProductAttention instead (logged once; linear_proj then runs as FlashRowParallelLinear), equal
 to stock; Ulysses refuses them (DotProductAttention cannot run cp > 1).
@@ -36,6 +37,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ENV_VARS, active
+from ..config.refusals import refuse
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
 from ..ops.choose import group_layout
 from ..ops.attention.choose import ulysses_key, ulysses_pick
@@ -56,18 +58,6 @@ def _groups(pg_collection):
     return tp, cp
 
 
-def check_attention_config(config, op: str) -> None:
-    """What our core attentions do not implement (and Megatron's cannot stand in for): say so up front."""
-    why = unsupported_by_ours(config)
-    if why is not None:
-        raise ValueError(f"{op}: {why} is not implemented here, and Megatron's DotProductAttention, which "
-                         f"implements it, runs only at context parallel size 1; set --context-parallel-size 1, "
-                         f"or use softmax_type 'vanilla' and no window_size")
-    if getattr(config, "apply_query_key_layer_scaling", False):
-        raise ValueError(f"{op}: apply_query_key_layer_scaling is not supported; set it False "
-                         f"(with fp32 softmax it only rescales the scores)")
-
-
 class UlyssesDotProductAttention(MegatronModule):
     """Ulysses (a2a) context-parallel core attention; drop-in for the local spec's `core_attention`. Its a2a is
     `flash_config.attention.ulysses_algo` (None: config.active()); auto (the default): stock's all-to-all or
@@ -78,11 +68,10 @@ class UlyssesDotProductAttention(MegatronModule):
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  cp_comm_type: str | None = None, pg_collection=None, flash_config=None, **kwargs):
         super().__init__(config=config)
-        if cp_comm_type not in (None, "a2a"):
-            raise ValueError(f"UlyssesDotProductAttention: cp_comm_type={cp_comm_type!r} is not supported; set "
-                             f"--cp-comm-type a2a (Ulysses), or use the Transformer Engine spec for p2p/all_gather")
+        # config/refusals.py, the ulysses check: --cp-comm-type other than a2a, what only Megatron's
+        # DotProductAttention implements (it runs at CP 1 only), --apply-query-key-layer-scaling
+        refuse("ulysses", config, "UlyssesDotProductAttention", cp_comm_type=cp_comm_type)
         flash_config = active() if flash_config is None else flash_config
-        check_attention_config(config, "UlyssesDotProductAttention")
         self.tp_group, self.cp_group = _groups(pg_collection)
         tp, cp = group_info(self.tp_group)[1], group_info(self.cp_group)[1]
         check_ulysses_heads("UlyssesDotProductAttention", config.num_attention_heads // tp,
@@ -186,14 +175,11 @@ class QuerySplitDotProductAttention(MegatronModule):
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  cp_comm_type: str | None = None, pg_collection=None, **kwargs):
         super().__init__(config=config)
-        check_attention_config(config, "QuerySplitDotProductAttention")
-        if config.recompute_granularity == "selective" and "core_attn" in (config.recompute_modules or ()):
-            raise ValueError("QuerySplitDotProductAttention recomputes attention per block in backward already; "
-                             "drop 'core_attn' from recompute_modules")
         self.tp_group, self.cp_group = _groups(pg_collection)
-        if group_info(self.cp_group)[1] > 1:
-            raise ValueError("QuerySplitDotProductAttention: context parallelism is not supported; use "
-                             "UlyssesDotProductAttention (cp_comm_type='a2a') for cp > 1")
+        # config/refusals.py, the query_split check: --apply-query-key-layer-scaling, --recompute-modules
+        # core_attn, and a CP group of more than one rank
+        refuse("query_split", config, "QuerySplitDotProductAttention",
+               context_parallel_size=group_info(self.cp_group)[1])
         self.attn_mask_type = attn_mask_type
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout

@@ -47,6 +47,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.tensor_parallel import layers as megatron_layers
 
 from ..config import LAYERS, FlashOverlapConfig, LayerPlan, active
+from ..config.refusals import refuse
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
 from ..ops.all_reduce.calibrate import decode_key, decode_pick
 from ..ops.choose import group_layout
@@ -60,7 +61,6 @@ from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context
 from ..runtime.once import LogOnce
 from .ddp.grad_sync import dp_wgrad
-from .structure import refuse_low_precision
 from .train_choice import train_key, train_plan
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class _FlashMixin:
         if flash_config is not None and not isinstance(flash_config, FlashOverlapConfig):
             raise ValueError(f"flash_config must be a FlashOverlapConfig (see megatron_flashoverlap.config), "
                              f"got {type(flash_config).__name__}")
-        refuse_low_precision(lambda field: getattr(config, field, None), type(self).__name__)
+        refuse("linear", config, type(self).__name__)  # FP8/FP4: a model built from layer_spec alone
         self.flash_config = active() if flash_config is None else flash_config
         self.flash_site = tp_comm_buffer_name
         self.flash_plan = _site_plan(self.flash_config, tp_comm_buffer_name)

@@ -39,10 +39,10 @@ from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from ..config.refusals import refuse
 from ..runtime.once import LogOnce
 
 log = logging.getLogger(__name__)
-NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 _LOGGED = LogOnce(log)
 
 
@@ -54,13 +54,8 @@ def _te_norm():
 
 
 def check_norm_config(config) -> None:
-    """What the torch path does not implement: say the fix up front."""
-    if config.normalization not in NORMALIZATIONS:
-        raise ValueError(f"SequenceParallelNorm: normalization={config.normalization!r} is not supported; choose "
-                         f"one of {NORMALIZATIONS} (--normalization)")
-    if getattr(config, "memory_efficient_layer_norm", False):
-        raise ValueError("SequenceParallelNorm: memory_efficient_layer_norm is apex's (backward from the output); "
-                         "drop --memory-efficient-layer-norm, or install apex/Transformer Engine and use their norm")
+    """What the torch path does not implement (config/refusals.py, the norm check): say the fix up front."""
+    refuse("norm", config, "SequenceParallelNorm")
     if getattr(config, "persist_layer_norm", False):
         _LOGGED("persist", "persist_layer_norm asks for apex's persistent LayerNorm kernel (same math); without "
                     "apex/Transformer Engine torch's fused kernel runs instead")

@@ -65,6 +65,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..config import CORE_ATTENTIONS
+from ..config.refusals import refuse, unhonoured
 from ..runtime.once import LogOnce
 
 log = logging.getLogger(__name__)
@@ -78,27 +79,21 @@ SDPA_BACKENDS = ("flash", "fused")  # what core: auto turns into SDPA where stoc
 
 def unsupported_by_ours(config) -> str | None:
     """What our core attentions (SDPA, query split, Ulysses) do not implement and Megatron's
-    DotProductAttention does: the reason, else None."""
-    if getattr(config, "softmax_type", "vanilla") != "vanilla":
-        return f"softmax_type={config.softmax_type!r} (a per-head softmax offset)"
-    if getattr(config, "window_size", None) is not None:
-        return "sliding-window attention (window_size)"
-    return None
+    DotProductAttention does (config/refusals.py, the stock_attention rows): the reason, else None."""
+    return unhonoured("stock_attention", config)
 
 
 def megatron_instead(op: str, why: str, config, *args, **kwargs):
     """Megatron's DotProductAttention, built from the arguments Megatron passed `op`, for a model `op` cannot run
     as stock does (`why`); logged once."""
-    _LOGGED((op, why), f"{op}: {why} is not implemented here; Megatron's DotProductAttention runs instead "
-                        f"(as stock's local spec)")
+    _LOGGED((op, why), f"{op}: {why}; Megatron's DotProductAttention runs instead (as stock's local spec)")
     return DotProductAttention(config, *args, **kwargs)
 
 
 def check_sdpa_config(config) -> None:
-    """What SdpaDotProductAttention refuses: say the fix where the config is first seen."""
-    if getattr(config, "context_parallel_size", 1) > 1:
-        raise ValueError("SdpaDotProductAttention: context parallelism is not supported; flashoverlap_layer_spec "
-                         "selects UlyssesDotProductAttention for cp > 1 (--cp-comm-type a2a)")
+    """What SdpaDotProductAttention refuses (config/refusals.py, the sdpa check): say the fix where the config is
+    first seen."""
+    refuse("sdpa", config, "SdpaDotProductAttention")
 
 
 def _kernels(kernels) -> tuple | None:

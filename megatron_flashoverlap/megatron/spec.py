@@ -6,7 +6,7 @@
     flashoverlap_layer_spec(config, vp_stage=None) -> block spec        config: Megatron's model config
                                             (per layer as stock's get_gpt_decoder_block_spec: dense or MoE by
                                             --moe-layer-freq, this pipeline stage's layers; our norm as the
-                                            block's final norm too; what it cannot build is refused: structure.py)
+                                            block's final norm too; what it cannot build is refused: config/refusals.py)
     model_layer_specs(config) -> [layer spec] * num_layers     the model's layers, before stage slicing
     get_gpt_layer_flashoverlap_spec(num_experts=None, ...) -> ModuleSpec
                                             get_gpt_layer_local_spec's signature, for model providers
@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from types import SimpleNamespace
 
 from megatron.core import parallel_state
 from megatron.core.models.backends import LocalSpecProvider
@@ -40,13 +39,14 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, get_tr
 from megatron.core.utils import get_pg_rank
 
 from ..config import LAYERS, FlashOverlapConfig, active
+from ..config.refusals import refuse
 from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .probe import planned
 from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
 from .moe.layer import check_moe_config, flash_moe_spec
-from .structure import check_structure, moe_layer_pattern
+from .structure import moe_layer_pattern
 from .step_kind import watch_step_kinds
 
 
@@ -146,8 +146,8 @@ def model_layer_specs(config) -> list[ModuleSpec]:
 
 def _layer_for(config, flash_config: FlashOverlapConfig | None = None) -> ModuleSpec:
     """The dense layer spec for Megatron's model config; settings the spec cannot build as stock does are refused
-    first (structure.check_structure, check_moe_config)."""
-    check_structure(config, "flashoverlap_layer_spec")
+    first (config/refusals.py: the rows of the spec check, then check_moe_config's)."""
+    refuse("spec", config, "flashoverlap_layer_spec")
     if getattr(config, "num_moe_experts", None):
         check_moe_config(config)  # flex / --overlap-moe-expert-parallel-comm: refused here, before the build
     flash_config = active() if flash_config is None else flash_config
@@ -172,15 +172,11 @@ def get_gpt_layer_flashoverlap_spec(num_experts=None, moe_grouped_gemm=False, qk
     for query-split attention), context_parallel_size (default: Megatron's CP group size, else 1), and
     attention_backend / transformer_impl (the model config's: which core attention, as `layer_spec`; the stock
     function takes none and builds DotProductAttention, which the defaults give).
-    MLA, Kitchen and the legacy grouped GEMM are a ValueError; fp8 is ignored, as in the stock function."""
+    MLA, Kitchen and the legacy grouped GEMM are a ValueError (config/refusals.py); fp8 is ignored, as in the
+    stock function."""
     where = "get_gpt_layer_flashoverlap_spec"
-    check_structure(SimpleNamespace(multi_latent_attention=multi_latent_attention), where)
-    if moe_use_legacy_grouped_gemm:
-        raise ValueError(f"{where}: moe_use_legacy_grouped_gemm (0.16's legacy GroupedMLP) is not supported; "
-                         f"leave it False (moe_grouped_gemm is taken, as in get_gpt_layer_local_spec)")
-    if use_kitchen or use_kitchen_attention:
-        raise ValueError(f"{where}: Kitchen replaces the linears/attention with its own; use Megatron's "
-                         f"get_gpt_layer_local_spec(use_kitchen=True) instead, or leave use_kitchen* False")
+    refuse("local_spec", None, where, multi_latent_attention=multi_latent_attention, use_kitchen=use_kitchen,
+           use_kitchen_attention=use_kitchen_attention, moe_use_legacy_grouped_gemm=moe_use_legacy_grouped_gemm)
     if fp8 is not None:
         warnings.warn(f"{where}: fp8 is deprecated and ignored (as in get_gpt_layer_local_spec)", stacklevel=2)
     if context_parallel_size is None:

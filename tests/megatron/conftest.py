@@ -1,10 +1,22 @@
 """The `pretrain` fixture: Megatron pretrain() runs declared by the selected tests, one torchrun start-up per
-world size for all of them (tests/support/pretrain_runs.py)."""
+world size for all of them (tests/support/pretrain_runs.py); `clean_config`: no config active, none named by the
+environment (the spec and the layers then read the defaults)."""
 from __future__ import annotations
 
 import pytest
 
 from tests.support.pretrain_runs import run_batch
+
+
+@pytest.fixture
+def clean_config(monkeypatch):
+    from megatron_flashoverlap import config as fc
+
+    monkeypatch.delenv("FLASHOVERLAP_CONFIG", raising=False)
+    monkeypatch.delenv("FLASHOVERLAP_QUERY_SPLIT", raising=False)
+    previous = fc.activate(None)
+    yield fc
+    fc.activate(previous)
 
 
 def pytest_configure(config):

@@ -125,7 +125,7 @@ def test_softmax_offset_gpt_equals_stock(pools, softmax_type, tp, sp, attention)
     for r in results:
         assert r["core"] == [DPA, DPA], r["core"]
         assert len(r["logged"]) == (0 if attention is None else 1), r["logged"]
-        assert all(f"softmax_type={softmax_type!r}" in line for line in r["logged"])
+        assert all(f"--softmax-type {softmax_type}" in line for line in r["logged"])
 
 
 def test_ulysses_refuses_the_softmax_offset():

@@ -368,7 +368,7 @@ def test_flags_apply_before_megatron_validates(monkeypatch):
 
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, "--flash-overlap",
                                       "--attention-backend", "local"])
-    with pytest.raises(ValueError, match="cannot be combined with --attention-backend local"):
+    with pytest.raises(ValueError, match="--flash-overlap: --attention-backend local .*; drop --attention-backend local"):
         parse_and_validate_args(extra_args_provider=with_flash_overlap_args(None))
 
 

@@ -58,17 +58,6 @@ def tm_tokens(kind, sp):
     return 1 << (tokens - 1).bit_length()
 
 
-@pytest.fixture
-def clean_config(monkeypatch):
-    from megatron_flashoverlap import config as fc
-
-    monkeypatch.delenv("FLASHOVERLAP_CONFIG", raising=False)
-    monkeypatch.delenv("FLASHOVERLAP_QUERY_SPLIT", raising=False)
-    previous = fc.activate(None)
-    yield fc
-    fc.activate(previous)
-
-
 def _linear_configs(spec):
     from megatron_flashoverlap.megatron.spec import submodules_of
 

@@ -78,7 +78,7 @@ def test_zero_centered_gamma(kind):
 def test_unsupported_flags_say_the_fix(caplog):
     with pytest.raises(ValueError, match="memory-efficient-layer-norm"):
         norm.SequenceParallelNorm(tm.tiny_config(2, True, memory_efficient_layer_norm=True), 8)
-    with pytest.raises(ValueError, match="LayerNorm', 'RMSNorm"):
+    with pytest.raises(ValueError, match="--normalization L2Norm .*choose --normalization LayerNorm or RMSNorm"):
         norm.SequenceParallelNorm(tm.tiny_config(2, True, normalization="L2Norm"), 8)
     norm._LOGGED.discard("persist")
     with caplog.at_level(logging.WARNING, logger=norm.__name__):

@@ -100,9 +100,9 @@ def test_sdpa_config_refusal_at_build():
         sdpa.SdpaDotProductAttention(tm.tiny_config(1, False, context_parallel_size=2), 1, None, "self")
 
 
-@pytest.mark.parametrize("config_kw, why", [({"softmax_type": "learnable"}, "softmax_type='learnable'"),
-                                            ({"softmax_type": "off-by-one"}, "softmax_type='off-by-one'"),
-                                            ({"window_size": (4, 0)}, "sliding-window")])
+@pytest.mark.parametrize("config_kw, why", [({"softmax_type": "learnable"}, "--softmax-type learnable"),
+                                            ({"softmax_type": "off-by-one"}, "--softmax-type off-by-one"),
+                                            ({"window_size": (4, 0)}, "--window-size 4,0 (sliding-window")])
 def test_what_sdpa_does_not_implement_builds_megatrons_attention(pools, config_kw, why):
     for r in pools(2).run("tests.megatron.mp_sdpa:falls_back_to_megatron", **config_kw, timeout=300):
         assert r["classes"] == ["DotProductAttention", "DotProductAttention"]

@@ -17,16 +17,6 @@ from tests.megatron.mp_structure import moe_config
 BODY = "tests.megatron.mp_structure"
 
 
-@pytest.fixture
-def clean_config(monkeypatch):
-    from megatron_flashoverlap import config as fc
-
-    monkeypatch.delenv("FLASHOVERLAP_CONFIG", raising=False)
-    previous = fc.activate(None)
-    yield fc
-    fc.activate(previous)
-
-
 def _is_moe(layer_spec) -> bool:
     """Whether a layer spec's MLP is Megatron's MoELayer or ours (0.19: a partial; 0.16: a ModuleSpec)."""
     from megatron.core.transformer.moe.moe_layer import MoELayer
@@ -92,12 +82,13 @@ def test_spec_refuses_what_it_does_not_build_as_stock(clean_config, kw, words):
 @pytest.mark.parametrize("field", ["use_te_activation_func", "use_grouped_gemm_for_dense_mlp",
                                    "use_transformer_engine_op_fuser"])
 def test_te_only_mlp_flags_are_refused_where_stock_builds_them(clean_config, field):
+    flag = "--" + field.replace("_", "-")  # the message names the flag the user typed
     """Stock's TE spec builds them; its local spec ignores them (the same model as ours: no refusal there)."""
     from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
     te = SimpleNamespace(num_layers=2, pipeline_model_parallel_size=1, transformer_impl="transformer_engine",
                          **{field: True})
-    with pytest.raises(ValueError, match=f"{field}.*which the --flash-overlap spec does not build"):
+    with pytest.raises(ValueError, match=f"{flag} .*which the --flash-overlap spec does not build"):
         flashoverlap_layer_spec(te)
     local = SimpleNamespace(**{**vars(te), "transformer_impl": "local"})
     assert len(flashoverlap_layer_spec(local).layer_specs) == 2

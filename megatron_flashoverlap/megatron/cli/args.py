@@ -26,12 +26,11 @@ import os
 from typing import Callable, Optional
 
 from ...config import ENV_VARS, active
+from ...config.refusals import FLAG, OUR_SPECS, refuse
 from ...runtime.once import LogOnce, print_rank0
-from ..structure import LOW_PRECISION_ARGS, refuse_low_precision
 
-SPEC = ["megatron_flashoverlap.spec", "flashoverlap_layer"]
-OUR_SPECS = (SPEC, ["megatron_flashoverlap.spec", "flashoverlap_layer_spec"])  # --spec values that are ours
-FLAG, CONFIG_FLAG = "--flash-overlap", "--flash-overlap-config"
+SPEC = list(OUR_SPECS[0])  # the --spec value --flash-overlap selects
+CONFIG_FLAG = "--flash-overlap-config"
 
 Provider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 
@@ -96,7 +95,7 @@ def apply_flash_overlap_args(args: argparse.Namespace) -> argparse.Namespace:
             raise ValueError(f"{CONFIG_FLAG} {path} was given without {FLAG}; add {FLAG} to use it "
                              f"(or drop {CONFIG_FLAG} for a stock run)")
         return args
-    _check_compatible(args)
+    refuse("parse", args, FLAG)  # config/refusals.py: --spec, --tp-comm-overlap, FP8/FP4, ...
     if path is not None:
         args.flash_overlap_config = os.path.abspath(path)  # the caller's working directory, now
     args.spec = list(SPEC)
@@ -128,7 +127,7 @@ def stock_from_our_checkpoints() -> None:
         given = getattr(args, "spec", None)
         result = load(args, *rest, **kwargs)
         spec = getattr(args, "spec", None)
-        if not getattr(args, "flash_overlap", False) and spec and list(spec) in OUR_SPECS and spec != given:
+        if not getattr(args, "flash_overlap", False) and spec and tuple(spec) in OUR_SPECS and spec != given:
             args.spec = given
             _log_once(f"> --use-checkpoint-args: the checkpoint was saved with {FLAG} (--spec {' '.join(spec)}); "
                       f"this run has no {FLAG}, so it builds Megatron's own layers (the same parameters); add "
@@ -140,26 +139,6 @@ def stock_from_our_checkpoints() -> None:
 
 
 _log_once = LogOnce(print_rank0)  # rank 0 ($RANK: no process group at parse time); Megatron parses up to 3 times
-
-
-def _check_compatible(args: argparse.Namespace) -> None:
-    spec = getattr(args, "spec", None)
-    if spec and list(spec) not in OUR_SPECS:
-        raise ValueError(f"{FLAG} selects its own layer spec ({' '.join(SPEC)}) but --spec {' '.join(spec)} "
-                         f"was given; drop --spec (or drop {FLAG} to keep your spec)")
-    if getattr(args, "tp_comm_overlap", False):
-        raise ValueError(f"{FLAG} replaces --tp-comm-overlap (Transformer Engine userbuffers, which would "
-                         f"still be initialized and then unused); drop --tp-comm-overlap")
-    backend = getattr(args, "attention_backend", None)
-    if backend is not None and getattr(backend, "name", str(backend)) == "local":
-        raise ValueError(f"{FLAG} cannot be combined with --attention-backend local: Megatron-LM's validate_args "
-                         f"takes that backend only with --spec local (stock fails on it too: args.spec[0] of no "
-                         f"--spec, and 'local' is not an importable spec), and {FLAG} sets --spec. What it asks "
-                         f"for, Megatron's DotProductAttention, is what {FLAG} builds with --transformer-impl local "
-                         f"and --attention-backend auto (or any backend with attention: {{core: megatron}} in the "
-                         f"YAML): drop --attention-backend local")
-    # FP8/FP4: Transformer Engine's low-precision GEMMs, which our linears do not run
-    refuse_low_precision(lambda field: getattr(args, field, None), FLAG, LOW_PRECISION_ARGS)
 
 
 def activate_config(path: Optional[str]) -> str:

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ...config.refusals import refuse
 from . import launch
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
@@ -64,15 +65,6 @@ def forward_step(data_iterator, model):
     return per_token, functools.partial(loss_func, batch["loss_mask"])
 
 
-def _check(args) -> None:
-    if not args.mock_data:
-        raise ValueError("megatron_flashoverlap.pretrain_gpt trains on Megatron's mock GPT data: add --mock-data "
-                         "(for real data run Megatron-LM's pretrain_gpt.py through flashoverlap-launch)")
-    if args.pipeline_model_parallel_size > 1 or args.context_parallel_size > 1:
-        raise ValueError("megatron_flashoverlap.pretrain_gpt runs PP = CP = 1: drop --pipeline-model-parallel-size "
-                         "/ --context-parallel-size, or run Megatron-LM's pretrain_gpt.py through flashoverlap-launch")
-
-
 def run() -> None:
     """One rank, `sys.argv` prepared: Megatron-LM 0.19's GPT recipe around `pretrain` (launch.prepare installed
     the sites line)."""
@@ -82,7 +74,7 @@ def run() -> None:
     from megatron.training.arguments import parse_and_validate_args
 
     args = parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
-    _check(args)
+    refuse("entry", args, "megatron_flashoverlap.pretrain_gpt")  # config/refusals.py: --mock-data, PP = CP = 1
     container = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
     pretrain(container, datasets_provider, ModelType.encoder_or_decoder, forward_step)
 

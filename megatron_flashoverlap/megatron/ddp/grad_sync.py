@@ -35,6 +35,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ...config.refusals import unhonoured
 from ...runtime import OverlapContext, default_context, shared_context
 from ...ops.checks import peers_agree
 from ...ops.dp.wgrad_rs import OP as DP_OP, DPBucket, matmul_wgrad_reduce_scatter
@@ -110,15 +111,14 @@ class DPSite:
 
 
 def _refuse(ddp, param, bucket_group) -> str | None:
-    """Why this weight cannot use the fused reduce-scatter, or None."""
+    """Why this weight cannot use the fused reduce-scatter, or None. The DDP flags' reasons are the dp rows of
+    config/refusals.py, which `dp: {fuse: all}` refuses at parse time."""
     cfg = ddp.ddp_config
-    group = bucket_group.intra_distributed_optimizer_instance_group if cfg.use_distributed_optimizer else None
-    if not cfg.use_distributed_optimizer:
-        return "no distributed optimizer (gradients are all-reduced, not reduce-scattered)"
-    if group.size() == 1:
+    missing = unhonoured("dp", cfg)
+    if missing:
+        return missing
+    if bucket_group.intra_distributed_optimizer_instance_group.size() == 1:
         return "the data-parallel group has size 1"
-    if not cfg.overlap_grad_reduce:
-        return "overlap_grad_reduce is off"
     if cfg.num_distributed_optimizer_instances > 1 or getattr(cfg, "reduce_scatter_with_fp32_accumulation", False):
         return "several distributed-optimizer instances or reduce_scatter_with_fp32_accumulation"
     if len(bucket_group.buckets) != 1 or len(bucket_group.buckets[0].params_list) != 1:

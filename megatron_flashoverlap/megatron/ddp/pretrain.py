@@ -26,33 +26,26 @@ import os
 from megatron.core.distributed import DistributedDataParallel
 
 from ...config import active
+from ...config.refusals import refuse, unhonoured
 from .wrap import _dp_groups, _linears, build_with_dp_overlap
 
 log = logging.getLogger(__name__)
 
 
-def missing_flags(use_distributed_optimizer, overlap_grad_reduce) -> str | None:
-    """Why Megatron's DDP flags leave no reduce-scatter to fuse, or None."""
-    if not use_distributed_optimizer or not overlap_grad_reduce:
-        return "the flash DP overlap needs --use-distributed-optimizer and --overlap-grad-reduce"
-    return None
-
-
 def refuse_unfusable(fuse: str, use_distributed_optimizer, overlap_grad_reduce) -> None:
     """`dp: {fuse: all}` without the flags it needs: ValueError naming them (module docstring)."""
-    why = missing_flags(use_distributed_optimizer, overlap_grad_reduce) if fuse == "all" else None
-    if why:
-        raise ValueError(f"dp: {{fuse: all}} in the flash-overlap config, but {why}: add both flags, or write "
-                         f"dp: {{fuse: auto}} (stock DDP where they are missing) or dp: {{fuse: none}}")
+    if fuse == "all":
+        refuse("dp", None, "dp: {fuse: all} in the flash-overlap config", overlap_grad_reduce=overlap_grad_reduce,
+               use_distributed_optimizer=use_distributed_optimizer)
 
 
 def why_stock(ddp_config, ddp_kwargs, fuse: str = "auto") -> str | None:
     """Why this DDP chunk is built stock, or None when the fused reduce-scatter applies."""
     if fuse == "none":
         return "dp: {fuse: none} in the flash-overlap config"
-    why = missing_flags(ddp_config.use_distributed_optimizer, ddp_config.overlap_grad_reduce)
-    if why:
-        return why
+    missing = unhonoured("dp", ddp_config)  # config/refusals.py, the dp rows: --use-distributed-optimizer, ...
+    if missing:
+        return missing
     if _dp_groups(ddp_kwargs)[1].size() < 2:
         return "the data-parallel group has size 1"
     return None

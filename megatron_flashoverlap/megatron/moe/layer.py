@@ -38,6 +38,7 @@ from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispa
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ...config import FlashOverlapConfig, active
+from ...config.refusals import refuse
 from ...ops.all_reduce.all_reduce import resolve_local_world_size
 from ...ops.choose import group_layout
 from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
@@ -53,17 +54,10 @@ _LOGGED = LogOnce(log)
 
 
 def check_moe_config(config) -> None:
-    """ValueError for the MoE settings our layer does not run, naming the fix."""
-    kind = getattr(config, "moe_token_dispatcher_type", "allgather")
-    if kind == "flex":
-        raise ValueError("flash-overlap MoE: the flex dispatcher (DeepEP / HybridEP / NCCL-EP) brings its own fused "
-                         "all-to-all kernels and is not supported; use --moe-token-dispatcher-type alltoall "
-                         "(overlapped by us) or the stock spec")
-    if getattr(config, "overlap_moe_expert_parallel_comm", False):
-        raise ValueError("flash-overlap MoE: --overlap-moe-expert-parallel-comm (Megatron's 1F1B all-to-all overlap) "
-                         "is not composed with our exchange; drop it (ours hides the exchange inside the layer) or "
-                         "use the stock spec")
-    if kind == "allgather":
+    """ValueError for the MoE settings our layer does not run, naming the fix (config/refusals.py, the moe
+    check); the allgather dispatcher runs as stock, said once."""
+    refuse("moe", config, "flash-overlap MoE")
+    if getattr(config, "moe_token_dispatcher_type", "allgather") == "allgather":
         _LOGGED("allgather", "flash-overlap MoE: moe_token_dispatcher_type='allgather' has no all-to-all; it runs as "
                 "stock. Use --moe-token-dispatcher-type alltoall for the overlapped exchange")
 
