@@ -157,8 +157,11 @@ def refuse(at: str, source, where: str, **facts) -> None:
 _NOT_BUILT = f"which the {FLAG} spec does not build"
 _DROP = f"drop {FLAG} to let Megatron build it"
 _TE = (("transformer_impl", "==", "transformer_engine"),)  # stock's local spec ignores these: so does ours
-_LOW = (f"turns on Transformer Engine's FP8/FP4 GEMMs, which the {FLAG} linears do not run (they would train in "
-        f"the parameters' dtype, without FP8/FP4, silently)")
+_LOW = (f"turns on Transformer Engine's FP4 GEMMs, FP8 parameters or FP8 attention, which the {FLAG} layers do "
+        f"not run (their FP8 is the GEMMs of --fp8-format with --fp8-recipe tensorwise): the run would go without "
+        f"it, silently")
+_FP8 = (("fp8", "on", None),)  # under --fp8-format
+_NO_FP8 = "drop --fp8-format, or drop --flash-overlap to use Transformer Engine's FP8"
 _CP1 = ("Megatron's DotProductAttention implements it, at context parallel size 1 only: set "
         "--context-parallel-size 1, or use --softmax-type vanilla and no --window-size")
 _DP = "add both flags, or write dp: {fuse: auto} (stock DDP where they are missing) or dp: {fuse: none}"
@@ -170,6 +173,28 @@ def _low(flag: str, field: str, args: str | None = None) -> Refusal:
     at = ("parse", "spec", "linear") if args else ("spec", "linear")
     return Refusal(flag, field, "on", None, _LOW, f"drop {flag}, or drop {FLAG} to use Transformer Engine's FP8/FP4",
                    at, args=args)
+
+
+_FP8_ROWS = (
+    Refusal("--fp8-recipe", "fp8_recipe", "not in", ("tensorwise",),
+            f"(Megatron's default is delayed) has no FP8 GEMM in the {FLAG} linears yet: they run tensorwise "
+            f"(Transformer Engine's current scaling, every tensor scaled from its own amax as it is cast)",
+            f"use --fp8-recipe tensorwise, or drop {FLAG} to use Transformer Engine's recipe",
+            ("parse", "spec", "linear"), also=_FP8),
+    Refusal("--fp8-format", "fp8", "on", None,
+            "runs the all-reduce operators there, which have no FP8 GEMM yet",
+            f"add --sequence-parallel, or {_NO_FP8}", ("parse", "spec", "linear"),
+            also=(("sequence_parallel", "off", None), ("tensor_model_parallel_size", ">", 1))),
+    Refusal("--fp8-format", "fp8", "on", None,
+            "with --num-experts: the experts' GEMMs (Megatron's) have no FP8 path in our MoE layer",
+            _NO_FP8, ("spec", "linear"), also=(("num_moe_experts", "on", None),)),
+    Refusal("fp8_wgrad", "fp8_wgrad", "off", None,
+            f"the weight gradients in high precision: the FP8 backward of the {FLAG} linears runs its wgrad GEMMs in "
+            f"FP8", "leave fp8_wgrad True, or drop --fp8-format", ("spec", "linear"), also=_FP8),
+    Refusal("--first-last-layers-bf16", "first_last_layers_bf16", "on", None,
+            f"keeps the first and last layers in bf16, which the {FLAG} linears do not read (every layer would run "
+            f"FP8)", "drop --first-last-layers-bf16, or drop --fp8-format", ("parse", "spec", "linear"), also=_FP8),
+)
 
 
 ROWS: tuple[Refusal, ...] = (
@@ -217,7 +242,7 @@ ROWS: tuple[Refusal, ...] = (
     Refusal("--moe-use-legacy-grouped-gemm", "moe_use_legacy_grouped_gemm", "on", None,
             f"builds megatron-core 0.16's legacy GroupedMLP, {_NOT_BUILT}",
             "leave it False (moe_grouped_gemm is taken, as in get_gpt_layer_local_spec)", ("local_spec",)),
-    _low("--fp8-format", "fp8", "fp8"),
+    *_FP8_ROWS,
     _low("--fp4-format", "fp4", "fp4"),
     _low("--fp8-param-gather", "fp8_param", "fp8_param_gather"),
     _low("--fp4-param-gather", "fp4_param", "fp4_param_gather"),
@@ -265,6 +290,7 @@ ROWS: tuple[Refusal, ...] = (
             "is not run by this entry (it runs PP = CP = 1)", _ENTRY, ("entry",)),
 )
 
+_SPELLED = {"fp8": "--fp8-format", "num_moe_experts": "--num-experts"}  # a field whose flag is not --<field>
 _GIVEN = {"on": "`{f}`", "off": "no `{f}`", "==": "`{f} {v}`", "!=": "`{f}` other than `{v}`",
           "not in": "`{f}` other than {v}", ">": "`{f}` > {v}", "has": "`{f}` with `{v}`"}
 
@@ -280,7 +306,7 @@ def markdown() -> str:
     """docs/megatron.md's table of refusals: one line per row."""
     lines = ["| Megatron flag | why | the fix | seen at |", "|---|---|---|---|"]
     for r in ROWS:
-        also = "".join(f" with {given('--' + f.replace('_', '-'), o, x)}" for f, o, x in r.also)  # flag spelling
+        also = "".join(f" with {given(_SPELLED.get(f, '--' + f.replace('_', '-')), o, x)}" for f, o, x in r.also)
         lines.append(f"| {given(r.flag, r.op, r.value)}{also} | {r.reason} | {r.fix} | "
                      f"{'; '.join(CHECKS[a] for a in r.at)} |")
     return "\n".join(lines)

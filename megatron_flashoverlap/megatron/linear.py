@@ -61,6 +61,7 @@ from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context
 from ..runtime.once import LogOnce
 from .ddp.grad_sync import dp_wgrad
+from .fp8 import recipe_of
 from .train_choice import train_key, train_plan
 
 log = logging.getLogger(__name__)
@@ -85,14 +86,16 @@ def _site_plan(flash_config: FlashOverlapConfig, buffer_name: str | None) -> Lay
     return flash_config.plan(buffer_name) if buffer_name in LAYERS else None
 
 
-def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: bool):
+def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: bool, fp8=None):
     """(the SP operator's OpPlan, the all-reduce operator's OpPlan) of a layer, made once; None where the site
     runs stock (no site, or algo 'reference'). Without SP the flash algos take the config's all_reduce.num_chunks
-    (the all-reduce operators have no hop sub-chunks and keep nothing gathered); keep_gathered is a column's."""
+    (the all-reduce operators have no hop sub-chunks and keep nothing gathered); keep_gathered is a column's.
+    Under FP8 (`fp8`, megatron/fp8.py) the SP operator's plan carries the recipe (the no-SP operators have no
+    FP8 path: refused at build, config/refusals.py)."""
     if site is None or site.is_reference:
         return None, None
     algo = "flash" if site.algo == "auto" else site.algo  # auto: flash is the candidate against stock
-    sp = OpPlan(algo, site.num_chunks, site.hop_chunks, site.keep_gathered and column)
+    sp = OpPlan(algo, site.num_chunks, site.hop_chunks, site.keep_gathered and column, fp8=fp8)
     chunks = site.num_chunks if site.num_chunks is not None else flash_config.all_reduce.num_chunks
     return sp, OpPlan(algo, chunks)
 
@@ -114,8 +117,10 @@ class _FlashMixin:
         self.flash_config = active() if flash_config is None else flash_config
         self.flash_site = tp_comm_buffer_name
         self.flash_plan = _site_plan(self.flash_config, tp_comm_buffer_name)
+        self.flash_fp8 = recipe_of(config)  # FP8: our operators run it, stock's forward would not (megatron/fp8.py)
         self.flash_sp_plan, self.flash_nosp_plan = _op_plans(self.flash_plan, self.flash_config,
-                                                             isinstance(self, ColumnParallelLinear))
+                                                             isinstance(self, ColumnParallelLinear), self.flash_fp8)
+        self.flash_fp8_reference = None if self.flash_fp8 is None else OpPlan("reference", fp8=self.flash_fp8)
         self.flash_context = shared_context("layer", self.flash_config.timeout_s)
         self.flash_chooser = chooser_of(self.flash_config)  # the config's: every layer of it shares the decisions
         self.flash_auto = self.flash_plan is not None and self.flash_plan.algo == "auto"
@@ -169,11 +174,26 @@ class _FlashMixin:
 
     def flash_ran(self) -> str:
         """What the forward runs, for the GEMM sites line: the site's algo (without SP: the decomposed
-        all-reduce, "<algo> (all-reduce, no SP)"), or "stock (why)"."""
+        all-reduce, "<algo> (all-reduce, no SP)"), or "stock (why)"; under FP8 "<algo> (FP8 <format>)", the FP8
+        reference where stock's reason is algo reference or TP 1."""
         why = self._stock_reason()
+        if self.flash_fp8 is not None:
+            fp8 = f"FP8 {self.flash_fp8.format} {self.flash_fp8.recipe}"
+            return f"reference ({fp8}; {why})" if why is not None else f"{self.flash_plan.algo} ({fp8})"
         if why is not None:
             return f"stock ({why})"
         return self.flash_plan.algo if self.sequence_parallel else f"{self.flash_plan.algo} (all-reduce, no SP)"
+
+    def _fp8_stock(self, why: str) -> OpPlan:
+        """Under FP8, the plan of a layer stock would run (`why`): the FP8 reference (the collective, then one FP8
+        GEMM; at TP 1 one FP8 GEMM) for algo reference and TP 1. Any other reason would run Megatron's forward
+        without FP8, a silently different model: refused."""
+        benign = self.flash_plan is not None and (self.flash_plan.is_reference or group_info(self.tp_group)[1] == 1)
+        if benign and why == self._stock_reason():
+            return self.flash_fp8_reference
+        raise ValueError(f"{type(self).__name__} ({self.flash_site}) under --fp8-format: {why} runs Megatron's "
+                         f"forward, which has no FP8 GEMM (it would train this layer without FP8, silently); "
+                         f"drop --fp8-format, or build this layer with a qkv/proj/fc1/fc2 site of our spec")
 
     def _flash_route(self, input_, ours: bool = True) -> WgradRoute:
         """Where this call's dW goes (the fused DP reduce-scatter, main_grad, or returned); where the call runs
@@ -214,7 +234,8 @@ class _FlashMixin:
         shape = (tuple(x.shape), x.dtype)
         if shape not in self._flash_trained:  # the chooser decides a key once; the layer asks once per shape
             key = train_key(self.flash_site, x, self.weight, *self._layout(x))
-            self._flash_trained[shape] = train_plan(self, key, op, x, plan)
+            picked = train_plan(self, key, op, x, plan)
+            self._flash_trained[shape] = picked if picked is not None else self.flash_fp8_reference
         return self._flash_trained[shape]
 
 
@@ -234,9 +255,13 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
     def forward(self, input_, weight=None, runtime_gather_output=None):
         """input_ [s/P, b, h] -> (output [s, b, n/P], bias [n/P] if skip_bias_add else None)."""
         why = self._stock_reason()
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        if self.flash_fp8 is not None and (why is not None or weight is not None or gather):
+            extra = "an explicit weight argument" if weight is not None else "gather_output" if gather else None
+            return self._sp_forward(input_, self._fp8_stock(extra or why))
         if why is None and weight is not None:
             why = "explicit weight argument"
-        if why is None and (self.gather_output if runtime_gather_output is None else runtime_gather_output):
+        if why is None and gather:
             why = "gather_output"
         if why is not None:
             self._log_stock(why)
@@ -246,6 +271,10 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
             return super().forward(input_, weight, runtime_gather_output)
         if not self.sequence_parallel:
             return self._forward_without_sp(input_, plan)
+        return self._sp_forward(input_, plan)
+
+    def _sp_forward(self, input_, plan: OpPlan):
+        """all_gather_matmul with `plan` (at TP 1, under FP8: one FP8 GEMM)."""
         bias = None if self.skip_bias_add else self.bias
         output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias, plan=plan,
                                    wgrad=self._flash_route(input_), context=self.flash_context)
@@ -287,6 +316,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         The bias stays outside the reduce-scatter (added once, after it), as in the stock layer; it is
         tagged `sequence_parallel` by the stock ctor so finalize_model_grads all-reduces its grad."""
         why = self._stock_reason()
+        if why is not None and self.flash_fp8 is not None:
+            return self._sp_forward(input_, self._fp8_stock(why))
         if why is not None:
             self._log_stock(why)
             return super().forward(input_)
@@ -295,6 +326,10 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         plan = self._trained(input_, matmul_reduce_scatter, self.flash_sp_plan)
         if plan is None:  # auto picked stock at this shape
             return super().forward(input_)
+        return self._sp_forward(input_, plan)
+
+    def _sp_forward(self, input_, plan: OpPlan):
+        """matmul_reduce_scatter with `plan` (at TP 1, under FP8: one FP8 GEMM); the bias after it."""
         output = matmul_reduce_scatter(input_, self.weight, self.tp_group, plan=plan,
                                        wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:

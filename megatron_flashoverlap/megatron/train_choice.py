@@ -1,14 +1,15 @@
 """A training step's site under `algo: auto`: stock or flash, the chooser's measured tier (plan/chooser.py).
 
     train_plan(layer, train_key(site, x, weight, layout, members), op, x, flash)
-        -> `flash` (the layer's flash OpPlan) or None (stock: the layer runs Megatron's own forward)
+        -> `flash` (the layer's flash OpPlan) or None (stock: the layer runs Megatron's own forward; under FP8
+           the layer's FP8 reference instead, megatron/linear.py)
         op: the layer's operator, op(x, weight, group, plan=, context=) -> y, with autograd
             all_gather_matmul (column, SP), matmul_reduce_scatter (row, SP),
             matmul_allreduce_dgrad (column, no SP), matmul_all_reduce (row, no SP)
         key: <site>/train/<bucket of the input's s * b>; where no higher tier answers and the budget allows, the
         candidates run forward + backward in paired rounds (runtime/timing.py `paired`) on a probe of x's shape
         with a detached copy of the weight (dW returned and dropped: main_grad and the DP buffers untouched):
-            reference   OpPlan("reference"): the blocking collective, then the GEMM (stock's order)
+            reference   OpPlan("reference", fp8=flash.fp8): the blocking collective, then the GEMM (stock's order)
             flash       the layer's flash plan (decomposed ring, rank-adaptive slices)
         ONCE per key; the samples are the max over `replicas(group)` as well (the ranks that must run the same
         arithmetic: Megatron's tensor + data parallel group of this pipeline stage), so every replica of a
@@ -25,7 +26,11 @@ from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan
 
-_REFERENCE = OpPlan("reference")
+
+def _reference(flash: OpPlan) -> OpPlan:
+    """Stock's order, the candidate `flash` is timed against: the blocking collective, then the GEMM (under FP8
+    the same FP8 GEMM as `flash`'s: Megatron's forward has none)."""
+    return OpPlan("reference", fp8=flash.fp8)
 
 
 def train_key(site: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -69,5 +74,5 @@ def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
             probe.grad = w.grad = None
         return run
     with torch.enable_grad():
-        return paired({"reference": step(_REFERENCE), "flash": step(flash)}, group, x.device, rounds=ROUNDS,
+        return paired({"reference": step(_reference(flash)), "flash": step(flash)}, group, x.device, rounds=ROUNDS,
                       warmup=WARMUP, replicas=replicas(group))

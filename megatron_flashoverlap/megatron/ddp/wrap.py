@@ -96,6 +96,8 @@ def _why_unfusable(m) -> str | None:
         return "deferred embedding wgrad (defer_embedding_wgrad_compute)"
     if getattr(m, "gtp_remat_size", 1) != 1 or getattr(m, "explicit_expert_comm", False):
         return "expert / GTP-remat layer"
+    if getattr(m, "flash_fp8", None) is not None:
+        return "an FP8 layer (the reduce-scatter inside its wgrad has no FP8 GEMM yet)"
     return None
 
 

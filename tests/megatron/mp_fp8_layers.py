@@ -1,0 +1,68 @@
+"""Worker-side bodies of tests/megatron/test_fp8_layers.py: our Megatron linears under --fp8-format with
+--fp8-recipe tensorwise, against the recipe written in plain torch (tests/support/fp8_recipe.py)."""
+from __future__ import annotations
+
+import torch
+
+from megatron_flashoverlap.megatron import models as tm
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward
+
+BF16 = torch.bfloat16
+S, B, H, N = 32, 2, 32, 64  # tokens per rank s/P * b = 32 at P = 2: every FP8 dimension a multiple of 16
+
+
+def _config(world, fmt):
+    return tm.tiny_config(world, True, hidden=H, heads=4, ffn=N, fp8=fmt, fp8_recipe="tensorwise")
+
+
+def _column(cfg, flash, gather_output=False):
+    from megatron_flashoverlap.config import from_dict
+    from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear
+
+    torch.manual_seed(3)
+    return FlashColumnParallelLinear(H, N, config=cfg, init_method=cfg.init_method, bias=True, skip_bias_add=False,
+                                     is_expert=False, gather_output=gather_output, tp_comm_buffer_name="fc1",
+                                     flash_config=from_dict(flash)).to(BF16)
+
+
+def _rel(a, ref):
+    ref = ref.double()
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def column(rank, world, flash, fmt="hybrid"):
+    """fc1 (column, SP) under `flash` (a YAML mapping): y, dx, dW against the recipe; the sites word."""
+    tm.init_tp(world)
+    try:
+        layer = _column(_config(world, fmt), flash)
+        g = torch.Generator().manual_seed(5)
+        x = (torch.randn(S * world, B, H, generator=g) * 3).to(BF16)  # the whole sequence; this rank's shard below
+        dy = torch.randn(S * world, B, N // world, generator=g).to(BF16)  # this rank's columns of dy
+        xs = x[rank * S:(rank + 1) * S].clone().requires_grad_()
+        y, _ = layer(xs)
+        y.backward(dy)
+        w, b = layer.weight.detach(), layer.bias.detach()
+        y_recipe, x8 = recipe_forward(x, w, b)  # x's amax: the whole sequence's (the group's MAX)
+        world_dy = torch.cat([dy] * world, dim=-1)  # recipe_backward takes every rank's columns: ours only matter
+        world_w = torch.cat([w] * world, dim=0)
+        dx, dws = recipe_backward(x8, world_dy, world_w, world, E5M2 if fmt == "hybrid" else E4M3)
+        return {"y_is_recipe": bool(torch.equal(y, y_recipe)), "dw_vs_recipe": _rel(layer.weight.grad, dws[0]),
+                "ran": layer.flash_ran(), "decided": {k.word: c.pick for k, c in layer.flash_chooser.decided.items()},
+                "y_vs_bf16": _rel(y, (x.float() @ w.float().t() + b.float())), "dx_shape": tuple(xs.grad.shape),
+                "dx_finite": bool(torch.isfinite(xs.grad).all())}
+    finally:
+        tm.destroy()
+
+
+def refused_stock_forward(rank, world):
+    """gather_output under FP8 would run Megatron's forward (no FP8): the ValueError's text."""
+    tm.init_tp(world)
+    try:
+        layer = _column(_config(world, "hybrid"), {"default": {"algo": "flash"}}, gather_output=True)
+        try:
+            layer(torch.randn(S, B, H, dtype=BF16))
+        except ValueError as err:
+            return str(err)
+        return None
+    finally:
+        tm.destroy()

@@ -1,0 +1,34 @@
+"""Tier 3 (Megatron on gloo, P = 2): our column linear under --fp8-format hybrid --fp8-recipe tensorwise runs FP8,
+whatever its algorithm: flash, slicing, reference, and auto's stock pick, which under FP8 is our FP8 reference
+(Megatron's local forward has no FP8). Bodies: tests/megatron/mp_fp8_layers.py.
+
+Tolerances: y equal to the plain-torch recipe bit for bit (the operator tests show every algorithm's forward is;
+one scaled GEMM per output row, no cross-rank sum); dW against the recipe 2^-7 (the flash ring's wgrad slices
+are summed in another order in fp32, then rounded to bf16); the FP8 result differs from the bf16 GEMM by more
+than 1e-3 (so a layer that silently ran bf16 fails).
+"""
+import pytest
+
+BODY = "tests.megatron.mp_fp8_layers"
+
+
+@pytest.mark.parametrize("flash, ran", [
+    ({"default": {"algo": "flash"}}, "flash (FP8 hybrid tensorwise)"),
+    ({"default": {"algo": "slicing", "num_chunks": 2}}, "slicing (FP8 hybrid tensorwise)"),
+    ({"default": {"algo": "reference"}}, "reference (FP8 hybrid tensorwise; layer fc1 runs algo 'reference')"),
+    ({"default": {"algo": "auto"}, "choices": {"pinned": {"fc1/train/64": "reference"}}}, "auto (FP8 hybrid tensorwise)"),
+], ids=["flash", "slicing", "reference", "auto_stock"])
+def test_an_fp8_column_runs_the_recipe_at_every_algorithm(pools, flash, ran):
+    for res in pools(2).run(f"{BODY}:column", flash, timeout=300):
+        assert res["y_is_recipe"], res
+        assert res["y_vs_bf16"] > 1e-3  # FP8, not the bf16 GEMM
+        assert res["dw_vs_recipe"] <= 2 ** -7
+        assert res["dx_shape"] == (32, 2, 32) and res["dx_finite"]
+        assert res["ran"] == ran
+        if "choices" in flash:
+            assert res["decided"] == {"fc1/train/64": "reference"}
+
+
+def test_a_forward_stock_would_run_without_fp8_is_refused(pools):
+    for text in pools(2).run(f"{BODY}:refused_stock_forward", timeout=300):
+        assert text is not None and "gather_output" in text and "without FP8" in text and "drop --fp8-format" in text
