@@ -19,16 +19,10 @@ Semantics kept from DotProductAttention:
     dropout     keep-probability 1 - p on the attention probabilities, kept ones scaled by 1/(1 - p); drawn
                 inside the model-parallel RNG tracker's fork without SP (the block forks it under SP), so
                 activation recompute replays it. The masks are SDPA's own, not DotProductAttention's.
-Numerics against DotProductAttention (the same function, not the same roundings; never bitwise):
-    fp32        1e-5 of max |reference| on ctx and dq, dk, dv (tests/megatron/test_sdpa.py; measured 6e-8 to
-                4e-7): the same products, summed in another order by SDPA's kernel than by baddbmm / bmm.
-    bf16, fp16  DotProductAttention rounds the scores (baddbmm output) and the probabilities (before the
-                bmm with v) to the 16-bit type; SDPA's kernels keep both in fp32 and round ctx once. So ctx
-                differs by up to one 16-bit epsilon of max |ctx| (bf16 2^-7, fp16 2^-10; measured 0.25-0.75 eps
-                on CPU, test_sdpa.py; tests/gpu/test_sdpa_gpu.py bounds CUDA's kernels by 2e-2), SDPA being
-                the closer to fp64 (bf16: 0.3 % vs DotProductAttention's 0.7 % of max |ctx|); a tiny bf16
-                GPT's loss moves by about 2e-5 relative.
-                For a model equal to stock to the bit keep the default core attention (below).
+Numerics against DotProductAttention (the same function, not the same roundings; never bitwise): fp32 within
+1e-5 of max |reference| (the products summed in another order); bf16 / fp16 within one epsilon of the type times
+max |ctx| (DotProductAttention rounds the scores and the probabilities to the 16-bit type, SDPA's kernels keep
+them in fp32). Measured: docs/attention.md. For a model equal to stock to the bit keep the default core attention.
 CPU (the proxy for a GPU): a requested kernel that has no CPU implementation for the call (memory-efficient,
 cuDNN; flash with dropout) runs torch's math kernel, logged once. On CUDA it is a ValueError naming the
 choices that can run.
