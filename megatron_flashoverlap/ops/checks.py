@@ -109,23 +109,33 @@ def check_fp8_call(op: str, plan, scales, route) -> None:
 
 
 def _tokens_per_wgrad_slice(rows: int, batch: int, world: int, plan) -> list[int]:
-    """Tokens (K) of each wgrad GEMM of the FP8 backward: a slice per arrived part of a shard on the flash
-    ring (2 parts bidirectional, plan.hops one way), the whole AG(x) otherwise."""
+    """Tokens (K) of each wgrad GEMM of an FP8 backward, for the gathered operand's shard of `rows` rows (x's
+    for the column, dy's for the row): a slice per arrived part of a shard on the flash ring (2 parts
+    bidirectional, plan.hops one way), the whole gathered operand otherwise."""
     if plan.algo not in ("flash", "flash_bidir") or plan.keep_gathered:
         return [rows * world * batch]
     return [(b - a) * batch for a, b in chunk_bounds(rows, 2 if plan.bidirectional else plan.hops)]
 
 
-def check_fp8_shapes(op: str, x: torch.Tensor, weight: torch.Tensor, world: int, plan, wgrad: bool) -> None:
-    """CUDA's FP8 GEMM rules on the shapes this call will multiply (runtime/scaled_mm.py), before any transfer."""
+_FP8_DIMS = {  # op -> the names of x's last dim and of the weight's rows: the K and N of its forward GEMM
+    "all_gather_matmul": ("the hidden size", "the output features per rank"),
+    "matmul_reduce_scatter": ("the input features per rank", "the hidden size"),
+}
+
+
+def check_fp8_shapes(op: str, x: torch.Tensor, weight: torch.Tensor, rows: int, world: int, plan,
+                     wgrad: bool) -> None:
+    """CUDA's FP8 GEMM rules on the shapes this call will multiply (runtime/scaled_mm.py), before any transfer:
+    x's last dim and the weight's rows (K and N of the forward, N and K of the dgrad) multiples of 16, and the
+    tokens of every wgrad slice, for a gathered shard of `rows` rows (x's, or y's and dy's for the row op)."""
     if x.dtype not in _FP8_OUT:
         raise ValueError(f"{op}: an FP8 GEMM writes {_FP8_OUT}; the input is {x.dtype}: cast it, or drop the FP8 "
                          f"recipe")
-    h, n = x.shape[-1], weight.shape[0]
-    if h % 16 or n % 16:
-        raise ValueError(f"{op}: FP8 needs the hidden size ({h}) and the output features per rank ({n}) to be "
-                         f"multiples of 16 (CUDA's _scaled_mm); pad them, or drop the FP8 recipe")
-    bad = [k for k in _tokens_per_wgrad_slice(x.shape[0], math.prod(x.shape[1:-1]), world, plan) if k % 16]
+    (k_name, n_name), k, n = _FP8_DIMS[op], x.shape[-1], weight.shape[0]
+    if k % 16 or n % 16:
+        raise ValueError(f"{op}: FP8 needs {k_name} ({k}) and {n_name} ({n}) to be multiples of 16 (CUDA's "
+                         f"_scaled_mm); pad them, or drop the FP8 recipe")
+    bad = [t for t in _tokens_per_wgrad_slice(rows, math.prod(x.shape[1:-1]), world, plan) if t % 16]
     if wgrad and bad:
         raise ValueError(f"{op}: the FP8 weight gradient multiplies over tokens, {bad} per GEMM slice here, which "
                          f"CUDA needs in multiples of 16; make (sequence / group size / slices per shard) * batch a "

@@ -14,7 +14,7 @@ import torch
 import megatron_flashoverlap as fo
 from tests.gloo.mp_ops import _raises
 from tests.gloo.mp_wire import Sends
-from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_cast, recipe_forward, scaled
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_cast, recipe_forward, recipe_row, scaled
 
 BF16, F32 = torch.bfloat16, torch.float32
 ROWS, B, H, N_PER_RANK = 16, 2, 32, 16  # s/P * b = 32 tokens: 16 per wgrad slice even when a shard is halved
@@ -111,3 +111,95 @@ def hop_slices_too_small(rank, world):
     ws = torch.randn(16, 32, dtype=BF16, requires_grad=True)
     plan = fo.OpPlan("flash", hop_chunks=2, fp8=fo.Fp8Recipe())
     return _raises(lambda: fo.all_gather_matmul(xs, ws, plan=plan))
+
+
+# ---------------------------------------------------------------- the row operator (GEMM + reduce-scatter)
+
+K_PER_RANK = 16  # x [s, b, k/P], w [H, k/P]: the forward's K and the dgrad's N
+
+
+def _row_globals(world, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s, k = ROWS * world, K_PER_RANK * world
+    x = (torch.randn(s, B, k, generator=g) * 3).to(BF16)
+    w = (torch.randn(H, k, generator=g) / k ** 0.5).to(BF16)
+    return x, w, torch.randn(s, B, H, generator=g).to(BF16)
+
+
+def _row_shards(rank, x, w):
+    cols = slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
+    return [t[..., cols].contiguous().requires_grad_() for t in (x, w)]
+
+
+def _row_run(rank, world, plan, seed=0, scales=None, into=False):
+    """-> (y, dx, dw) of matmul_reduce_scatter_fp8 on this rank's shards under `plan`; into: dW added into an
+    fp32 buffer (Megatron's main_grad), then rounded to bf16 here."""
+    x, w, dy = _row_globals(world, seed)
+    xs, ws = _row_shards(rank, x, w)
+    buf = torch.zeros(ws.shape, dtype=F32) if into else None
+    y = fo.matmul_reduce_scatter_fp8(xs, ws, plan=plan, scales=scales, wgrad=fo.WgradRoute(into=buf))
+    y.backward(dy[rank * ROWS:(rank + 1) * ROWS])
+    return y.detach(), xs.grad, (buf.to(BF16) if into else ws.grad)
+
+
+def rs_fp8(rank, world, algo, fmt="hybrid", margin=0, wire="input", hop_chunks=None, into=False):
+    """The FP8 row operator under `algo` against algo="reference" (bitwise flags) and the recipe: y against the
+    fp64 sum of every rank's recipe partial (and bitwise against their fp32 sum at P = 2), dx and dW against
+    the recipe's."""
+    recipe = fo.Fp8Recipe(fmt, margin=margin)
+    plan = fo.OpPlan(algo, fp8=recipe, wire_dtype=wire, hop_chunks=hop_chunks,
+                     num_chunks=2 if algo == "slicing" else None)
+    got = _row_run(rank, world, plan, into=into)
+    ref = _row_run(rank, world, fo.OpPlan("reference", fp8=recipe, wire_dtype=wire))
+    x, w, dy = _row_globals(world)
+    parts, dx, dws = recipe_row(x, w, dy, world, E5M2 if fmt == "hybrid" else E4M3, margin)
+    rows, cols = slice(rank * ROWS, (rank + 1) * ROWS), slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
+    y64 = sum(p.double() for p in parts)[rows]
+    return {f"{k}_is_reference": bool(torch.equal(a, b)) for k, a, b in zip(("y", "dx", "dw"), got, ref)} | {
+        "y_vs_recipe": _rel(got[0], y64), "y_is_fp32_sum": bool(torch.equal(got[0], sum(parts)[rows].to(BF16))),
+        "dx_is_recipe": bool(torch.equal(got[1], dx[..., cols])), "dw_is_recipe": bool(torch.equal(got[2], dws[rank])),
+        "dw_vs_recipe": _rel(got[2], dws[rank]), "dw_vs_reference": _rel(got[2], ref[2])}
+
+
+def row_wire_bytes(rank, world, algo):
+    """Bytes and dtypes each rank's row ring sends, forward (the reduce-scatter of partials) and backward (the
+    all-gather of dy), with and without the FP8 recipe."""
+    out = {}
+    for name, plan in (("fp8", fo.OpPlan(algo, fp8=fo.Fp8Recipe("hybrid"))), ("bf16", fo.OpPlan(algo))):
+        x, w, dy = _row_globals(world)
+        xs, ws = _row_shards(rank, x, w)
+        with Sends() as fwd:
+            y = fo.matmul_reduce_scatter(xs, ws, plan=plan)
+        with Sends() as bwd:
+            y.backward(dy[rank * ROWS:(rank + 1) * ROWS])
+        for key, m in (("fwd", fwd), ("bwd", bwd)):
+            out[f"{name}_{key}"] = (sum(n for _, n in m.sent), sorted({d for d, _ in m.sent}))
+    out["y_numel"] = out["dy_shard_numel"] = ROWS * B * H
+    return out
+
+
+def row_delayed_steps(rank, world, algo, margin=1):
+    """Two steps of the delayed recipe (history 2, max), fp32 partials on the wire: each step's y is the fp32 sum
+    of the recipe's partials and dx the recipe's, both bit for bit, cast with scale 1 at step 1 and at step 2
+    with fmt_max / amax(step 1's global tensor) / 2^margin per role (x, w, dy: the MAX over the shards that
+    the update agrees). -> per step the flags, and this rank's scales after the updates."""
+    recipe = fo.Fp8Recipe("hybrid", "delayed", margin=margin, amax_history_len=2, amax_compute_algo="max")
+    scales, flags, want, seen = fo.DelayedScales(recipe), [], (torch.tensor(1.0),) * 3, []
+    rows, cols = slice(rank * ROWS, (rank + 1) * ROWS), slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
+    for step in range(2):
+        y, dx, _ = _row_run(rank, world, fo.OpPlan(algo, fp8=recipe, wire_dtype="fp32"), 10 + step, scales)
+        x, w, dy = _row_globals(world, seed=10 + step)
+        parts, dx_want, _ = recipe_row(x, w, dy, world, E5M2, margin, scales=want)
+        flags.append(bool(torch.equal(y, sum(parts)[rows].to(BF16)) and torch.equal(dx, dx_want[..., cols])))
+        seen.append(torch.stack([t.float().abs().max() for t in (x, w, dy)]))
+        want = tuple(torch.tensor([448.0, 448.0, 57344.0]) / torch.stack(seen).amax(0) / 2.0 ** margin)
+        scales.update()
+    return {"steps_match_recipe": flags, "scales": scales.scales.tolist(), "want": [t.item() for t in want]}
+
+
+def row_hop_slices_too_small(rank, world):
+    """hop_chunks=2 on y's shard of 8 rows x 2: 8 tokens per wgrad slice of dy, not a multiple of 16."""
+    x = torch.randn(8 * world, 2, 16, dtype=BF16)
+    w = torch.randn(32, 16, dtype=BF16, requires_grad=True)
+    plan = fo.OpPlan("flash", hop_chunks=2, fp8=fo.Fp8Recipe())
+    return _raises(lambda: fo.matmul_reduce_scatter(x, w, plan=plan))

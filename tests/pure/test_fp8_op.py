@@ -1,15 +1,17 @@
-"""Tier: pure (no processes): the FP8 all-gather + GEMM in a group of one against the recipe in plain torch
-(tests/support/fp8_recipe.py), and every refusal, each before any transfer and naming its fix.
+"""Tier: pure (no processes): the FP8 all-gather + GEMM and GEMM + reduce-scatter in a group of one against the
+recipe in plain torch (tests/support/fp8_recipe.py), and every refusal, each before any transfer and naming its
+fix.
 
 A group of one runs the unfused FP8 path: one scaled GEMM each for y, dx and dW, the same calls the recipe
-makes, so every comparison is exact.
+makes, so every comparison is exact (the row's y is its one fp32 partial rounded once to bf16, as the
+recipe's).
 """
 import pytest
 import torch
 
 import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.registry import force_reference, resolve
-from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward, recipe_row
 
 BF16 = torch.bfloat16
 HYBRID = fo.Fp8Recipe("hybrid", margin=1)
@@ -34,17 +36,35 @@ def test_a_group_of_one_is_the_recipe_forward_and_backward(fmt, grad):
     assert torch.equal(w.grad, dws[0]) and torch.equal(bias.grad, dy.sum((0, 1)))
 
 
+@pytest.mark.parametrize("fmt,grad", [("hybrid", E5M2), ("e4m3", E4M3)])
+@pytest.mark.parametrize("wire", ["input", "fp32"])
+def test_a_row_group_of_one_is_the_recipe_forward_and_backward(fmt, grad, wire):
+    x, w, _, dy = _operands(h=32, n=16)  # x [s, b, k/P = 32], w [h = 16, k/P], dy [s, b, h]
+    y = fo.matmul_reduce_scatter(x, w, plan=fo.OpPlan("flash", wire_dtype=wire, fp8=fo.Fp8Recipe(fmt, margin=1)))
+    y.backward(dy)
+    parts, dx_want, dws = recipe_row(x.detach(), w.detach(), dy, 1, grad, margin=1)
+    assert torch.equal(y, parts[0].to(BF16))
+    assert torch.equal(x.grad, dx_want) and torch.equal(w.grad, dws[0])
+
+
 def test_forward_only_rows_need_no_multiple_of_16():
     """Rows are the GEMM's M, which CUDA leaves free; only a weight gradient multiplies over tokens."""
-    x, w, bias, _ = _operands(s=5, b=1)
+    x, w, bias, dy = _operands(s=5, b=1)
     y = fo.all_gather_matmul(x.detach(), w.detach(), bias=bias.detach(), plan=fo.OpPlan(fp8=HYBRID))
     assert torch.equal(y, recipe_forward(x.detach(), w.detach(), bias.detach(), margin=1)[0])
-    with pytest.raises(ValueError, match=r"\[5\] per GEMM slice.*multiple of 16"):
-        fo.all_gather_matmul(x.detach(), w, plan=fo.OpPlan(fp8=HYBRID))
+    y = fo.matmul_reduce_scatter(x.detach(), w.detach(), plan=fo.OpPlan(fp8=HYBRID))
+    assert torch.equal(y, recipe_row(x.detach(), w.detach(), dy, 1, E5M2, margin=1)[0][0].to(BF16))
+    for op in (fo.all_gather_matmul, fo.matmul_reduce_scatter):
+        with pytest.raises(ValueError, match=rf"{op.__name__}: .*\[5\] per GEMM slice.*multiple of 16"):
+            op(x.detach(), w, plan=fo.OpPlan(fp8=HYBRID))
 
 
 def _call(x, w, **kw):
     return lambda: fo.all_gather_matmul_fp8(x, w, **kw)
+
+
+def _row(x, w, **kw):
+    return lambda: fo.matmul_reduce_scatter_fp8(x, w, **kw)
 
 
 _X, _W, _, _ = _operands()
@@ -59,7 +79,14 @@ DELAYED = fo.Fp8Recipe(recipe="delayed")
     (_call(_X, _W, plan=fo.OpPlan(fp8=HYBRID), scales=fo.DelayedScales(DELAYED)), "pass scales=None"),
     (_call(_X, _W, plan=fo.OpPlan(fp8=HYBRID), wgrad=fo.WgradRoute(fn=lambda dy, x: None)), "pass wgrad_into"),
     (_call(_X, _W, plan=fo.OpPlan()), "plan.fp8 is None"),
-    (lambda: fo.matmul_reduce_scatter(_X, _W, plan=fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
+    (_row(_X[..., :24], _W[:, :24], plan=fo.OpPlan(fp8=HYBRID)), "input features per rank \\(24\\).*multiples of 16"),
+    (_row(_X, _W[:8], plan=fo.OpPlan(fp8=HYBRID)), "the hidden size \\(8\\)"),
+    (_row(_X.double(), _W.double(), plan=fo.OpPlan(fp8=HYBRID)), "the input is torch.float64: cast it"),
+    (_row(_X, _W, plan=fo.OpPlan(fp8=DELAYED)), "pass scales=DelayedScales"),
+    (_row(_X, _W, plan=fo.OpPlan(fp8=HYBRID), wgrad=fo.WgradRoute(fn=lambda dy, x: None)), "pass wgrad_into"),
+    (_row(_X, _W, plan=fo.OpPlan()), "matmul_reduce_scatter_fp8: plan.fp8 is None"),
+    (lambda: fo.matmul_all_reduce(_X, _W, plan=fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
+    (lambda: fo.matmul_allreduce_dgrad(_X, _W, plan=fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
     (lambda: fo.OpPlan(fp8="e4m3"), "must be an Fp8Recipe"),
 ])
 def test_what_fp8_cannot_run_is_refused_with_the_fix(call, fix):
@@ -70,4 +97,5 @@ def test_what_fp8_cannot_run_is_refused_with_the_fix(call, fix):
 def test_force_reference_keeps_the_recipe():
     """The unfused path of an FP8 plan is the unfused FP8 path, never a bf16 GEMM."""
     with force_reference():
-        assert resolve("all_gather_matmul", fo.OpPlan("flash", fp8=HYBRID)) == fo.OpPlan("reference", fp8=HYBRID)
+        for op in ("all_gather_matmul", "matmul_reduce_scatter"):
+            assert resolve(op, fo.OpPlan("flash", fp8=HYBRID)) == fo.OpPlan("reference", fp8=HYBRID)

@@ -9,7 +9,8 @@ from megatron_flashoverlap.ops import registry
 TABLE_OF = {  # public operator -> the registry tables its algorithms run
     "all_gather_matmul": ("all_gather_matmul", "all_gather_matmul.backward", "all_gather_matmul.fp8",
                           "all_gather_matmul.fp8.backward"),
-    "matmul_reduce_scatter": ("matmul_reduce_scatter", "matmul_reduce_scatter.backward"),
+    "matmul_reduce_scatter": ("matmul_reduce_scatter", "matmul_reduce_scatter.backward", "matmul_reduce_scatter.fp8",
+                              "matmul_reduce_scatter.fp8.backward"),
     "matmul_all_reduce": ("matmul_all_reduce",),
     "matmul_allreduce_dgrad": ("matmul_all_reduce",),
     "all_reduce": ("all_reduce",),

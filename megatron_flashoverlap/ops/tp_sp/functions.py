@@ -6,6 +6,8 @@
         y = RS(x @ w^T)                     backward: dx = AG(dy) @ w, dw = AG(dy)^T x
     all_gather_matmul_fp8(x_shard, weight, group, plan=OpPlan(fp8=...), scales) -> y [s, b, n/P]
         all_gather_matmul with every GEMM slice an FP8 _scaled_mm (ag_matmul_fp8.py, backward_fp8.py)
+    matmul_reduce_scatter_fp8(x, weight, group, plan=OpPlan(fp8=...), scales) -> y [s/P, b, h]
+        matmul_reduce_scatter with every GEMM slice an FP8 _scaled_mm (matmul_rs_fp8.py, backward_fp8.py)
 
 algo: "flash" (decomposed ring, rank-adaptive), "flash_bidir" (the same on a bidirectional ring),
 "slicing" (data slicing with `num_chunks`, the baseline), "reference" (collective, then GEMM): the shorthand
@@ -17,7 +19,7 @@ of plan=OpPlan(algo, ...), which carries the other knobs (ops/registry.py):
     wire_dtype     what reduce-scatter partials (forward RS, column dgrad RS) travel in: "input" (default,
                    stock's bytes; sums kept in fp32 and rounded per hop) or "fp32" (twice the bytes, one
                    rounding; runtime/numerics.py)
-    fp8            all_gather_matmul: an Fp8Recipe (runtime/fp8.py), run by all_gather_matmul_fp8 below
+    fp8            an Fp8Recipe (runtime/fp8.py), run by all_gather_matmul_fp8 / matmul_reduce_scatter_fp8 below
 `force_reference()` routes every call to "reference". A group of size 1 is a plain GEMM (an FP8 one under fp8).
 wgrad=WgradRoute(...) (optional) says where dW goes:
     into [n, h] (e.g. Megatron's fp32 main_grad): dW is added into it slice by slice instead of being returned;
@@ -40,7 +42,7 @@ from ...runtime.accumulate import linear_into, weight_grad
 from ...runtime.fp8 import DelayedScales, Quantized, cast, cast_shared
 from ..checks import check_fp8_call, check_fp8_shapes, checked_context
 from ..registry import RETURNED, OpPlan, WgradRoute, plain, plan_of, resolve
-from . import ag_matmul, ag_matmul_fp8, backward, backward_fp8, matmul_rs  # noqa: F401  (they fill the tables)
+from . import ag_matmul, ag_matmul_fp8, backward, backward_fp8, matmul_rs, matmul_rs_fp8  # noqa: F401  (the tables)
 from .hops import sized
 
 
@@ -111,6 +113,8 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
     algo / plan / wgrad: as all_gather_matmul's (module docstring)."""
     route = RETURNED if wgrad is None else wgrad
     plan = resolve("matmul_reduce_scatter", plan_of("matmul_reduce_scatter", algo, plan))
+    if plan.fp8 is not None:
+        return matmul_reduce_scatter_fp8(x, weight, group, plan=plan, wgrad=wgrad, context=context)
     ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, route, divisible=True)
     if ctx is None:
         return linear_into(x, weight, None, route.into, route.fn)
@@ -154,6 +158,24 @@ class Fp8AllGatherMatmul(torch.autograd.Function):
         return dx, dW, db, None, None, None, None
 
 
+def _fp8_plan(op: str, plan: OpPlan, call: Fp8Call) -> OpPlan:
+    """The resolved plan of an FP8 call, its recipe and state checked (ops/checks.py check_fp8_call)."""
+    plan = resolve(op, plan_of(op, None, plan))
+    if plan.fp8 is None:
+        raise ValueError(f"{op}_fp8: plan.fp8 is None; pass OpPlan(..., fp8=Fp8Recipe(...)), or call {op} for the "
+                         f"bf16 GEMMs")
+    check_fp8_call(op, plan, call.scales, call.route)
+    return plan
+
+
+def _fp8_sized(op: str, x, weight, group, plan: OpPlan, ctx, rows: int) -> OpPlan:
+    """The plan sized for a shard of `rows` rows (a group of one, ctx None: the reference, one FP8 GEMM), then
+    CUDA's FP8 rules on the shapes it will multiply (ops/checks.py check_fp8_shapes), before any transfer."""
+    plan = sized(plan, rows) if ctx is not None else replace(plan, algo="reference", num_chunks=None, hop_chunks=None)
+    check_fp8_shapes(op, x, weight, rows, group_info(group)[1], plan, weight.requires_grad)
+    return plan
+
+
 def all_gather_matmul_fp8(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *, plan: OpPlan,
                           bias: torch.Tensor | None = None, scales: DelayedScales | None = None,
                           wgrad: WgradRoute | None = None, context: OverlapContext | None = None) -> torch.Tensor:
@@ -161,15 +183,48 @@ def all_gather_matmul_fp8(x_shard: torch.Tensor, weight: torch.Tensor, group=Non
     (forward, dgrad, wgrad), with autograd. plan.fp8: the recipe; scales: its DelayedScales under 'delayed'
     (the caller keeps one per layer and calls scales.update(group) after each step). A group of size 1 runs
     the reference (one FP8 GEMM). Shapes CUDA cannot run in FP8 are refused (ops/checks.py), never run in bf16."""
-    route = RETURNED if wgrad is None else wgrad
-    plan = resolve("all_gather_matmul", plan_of("all_gather_matmul", None, plan))
-    if plan.fp8 is None:
-        raise ValueError("all_gather_matmul_fp8: plan.fp8 is None; pass OpPlan(..., fp8=Fp8Recipe(...)), or call "
-                         "all_gather_matmul for the bf16 GEMMs")
-    check_fp8_call("all_gather_matmul", plan, scales, route)
-    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, route)
-    plan = sized(plan, x_shard.shape[0]) if ctx is not None else replace(plan, algo="reference", num_chunks=None,
-                                                                          hop_chunks=None)
-    check_fp8_shapes("all_gather_matmul", x_shard, weight, group_info(group)[1], plan, weight.requires_grad)
-    return Fp8AllGatherMatmul.apply(x_shard, weight, bias, plan, Fp8Call(route, scales), group,
-                                    ctx or context or default_context())
+    call = Fp8Call(RETURNED if wgrad is None else wgrad, scales)
+    plan = _fp8_plan("all_gather_matmul", plan, call)
+    ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, call.route)
+    plan = _fp8_sized("all_gather_matmul", x_shard, weight, group, plan, ctx, x_shard.shape[0])
+    return Fp8AllGatherMatmul.apply(x_shard, weight, bias, plan, call, group, ctx or context or default_context())
+
+
+@names_operator
+class Fp8MatmulReduceScatter(torch.autograd.Function):
+    """x and w cast once per call, each from this rank's own amax (x is not gathered: matmul_rs_fp8.py), the FP8
+    forward; backward casts dy once with one scale for the group (its amax reduced MAX: dy is gathered; e5m2
+    under hybrid) and runs the FP8 dual. Saved: the FP8 bytes and their scales, not x."""
+
+    @staticmethod
+    def forward(ctx, x, weight, plan, call, group, octx):
+        xq = cast(x, "input", plan.fp8, call.scales)
+        wq = cast(weight, "weight", plan.fp8, call.scales)
+        ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv)
+        ctx.plan, ctx.call, ctx.group, ctx.octx, ctx.x_dtype = plan, call, group, octx, x.dtype
+        return plain(matmul_rs_fp8.OP, plan.algo)(xq, wq, group, octx, plan)
+
+    @staticmethod
+    def backward(ctx, dy):
+        weight, x8, x_inv, w8, w_inv = ctx.saved_tensors
+        xq, wq = Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)
+        dyq = cast_shared(dy.contiguous(), "grad_output", ctx.plan.fp8, ctx.call.scales, ctx.group)
+        dw = ctx.call.route if ctx.needs_input_grad[1] else None
+        dx, dW = plain(backward_fp8.ROW, ctx.plan.algo)(dyq, xq, wq, ctx.group, ctx.octx, ctx.plan, dw)
+        if dw is not None and dw.into is not None:
+            dW = weight_grad(weight, dw.into, ctx.x_dtype)
+        return dx, dW, None, None, None, None
+
+
+def matmul_reduce_scatter_fp8(x: torch.Tensor, weight: torch.Tensor, group=None, *, plan: OpPlan,
+                              scales: DelayedScales | None = None, wgrad: WgradRoute | None = None,
+                              context: OverlapContext | None = None) -> torch.Tensor:
+    """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), every GEMM slice in FP8 (forward, dgrad, wgrad), the
+    partials on the reduce-scatter wire in plan.wire_dtype (never FP8), with autograd. plan.fp8, scales: as
+    all_gather_matmul_fp8's. A group of size 1 runs the reference (one FP8 GEMM). Shapes CUDA cannot run in FP8
+    are refused (ops/checks.py), never run in bf16."""
+    call = Fp8Call(RETURNED if wgrad is None else wgrad, scales)
+    plan = _fp8_plan("matmul_reduce_scatter", plan, call)
+    ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, call.route, divisible=True)
+    plan = _fp8_sized("matmul_reduce_scatter", x, weight, group, plan, ctx, x.shape[0] // group_info(group)[1])
+    return Fp8MatmulReduceScatter.apply(x, weight, plan, call, group, ctx or context or default_context())
