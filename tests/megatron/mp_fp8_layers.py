@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from megatron_flashoverlap.megatron import models as tm
-from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward, recipe_row
 
 BF16 = torch.bfloat16
 S, B, H, N = 32, 2, 32, 64  # tokens per rank s/P * b = 32 at P = 2: every FP8 dimension a multiple of 16
@@ -50,6 +50,43 @@ def column(rank, world, flash, fmt="hybrid"):
                 "ran": layer.flash_ran(), "decided": {k.word: c.pick for k, c in layer.flash_chooser.decided.items()},
                 "y_vs_bf16": _rel(y, (x.float() @ w.float().t() + b.float())), "dx_shape": tuple(xs.grad.shape),
                 "dx_finite": bool(torch.isfinite(xs.grad).all())}
+    finally:
+        tm.destroy()
+
+
+def _row(cfg, flash):
+    from megatron_flashoverlap.config import from_dict
+    from megatron_flashoverlap.megatron.linear import FlashRowParallelLinear
+
+    torch.manual_seed(3)
+    return FlashRowParallelLinear(N, H, config=cfg, init_method=cfg.init_method, bias=True, skip_bias_add=True,
+                                  is_expert=False, input_is_parallel=True, tp_comm_buffer_name="fc2",
+                                  flash_config=from_dict(flash)).to(BF16)
+
+
+def row(rank, world, flash, fmt="hybrid"):
+    """fc2 (row, SP) under `flash`: y against the sum of the recipe's fp32 partials, dx and dW against the
+    recipe's; the sites word."""
+    import torch.distributed as dist
+
+    tm.init_tp(world)
+    try:
+        layer = _row(_config(world, fmt), flash)
+        g = torch.Generator().manual_seed(7)
+        x = (torch.randn(S * world, B, N, generator=g) * 3).to(BF16)  # every rank's columns; ours below
+        dy = torch.randn(S * world, B, H, generator=g).to(BF16)  # the whole sequence; this rank's rows below
+        kl, rows = N // world, slice(rank * S, (rank + 1) * S)
+        xs = x[..., rank * kl:(rank + 1) * kl].clone().requires_grad_()
+        y, bias = layer(xs)
+        y.backward(dy[rows])
+        shards = [torch.empty_like(layer.weight) for _ in range(world)]
+        dist.all_gather(shards, layer.weight.detach().contiguous(), group=layer.tp_group)
+        w = torch.cat(shards, dim=1)  # [h, k]
+        parts, dx, dws = recipe_row(x, w, dy, world, E5M2 if fmt == "hybrid" else E4M3)
+        y64 = sum(q.double() for q in parts)[rows]
+        return {"y_vs_recipe": _rel(y, y64), "dx_is_recipe": bool(torch.equal(xs.grad, dx[..., rank * kl:(rank + 1) * kl])),
+                "dw_vs_recipe": _rel(layer.weight.grad, dws[rank]), "bias_is_param": bias is layer.bias,
+                "y_vs_bf16": _rel(y, (x.float() @ w.float().t())[rows]), "ran": layer.flash_ran()}
     finally:
         tm.destroy()
 

@@ -1,11 +1,12 @@
-"""Tier 3 (Megatron on gloo, P = 2): our column linear under --fp8-format hybrid --fp8-recipe tensorwise runs FP8,
+"""Tier 3 (Megatron on gloo, P = 2): our column and row linears under --fp8-format hybrid --fp8-recipe tensorwise runs FP8,
 whatever its algorithm: flash, slicing, reference, and auto's stock pick, which under FP8 is our FP8 reference
 (Megatron's local forward has no FP8). Bodies: tests/megatron/mp_fp8_layers.py.
 
-Tolerances: y equal to the plain-torch recipe bit for bit (the operator tests show every algorithm's forward is;
-one scaled GEMM per output row, no cross-rank sum); dW against the recipe 2^-7 (the flash ring's wgrad slices
-are summed in another order in fp32, then rounded to bf16); the FP8 result differs from the bf16 GEMM by more
-than 1e-3 (so a layer that silently ran bf16 fails).
+Tolerances: the column's y equal to the plain-torch recipe bit for bit (one scaled GEMM per output row, no
+cross-rank sum); the row's y within 2 bf16 roundings (2^-7) of the fp64 sum of the recipe's fp32 partials (they
+travel and sum in bf16); its dx bit for bit (one scaled GEMM per gathered dy slice); dW against the recipe 2^-7
+(the flash ring's wgrad slices are summed in another order in fp32, then rounded to bf16); the FP8 result
+differs from the bf16 GEMM by more than 1e-3 (so a layer that silently ran bf16 fails).
 """
 import pytest
 
@@ -27,6 +28,18 @@ def test_an_fp8_column_runs_the_recipe_at_every_algorithm(pools, flash, ran):
         assert res["ran"] == ran
         if "choices" in flash:
             assert res["decided"] == {"fc1/train/64": "reference"}
+
+
+@pytest.mark.parametrize("flash, ran", [
+    ({"default": {"algo": "flash"}}, "flash (FP8 hybrid tensorwise)"),
+    ({"default": {"algo": "reference"}}, "reference (FP8 hybrid tensorwise; layer fc2 runs algo 'reference')"),
+    ({"default": {"algo": "auto"}, "choices": {"pinned": {"fc2/train/128": "reference"}}}, "auto (FP8 hybrid tensorwise)"),
+], ids=["flash", "reference", "auto_stock"])
+def test_an_fp8_row_runs_the_recipe(pools, flash, ran):
+    for res in pools(2).run(f"{BODY}:row", flash, timeout=300):
+        assert res["y_vs_recipe"] <= 2 ** -7 and res["y_vs_bf16"] > 1e-3, res
+        assert res["dx_is_recipe"] and res["dw_vs_recipe"] <= 2 ** -7, res
+        assert res["bias_is_param"] and res["ran"] == ran
 
 
 def test_a_forward_stock_would_run_without_fp8_is_refused(pools):

@@ -150,3 +150,30 @@ def test_stock_resumes_a_flash_checkpoint_as_stock_in_bf16(pretrain):
     assert run.sites == "GEMM sites: stock"
     assert "--flash-overlap: " not in out.replace(said[0], "")  # nothing of ours was switched on
     assert list(run.losses) == [2] and 0 < run.losses[2] < 10, run.losses  # bf16 trained the step after the saved
+
+
+# --fp8-format hybrid --fp8-recipe tensorwise through the launcher (Megatron's parser, then our model): every TP
+# linear runs its GEMMs in FP8 (our operators; Megatron's local layers have none). Flash against our FP8 reference
+# (the collective, then one FP8 GEMM): the forward is the same bits (one scaled GEMM per output row; at P = 2 each
+# reduce-scatter sums two partials), the flash wgrad sums its slices in another order in fp32: 1e-4 relative on
+# the loss. Against the stock run (no FP8) the curve must differ (the GEMMs really ran FP8) and still fall.
+FP8 = ("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise")
+FP8_YAML = ("reference.yaml", "default: {algo: reference}\n")
+FP8_JOBS = (Job("launch-llama-fp8-flash", "launch", (*LAUNCH, *FP8, *FLASH)),
+            Job("launch-llama-fp8-reference", "launch", (*LAUNCH, *FP8, "--flash-overlap", "--flash-overlap-config",
+                                                          "{tmp}/reference.yaml"), files=(FP8_YAML,)))
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(*FP8_JOBS, LAUNCH_JOBS[0])
+def test_fp8_tensorwise_trains_through_our_operators_at_every_site(pretrain):
+    flash, reference = (pretrain(j.name).check() for j in FP8_JOBS)
+    stock = pretrain(LAUNCH_JOBS[0].name).check()
+    word = "(FP8 hybrid tensorwise)"
+    assert flash.sites == f"GEMM sites: dense[1-2]: qkv=flash {word}, proj=flash {word}, fc1=flash {word}, fc2=flash {word}"
+    assert reference.sites.startswith("GEMM sites: dense[1-2]: qkv=reference (FP8 hybrid tensorwise; "), reference.sites
+    assert sorted(flash.losses) == sorted(reference.losses) == list(range(1, ITERS + 1))
+    for i in flash.losses:
+        assert abs(flash.losses[i] - reference.losses[i]) <= 1e-4 * abs(reference.losses[i]), i
+    assert max(abs(flash.losses[i] - stock.losses[i]) for i in flash.losses) > 1e-6  # FP8, not the fp32 GEMMs
+    assert flash.losses[ITERS] < flash.losses[1]
