@@ -117,13 +117,26 @@ def fixed_time(env: Env, model: Model, layout: Layout, tokens: int) -> tuple[flo
     """(forward + backward (+ recompute), backward alone) of one layer's attention core and elementwise work."""
     heads = model.heads / (layout.tp * layout.cp)
     attn_f = 2.0 * model.micro_batch * model.seq ** 2 * heads * model.head_dim / (
-        env.cluster.gpu.peak(env.dtype) * ATTN_EFF)
+        env.cluster.gpu.peak(env.act_dtype) * ATTN_EFF)  # the core attention stays in bf16 under FP8
     rows = tokens / (layout.tp if layout.sequence_parallel else 1)
     ffn = model.moe_ffn or model.ffn
     moved = (NORM_PASSES * rows * model.hidden + ACT_PASSES * tokens * ffn * model.glu / layout.tp) * env.bytes
     elem_f = env.gemm.elementwise(moved, 1.0) + 12 * env.gemm.kernel
-    bwd = 2.5 * attn_f + 2 * elem_f
-    return (attn_f + elem_f) * (2 if model.recompute else 1) + bwd, bwd
+    cast_f, cast_b = _fp8_casts(env, model, layout, tokens)  # FP8: a forward's casts (again when recomputed)
+    bwd = 2.5 * attn_f + 2 * elem_f + cast_b
+    return (attn_f + elem_f + cast_f) * (2 if model.recompute else 1) + bwd, bwd
+
+
+def _fp8_casts(env: Env, model: Model, layout: Layout, tokens: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's FP8 casts on a rank: each TP GEMM's input and weight once per
+    forward, its output gradient once per backward (0 without FP8; the same in both arms)."""
+    sp = layout.tp if layout.sequence_parallel else 1
+    fwd = bwd = 0.0
+    for kind, m, k, n in model.sites(tokens).values():
+        x = m * k / (sp if kind == "column" else layout.tp)  # a column's SP shard, a row's K shard
+        dy = m * n / (layout.tp if kind == "column" else sp)
+        fwd, bwd = fwd + env.cast(x) + env.cast(k * n / layout.tp), bwd + env.cast(dy)
+    return fwd, bwd
 
 
 def extras(env: Env, model: Model, layout: Layout, tokens: int) -> dict[str, Site]:

@@ -158,7 +158,7 @@ def _one_ring(env: Env, g: Group, name: str, ring: RingSide, stock: tuple) -> Op
 
 def column_fwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     """y [M, N/P] = AG(x [M/P, K]) @ W_r [K, N/P] (module docstring)."""
-    p, b = g.size, env.bytes
+    p, b = g.size, env.gather_bytes  # the gathered x: FP8 bytes under fp8
     ring = RingSide("ag", m, lambda r: env.mm(r, k, n / p), lambda r: r * k * b, name="GEMM")
     return _one_ring(env, g, "all_gather_matmul", ring, ("all_gather", m * k * b, B.consume_chunks))
 
@@ -172,9 +172,9 @@ def row_fwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
 
 def column_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     """dx [M/P, K] = RS(dy_r [M, N/P] @ W_r^T), dW_r [K, N/P] = AG(x)^T dy_r (module docstring)."""
-    p, b = g.size, env.bytes
+    p, b, gb = g.size, env.bytes, env.gather_bytes  # dx's partials in the activation dtype, x re-gathered
     dgrad, wgrad = env.mm(m, n / p, k), env.mm(k, m, n / p)
-    ag, rs = env.net.collective("all_gather", m * k * b, g), env.net.collective("reduce_scatter", m * k * b, g)
+    ag, rs = env.net.collective("all_gather", m * k * gb, g), env.net.collective("reduce_scatter", m * k * b, g)
     stock = B.bulk(S.Slice(0, 0, 0), S.Slice(1, 0, 0))
     variants = {"reference": chunked_walk(env, g, stock, lambda j: (dgrad, wgrad)[j], 0.0,
                                           {B.COLL: Side(collective=lambda x: (ag, rs)[x.block])})}
@@ -186,9 +186,9 @@ def column_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
             {1: Side(compute=lambda x: wgrad, name="wgrad"), B.COLL + 1: Side(collective=lambda x: ag)})
     rings = [RingSide("rs", m, lambda r: env.mm(r, n / p, k), lambda r: r * k * b, lambda r: env.add(r * k),
                       "dgrad"),
-             RingSide("ag", m, lambda r: env.mm(k, r, n / p), lambda r: r * k * b, name="wgrad")]
+             RingSide("ag", m, lambda r: env.mm(k, r, n / p), lambda r: r * k * gb, name="wgrad")]
     variants.update(_flash_variants(env, g, rings))
-    hops = _ring_hops(env, g, m / p * k * b, rings=2)
+    hops = _ring_hops(env, g, m / p * k * (b + gb) / 2, rings=2)
     whole = dgrad + wgrad
     return evaluate("all_gather_matmul.backward", env, variants,
                     (whole, ag + rs, hops, max(whole, hops + whole / p)))
@@ -196,7 +196,7 @@ def column_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
 
 def row_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     """dx_r [M, K/P] = AG(dy [M/P, N]) W_r^T, dW_r [K/P, N] = x_r^T AG(dy) (module docstring)."""
-    p, b = g.size, env.bytes
+    p, b = g.size, env.gather_bytes  # the gathered dy: FP8 bytes under fp8
     whole = env.mm(m, n, k / p) + env.mm(k / p, m, n)
     coll = env.net.collective("all_gather", m * n * b, g)
     variants = {"reference": chunked_walk(env, g, B.consume_chunks(1), lambda j: whole, coll)}

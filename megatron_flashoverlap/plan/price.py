@@ -1,7 +1,11 @@
 """What a walk is priced with: the environment (GPU, GEMM model, network) and one `Side` per slice tag.
 
     Env(cluster, dtype)   gemm: GemmModel (or a measured table), net: Net (or plan/proxy.py's measured one),
-                          bytes: the activation dtype's size, slowdown
+                          bytes: the activation dtype's size (what reduce-scatters, all-reduces and the
+                          elementwise work move), gather_bytes: what an all-gather of a GEMM operand carries,
+                          slowdown. dtype "fp8": the TP GEMMs run FP8 (Transformer Engine's recipes and ours:
+                          activations bf16, each GEMM operand cast to FP8 once per call, the all-gathers carry
+                          FP8 bytes, the reduce-scatter partials bf16); cast(elements) prices those casts
     Side                  one tag of a step list: compute(slice) seconds, nbytes(slice) of its point-to-point
                           transfers, collective(slice) seconds where its transfers are stock collectives (tags >=
                           steps.COLL), arrival seconds of handling one arrived transfer (e.g. the add of a partial)
@@ -29,8 +33,15 @@ class Env:
         self.cluster, self.dtype = cluster, dtype
         self.gemm = gemm if gemm is not None else GemmModel(cluster.gpu, dtype)
         self.net = net if net is not None else Net(cluster)
-        self.bytes = DTYPE_BYTES[dtype]
+        self.act_dtype = "bf16" if dtype == "fp8" else dtype  # activations, attention, what the rest moves
+        self.bytes = DTYPE_BYTES[self.act_dtype]
+        self.gather_bytes = DTYPE_BYTES[dtype]
         self.slowdown = cluster.slowdown
+
+    def cast(self, elements: float) -> float:
+        """Seconds of FP8 casts of `elements` (an amax pass reading bf16, then the cast: read bf16, write FP8);
+        0 without FP8."""
+        return self.gemm.elementwise(elements * (2 + 2 + 1), 1.0) if self.dtype == "fp8" else 0.0
 
     def mm(self, m: float, k: float, n: float) -> float:
         """Seconds of one GEMM y[m, n] = x[m, k] w[k, n] (fractional sizes rounded, at least 1 row)."""
