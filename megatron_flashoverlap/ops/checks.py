@@ -17,6 +17,7 @@ from ..runtime import OverlapContext, default_context, group_info
 from ..runtime.accumulate import check_wgrad_into
 from ..runtime.fp8 import DelayedScales
 from ..runtime.handlers import chunk_bounds
+from .registry import plan_of, resolve
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -140,3 +141,13 @@ def check_fp8_shapes(op: str, x: torch.Tensor, weight: torch.Tensor, rows: int, 
         raise ValueError(f"{op}: the FP8 weight gradient multiplies over tokens, {bad} per GEMM slice here, which "
                          f"CUDA needs in multiples of 16; make (sequence / group size / slices per shard) * batch a "
                          f"multiple of 16 (fewer hop_chunks, or a longer sequence), or drop the FP8 recipe")
+
+
+def fp8_plan(op: str, plan, call, default_chunks: int | None = None):
+    """The resolved plan of an FP8 call (registry.resolve), its recipe and state checked (check_fp8_call)."""
+    plan = resolve(op, plan_of(op, None, plan), default_chunks)
+    if plan.fp8 is None:
+        raise ValueError(f"{op}_fp8: plan.fp8 is None; pass OpPlan(..., fp8=Fp8Recipe(...)), or call {op} for the "
+                         f"bf16 GEMMs")
+    check_fp8_call(op, plan, call.scales, call.route)
+    return plan
