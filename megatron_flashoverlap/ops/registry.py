@@ -35,11 +35,12 @@ The OpPlan knobs:
     wire_dtype         what reduce-scatter partials travel in: "input" (stock's bytes) or "fp32"
     decode_all_reduce  matmul_all_reduce on decode-shaped x [1, b, k/P]: the all_reduce algo ("auto": the
                        calibrated choice; None: run `algo` on decode inputs too)
-    fp8                all_gather_matmul, matmul_reduce_scatter: an Fp8Recipe (runtime/fp8.py): every GEMM slice
-                       of the call, forward and backward, is an FP8 torch._scaled_mm, every all-gather carries
-                       FP8 bytes (the column's x, the row's dy) and every reduce-scatter bf16 / fp32 partials
-                       (wire_dtype) (None: no FP8); refused by the operators that have no FP8 path yet, never
-                       run without it
+    fp8                the TP GEMM operators (all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce,
+                       matmul_allreduce_dgrad): an Fp8Recipe (runtime/fp8.py): every GEMM slice of the call,
+                       forward and backward, is an FP8 torch._scaled_mm, every all-gather of an operand carries
+                       FP8 bytes (the column's x, the row's dy) and every reduce-scatter or all-reduce bf16 /
+                       fp32 partials (wire_dtype) (None: no FP8); refused by the operators that have no FP8
+                       path, never run without it
     decode_step        matmul_all_reduce: the caller knows this call belongs to a decode-only step (one new
                        token per sequence in any layout, e.g. the dynamic engine's [n, 1, k/P]): the decode
                        all-reduce runs whatever x's shape (False: decode-shaped x [1, b, k/P] only)
@@ -143,8 +144,8 @@ RINGS = ("flash", "flash_bidir")  # the algos that walk a decomposed ring
 KNOBS = {
     "all_gather_matmul": ("num_chunks", "hop_chunks", "keep_gathered", "fp8"),
     "matmul_reduce_scatter": ("num_chunks", "hop_chunks", "fp8"),
-    "matmul_all_reduce": ("num_chunks", "decode_all_reduce", "decode_step"),
-    "matmul_allreduce_dgrad": ("num_chunks",),
+    "matmul_all_reduce": ("num_chunks", "decode_all_reduce", "decode_step", "fp8"),
+    "matmul_allreduce_dgrad": ("num_chunks", "fp8"),
     "query_split_attention": ("num_chunks",),
     "matmul_wgrad_reduce_scatter": ("hop_chunks",),
 }
