@@ -9,9 +9,9 @@ import importlib
 
 _EXPORTS = {
     "ops": ("ALGOS", "AR_ALGOS", "Attend", "DPBucket", "OpPlan", "WgradRoute", "all_gather_matmul",
-            "all_gather_matmul_fp8", "all_reduce", "force_reference", "matmul_all_reduce",
-            "matmul_allreduce_dgrad", "matmul_reduce_scatter", "matmul_reduce_scatter_fp8",
-            "matmul_wgrad_reduce_scatter",
+            "all_gather_matmul_fp8", "all_reduce", "force_reference", "matmul_all_reduce", "matmul_all_reduce_fp8",
+            "matmul_allreduce_dgrad", "matmul_allreduce_dgrad_fp8", "matmul_reduce_scatter",
+            "matmul_reduce_scatter_fp8", "matmul_wgrad_reduce_scatter",
             "query_split_attention", "ulysses_attention", "ulysses_fused_attention"),
     "runtime": ("DelayedScales", "Fp8Recipe", "OverlapContext", "PeerTimeoutError", "default_context"),
     "megatron.ddp.wrap": ("wrap_with_dp_overlap",),  # the DP entry: Megatron's DDP with fused wgrad rings

@@ -11,12 +11,14 @@ from .attention.ulysses import ulysses_attention
 from .attention.ulysses_fused import ulysses_fused_attention
 from .dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from .moe.exchange import expert_all_to_all
-from .tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
+from .tp_nosp.all_reduce_matmul import (matmul_all_reduce, matmul_all_reduce_fp8, matmul_allreduce_dgrad,
+                                        matmul_allreduce_dgrad_fp8)
 from .tp_sp.functions import all_gather_matmul, all_gather_matmul_fp8, matmul_reduce_scatter, matmul_reduce_scatter_fp8
 
 __all__ = ["ALGOS", "AR_ALGOS", "Attend", "DPBucket", "OpPlan", "WgradRoute", "all_gather_matmul", "all_gather_matmul_fp8",
            "all_reduce",
-           "expert_all_to_all", "force_reference", "matmul_all_reduce", "matmul_allreduce_dgrad",
+           "expert_all_to_all", "force_reference", "matmul_all_reduce", "matmul_all_reduce_fp8",
+           "matmul_allreduce_dgrad", "matmul_allreduce_dgrad_fp8",
            "matmul_reduce_scatter", "matmul_reduce_scatter_fp8", "matmul_wgrad_reduce_scatter", "query_split_attention",
            "ulysses_attention",
            "ulysses_fused_attention"]

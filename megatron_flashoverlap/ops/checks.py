@@ -17,6 +17,7 @@ from ..runtime import OverlapContext, default_context, group_info
 from ..runtime.accumulate import check_wgrad_into
 from ..runtime.fp8 import DelayedScales
 from ..runtime.handlers import chunk_bounds
+from .registry import plan_of, resolve
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -117,9 +118,11 @@ def _tokens_per_wgrad_slice(rows: int, batch: int, world: int, plan) -> list[int
     return [(b - a) * batch for a, b in chunk_bounds(rows, 2 if plan.bidirectional else plan.hops)]
 
 
-_FP8_DIMS = {  # op -> the names of x's last dim and of the weight's rows: the K and N of its forward GEMM
-    "all_gather_matmul": ("the hidden size", "the output features per rank"),
-    "matmul_reduce_scatter": ("the input features per rank", "the hidden size"),
+_FP8_DIMS = {  # op -> the names of x's last dim and of the weight's rows (the K and N of its forward GEMM), and
+    "all_gather_matmul": ("the hidden size", "the output features per rank", True),  # whether a ring cuts its wgrad
+    "matmul_reduce_scatter": ("the input features per rank", "the hidden size", True),
+    "matmul_all_reduce": ("the input features per rank", "the hidden size", False),
+    "matmul_allreduce_dgrad": ("the hidden size", "the output features per rank", False),
 }
 
 
@@ -127,16 +130,31 @@ def check_fp8_shapes(op: str, x: torch.Tensor, weight: torch.Tensor, rows: int, 
                      wgrad: bool) -> None:
     """CUDA's FP8 GEMM rules on the shapes this call will multiply (runtime/scaled_mm.py), before any transfer:
     x's last dim and the weight's rows (K and N of the forward, N and K of the dgrad) multiples of 16, and the
-    tokens of every wgrad slice, for a gathered shard of `rows` rows (x's, or y's and dy's for the row op)."""
+    tokens of every wgrad GEMM: for the sequence-parallel ops each slice of a gathered shard of `rows` rows (x's,
+    or y's and dy's for the row op); for the all-reduce ops the whole sequence (the column's wgrad tail pieces
+    are cut at multiples of 16 tokens)."""
     if x.dtype not in _FP8_OUT:
         raise ValueError(f"{op}: an FP8 GEMM writes {_FP8_OUT}; the input is {x.dtype}: cast it, or drop the FP8 "
                          f"recipe")
-    (k_name, n_name), k, n = _FP8_DIMS[op], x.shape[-1], weight.shape[0]
+    (k_name, n_name, sliced), k, n = _FP8_DIMS[op], x.shape[-1], weight.shape[0]
     if k % 16 or n % 16:
         raise ValueError(f"{op}: FP8 needs {k_name} ({k}) and {n_name} ({n}) to be multiples of 16 (CUDA's "
                          f"_scaled_mm); pad them, or drop the FP8 recipe")
-    bad = [t for t in _tokens_per_wgrad_slice(rows, math.prod(x.shape[1:-1]), world, plan) if t % 16]
+    batch = math.prod(x.shape[1:-1])
+    bad = [t for t in (_tokens_per_wgrad_slice(rows, batch, world, plan) if sliced else [x.shape[0] * batch])
+           if t % 16]
     if wgrad and bad:
+        fix = ("(sequence / group size / slices per shard) * batch a multiple of 16 (fewer hop_chunks, or a longer "
+               "sequence)" if sliced else "sequence * batch a multiple of 16 (pad the sequence)")
         raise ValueError(f"{op}: the FP8 weight gradient multiplies over tokens, {bad} per GEMM slice here, which "
-                         f"CUDA needs in multiples of 16; make (sequence / group size / slices per shard) * batch a "
-                         f"multiple of 16 (fewer hop_chunks, or a longer sequence), or drop the FP8 recipe")
+                         f"CUDA needs in multiples of 16; make {fix}, or drop the FP8 recipe")
+
+
+def fp8_plan(op: str, plan, call, default_chunks: int | None = None):
+    """The resolved plan of an FP8 call (registry.resolve), its recipe and state checked (check_fp8_call)."""
+    plan = resolve(op, plan_of(op, None, plan), default_chunks)
+    if plan.fp8 is None:
+        raise ValueError(f"{op}_fp8: plan.fp8 is None; pass OpPlan(..., fp8=Fp8Recipe(...)), or call {op} for the "
+                         f"bf16 GEMMs")
+    check_fp8_call(op, plan, call.scales, call.route)
+    return plan

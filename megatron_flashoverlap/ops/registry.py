@@ -9,8 +9,10 @@
                    when made (a Megatron layer makes its plan once, at construction: megatron/linear.py; a
                    caller passes one as `plan=`; a wrapper's `algo=` is the shorthand for OpPlan(algo))
     WgradRoute     where a GEMM operator's dW goes: returned, added into a buffer, or handed to a function
+    Fp8Call        what an FP8 call carries besides its OpPlan: its WgradRoute and the delayed recipe's state
     resolve(op, plan) -> the plan the call runs (cached): words and knobs checked, force_reference() applied
     resolve_algo(op, algo) -> the word the call runs (the operators without an OpPlan)
+    reference_plan(plan) -> the plan's unfused path (force_reference(), a group of one under FP8)
     force_reference()  every public operator runs its reference inside the block
 
 Each family module fills its rows of `TABLES`:
@@ -33,11 +35,12 @@ The OpPlan knobs:
     wire_dtype         what reduce-scatter partials travel in: "input" (stock's bytes) or "fp32"
     decode_all_reduce  matmul_all_reduce on decode-shaped x [1, b, k/P]: the all_reduce algo ("auto": the
                        calibrated choice; None: run `algo` on decode inputs too)
-    fp8                all_gather_matmul, matmul_reduce_scatter: an Fp8Recipe (runtime/fp8.py): every GEMM slice
-                       of the call, forward and backward, is an FP8 torch._scaled_mm, every all-gather carries
-                       FP8 bytes (the column's x, the row's dy) and every reduce-scatter bf16 / fp32 partials
-                       (wire_dtype) (None: no FP8); refused by the operators that have no FP8 path yet, never
-                       run without it
+    fp8                the TP GEMM operators (all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce,
+                       matmul_allreduce_dgrad): an Fp8Recipe (runtime/fp8.py): every GEMM slice of the call,
+                       forward and backward, is an FP8 torch._scaled_mm, every all-gather of an operand carries
+                       FP8 bytes (the column's x, the row's dy) and every reduce-scatter or all-reduce bf16 /
+                       fp32 partials (wire_dtype) (None: no FP8); refused by the operators that have no FP8
+                       path, never run without it
     decode_step        matmul_all_reduce: the caller knows this call belongs to a decode-only step (one new
                        token per sequence in any layout, e.g. the dynamic engine's [n, 1, k/P]): the decode
                        all-reduce runs whatever x's shape (False: decode-shaped x [1, b, k/P] only)
@@ -55,13 +58,13 @@ import contextlib
 import functools
 import threading
 from dataclasses import dataclass, fields, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from ..config import ALGOS, ALL_REDUCE_ALGOS, MOE_ALGOS, ULYSSES_ALGOS, _positive_int_or_none
 from ..runtime import Ring, check_wire
-from ..runtime.fp8 import Fp8Recipe
+from ..runtime.fp8 import DelayedScales, Fp8Recipe
 
 # the public operators and the algorithm words each takes (all_reduce's "auto" is resolved by the op)
 ALLOWED = {
@@ -141,8 +144,8 @@ RINGS = ("flash", "flash_bidir")  # the algos that walk a decomposed ring
 KNOBS = {
     "all_gather_matmul": ("num_chunks", "hop_chunks", "keep_gathered", "fp8"),
     "matmul_reduce_scatter": ("num_chunks", "hop_chunks", "fp8"),
-    "matmul_all_reduce": ("num_chunks", "decode_all_reduce", "decode_step"),
-    "matmul_allreduce_dgrad": ("num_chunks",),
+    "matmul_all_reduce": ("num_chunks", "decode_all_reduce", "decode_step", "fp8"),
+    "matmul_allreduce_dgrad": ("num_chunks", "fp8"),
     "query_split_attention": ("num_chunks",),
     "matmul_wgrad_reduce_scatter": ("hop_chunks",),
 }
@@ -219,6 +222,12 @@ class WgradRoute:
 RETURNED = WgradRoute()  # dW returned to autograd, as a plain linear's
 
 
+class Fp8Call(NamedTuple):
+    """What an FP8 call carries besides its plan: where dW goes, the delayed recipe's state (None: tensorwise)."""
+    route: WgradRoute
+    scales: DelayedScales | None
+
+
 def plan_of(op: str, algo: str | None, plan: OpPlan | None, default: str = "flash") -> OpPlan:
     """The plan a wrapper was given: `plan`, or the shorthand OpPlan(algo) (not both, unless they agree)."""
     if plan is None:
@@ -250,7 +259,7 @@ def _resolve(op: str, plan: OpPlan, is_forced: bool, default_chunks: int | None)
     check_algo(op, plan.algo)
     _check_knobs(op, plan)
     if is_forced:
-        return replace(plan, algo="reference", num_chunks=None, hop_chunks=None)
+        return reference_plan(plan)
     if default_chunks is not None and plan.num_chunks is None and plan.algo in RINGS:
         return replace(plan, num_chunks=default_chunks)
     return plan
@@ -267,6 +276,11 @@ def _check_knobs(op: str, plan: OpPlan) -> None:
     if plan.num_chunks is not None and plan.algo not in chunking:
         raise ValueError(f"{op}: num_chunks is a knob of algo {' / '.join(map(repr, chunking))} here; remove it for "
                          f"algo {plan.algo!r}")
+
+
+def reference_plan(plan: OpPlan) -> OpPlan:
+    """The plan's unfused path: algo "reference", the same wire_dtype, keep_gathered and fp8, no ring knobs."""
+    return replace(plan, algo="reference", num_chunks=None, hop_chunks=None)
 
 
 @functools.lru_cache(maxsize=256)

@@ -10,6 +10,13 @@
     fp8_rows_writer(out, wq, x_scale_inv, bias)
                                 write(span, x_rows): out[span] = x_rows [r, b, k] (fp8) @ wq^T, dequantized,
                                 (+ bias), straight into out's rows: the GEMM slice of a gather
+    fp8_linear(xq, wq, bias)    y [s, b, m] = xq [s, b, k] @ wq^T dequantized (+ bias), in xq.dtype: one GEMM
+    transposed(wq)              wq [m, k] as [k, m], row-major: a transpose copy of its bytes (a dgrad's weight)
+    scaled_partial(aq, wq)      gemm(rows, out): rows [r, b, k] (fp8, aq's scale) @ wq^T dequantized in fp32
+                                (into out): the partial of a reduce-scatter or all-reduce, kept in fp32
+    scaled_producer(aq, wq, offset)
+                                the Flash-RS Producer of those partials, each written into its fp32 ring slot
+                                (runtime/numerics.py partial_producer's FP8 twin)
 
 A row-major weight w [n, k] is the second operand as it is: w.t() is [k, n] column-major. CUDA's bias epilogue
 takes a bias of the output's dtype and no fp32 output with a bias: there the bias is added after the GEMM.
@@ -21,6 +28,7 @@ import math
 import torch
 
 from .fp8 import Quantized
+from .options import Producer
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -88,3 +96,34 @@ def fp8_rows_writer(out: torch.Tensor, wq: Quantized, x_scale_inv: torch.Tensor,
         x2 = x_rows.reshape(-1, x_rows.shape[-1])  # [r * b, k]
         scaled_mm(x2, wt, x_scale_inv, wq.scale_inv, out.dtype, bias, out=o2[span[0] * per:span[1] * per])
     return write
+
+
+def fp8_linear(xq: Quantized, wq: Quantized, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y [s, b, m] = xq.data [s, b, k] @ wq.data [m, k]^T dequantized (+ bias [m]), in xq.dtype: one _scaled_mm."""
+    y = torch.empty(tuple(xq.data.shape[:-1]) + (wq.data.shape[0],), dtype=xq.dtype, device=xq.data.device)
+    fp8_rows_writer(y, wq, xq.scale_inv, bias)((0, y.shape[0]), xq.data)
+    return y
+
+
+def transposed(wq: Quantized) -> Quantized:
+    """wq [m, k] as [k, m], row-major: a transpose copy of its bytes, made once per call."""
+    return wq._replace(data=wq.data.t().contiguous())
+
+
+def scaled_partial(aq: Quantized, wq: Quantized):
+    """-> gemm(rows [r, b, k] fp8, out [r, b, m] fp32 or None): rows @ wq.data [m, k]^T dequantized (rows in aq's
+    scale), in fp32, into `out`. wq.data row-major, so its transpose is the K-major second operand CUDA wants."""
+    wt = wq.data.t()  # [k, m], column-major
+
+    def gemm(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        o2 = None if out is None else out.view(-1, out.shape[-1])
+        y = scaled_mm(rows.reshape(-1, rows.shape[-1]), wt, aq.scale_inv, wq.scale_inv, torch.float32, out=o2)
+        return y.view(tuple(rows.shape[:-1]) + (wt.shape[1],))  # [r, b, m]
+    return gemm
+
+
+def scaled_producer(aq: Quantized, wq: Quantized, offset: int = 0) -> Producer:
+    """The Flash-RS Producer of partials aq.data[offset + rows] @ wq^T, each one scaled GEMM written into its fp32
+    ring slot (the sums' acc dtype: fp32 for every activation dtype an FP8 GEMM writes)."""
+    gemm = scaled_partial(aq, wq)
+    return Producer(lambda span, out: gemm(aq.data[offset + span[0]:offset + span[1]], out), into=True)

@@ -118,12 +118,12 @@ def hop_slices_too_small(rank, world):
 K_PER_RANK = 16  # x [s, b, k/P], w [H, k/P]: the forward's K and the dgrad's N
 
 
-def _row_globals(world, seed=0):
+def _row_globals(world, seed=0, s=None, b=B):
     g = torch.Generator().manual_seed(seed)
-    s, k = ROWS * world, K_PER_RANK * world
-    x = (torch.randn(s, B, k, generator=g) * 3).to(BF16)
+    s, k = ROWS * world if s is None else s, K_PER_RANK * world
+    x = (torch.randn(s, b, k, generator=g) * 3).to(BF16)
     w = (torch.randn(H, k, generator=g) / k ** 0.5).to(BF16)
-    return x, w, torch.randn(s, B, H, generator=g).to(BF16)
+    return x, w, torch.randn(s, b, H, generator=g).to(BF16)
 
 
 def _row_shards(rank, x, w):
@@ -131,34 +131,79 @@ def _row_shards(rank, x, w):
     return [t[..., cols].contiguous().requires_grad_() for t in (x, w)]
 
 
-def _row_run(rank, world, plan, seed=0, scales=None, into=False):
-    """-> (y, dx, dw) of matmul_reduce_scatter_fp8 on this rank's shards under `plan`; into: dW added into an
-    fp32 buffer (Megatron's main_grad), then rounded to bf16 here."""
-    x, w, dy = _row_globals(world, seed)
+def _own(dy, y, rank):
+    """dy's rows of this rank's y: its block under SP (y [s/P, b, h]), all of dy without (y replicated)."""
+    r = y.shape[0]
+    return dy if r == dy.shape[0] else dy[rank * r:(rank + 1) * r]
+
+
+def _row_run(rank, world, plan, op=fo.matmul_reduce_scatter_fp8, seed=0, scales=None, into=False, shape=()):
+    """-> (y, dx, dw) of a row-parallel FP8 operator (`op`) on this rank's shards under `plan`; into: dW added
+    into an fp32 buffer (Megatron's main_grad), then rounded to bf16 here; shape: (s, b) of x."""
+    x, w, dy = _row_globals(world, seed, *shape)
     xs, ws = _row_shards(rank, x, w)
     buf = torch.zeros(ws.shape, dtype=F32) if into else None
-    y = fo.matmul_reduce_scatter_fp8(xs, ws, plan=plan, scales=scales, wgrad=fo.WgradRoute(into=buf))
-    y.backward(dy[rank * ROWS:(rank + 1) * ROWS])
+    y = op(xs, ws, plan=plan, scales=scales, wgrad=fo.WgradRoute(into=buf))
+    y.backward(_own(dy, y, rank))
     return y.detach(), xs.grad, (buf.to(BF16) if into else ws.grad)
+
+
+def _row_report(rank, world, got, ref, recipe_out):
+    """Flags and errors of a row-parallel FP8 run (got), its reference (ref) and the recipe's (parts, dx, dws)."""
+    (parts, dx, dws), cols = recipe_out, slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
+    y32, y64 = _own(sum(parts), got[0], rank), _own(sum(p.double() for p in parts), got[0], rank)
+    return {f"{k}_is_reference": bool(torch.equal(a, b)) for k, a, b in zip(("y", "dx", "dw"), got, ref)} | {
+        "y_vs_recipe": _rel(got[0], y64), "y_is_fp32_sum": bool(torch.equal(got[0], y32.to(BF16))),
+        "dx_is_recipe": bool(torch.equal(got[1], dx[..., cols])), "dw_is_recipe": bool(torch.equal(got[2], dws[rank])),
+        "dw_vs_recipe": _rel(got[2], dws[rank]), "dw_vs_reference": _rel(got[2], ref[2]), "y_out": got[0]}
 
 
 def rs_fp8(rank, world, algo, fmt="hybrid", margin=0, wire="input", hop_chunks=None, into=False):
     """The FP8 row operator under `algo` against algo="reference" (bitwise flags) and the recipe: y against the
-    fp64 sum of every rank's recipe partial (and bitwise against their fp32 sum at P = 2), dx and dW against
-    the recipe's."""
+    fp64 sum of every rank's recipe partial (and bitwise against their fp32 sum), dx and dW against the
+    recipe's."""
     recipe = fo.Fp8Recipe(fmt, margin=margin)
     plan = fo.OpPlan(algo, fp8=recipe, wire_dtype=wire, hop_chunks=hop_chunks,
                      num_chunks=2 if algo == "slicing" else None)
     got = _row_run(rank, world, plan, into=into)
     ref = _row_run(rank, world, fo.OpPlan("reference", fp8=recipe, wire_dtype=wire))
     x, w, dy = _row_globals(world)
-    parts, dx, dws = recipe_row(x, w, dy, world, E5M2 if fmt == "hybrid" else E4M3, margin)
-    rows, cols = slice(rank * ROWS, (rank + 1) * ROWS), slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
-    y64 = sum(p.double() for p in parts)[rows]
-    return {f"{k}_is_reference": bool(torch.equal(a, b)) for k, a, b in zip(("y", "dx", "dw"), got, ref)} | {
-        "y_vs_recipe": _rel(got[0], y64), "y_is_fp32_sum": bool(torch.equal(got[0], sum(parts)[rows].to(BF16))),
-        "dx_is_recipe": bool(torch.equal(got[1], dx[..., cols])), "dw_is_recipe": bool(torch.equal(got[2], dws[rank])),
-        "dw_vs_recipe": _rel(got[2], dws[rank]), "dw_vs_reference": _rel(got[2], ref[2])}
+    return _row_report(rank, world, got, ref, recipe_row(x, w, dy, world, E5M2 if fmt == "hybrid" else E4M3, margin))
+
+
+def ar_fp8(rank, world, algo, wire="input", s=None, b=B, decode=None):
+    """matmul_all_reduce in FP8 (row-parallel, no SP: y replicated, backward local) against algo="reference"
+    and the recipe, as rs_fp8; s, b: x's sequence and batch (s not a multiple of P: padded); decode: the
+    plan's decode_all_reduce (x [1, b, k/P] takes the decode branch with it)."""
+    recipe, chunks = fo.Fp8Recipe("hybrid"), 2 if algo == "slicing" else None
+    plan = fo.OpPlan(algo, fp8=recipe, wire_dtype=wire, num_chunks=chunks, decode_all_reduce=decode)
+    got = _row_run(rank, world, plan, fo.matmul_all_reduce_fp8, shape=(s, b))
+    ref = _row_run(rank, world, fo.OpPlan("reference", fp8=recipe, wire_dtype=wire), fo.matmul_all_reduce_fp8,
+                   shape=(s, b))
+    x, w, dy = _row_globals(world, 0, s, b)
+    return _row_report(rank, world, got, ref, recipe_row(x, w, dy, world, E5M2))
+
+
+def dgrad_ar_fp8(rank, world, algo, wire="input"):
+    """matmul_allreduce_dgrad in FP8 (column-parallel, no SP: x replicated, dx all-reduced) against
+    algo="reference" and the recipe: y bit for bit, dx against the fp64 sum of every rank's partial, dW against
+    the one GEMM."""
+    recipe, cols = fo.Fp8Recipe("hybrid"), slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
+    plan = fo.OpPlan(algo, fp8=recipe, wire_dtype=wire, num_chunks=2 if algo == "slicing" else None)
+    x, w, bias, dy = _globals(world)
+
+    def run(plan):
+        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w[cols], bias[cols]))
+        y = fo.matmul_allreduce_dgrad_fp8(xs, ws, bias=bs, plan=plan)
+        y.backward(dy[..., cols])
+        return y.detach(), xs.grad, ws.grad, bs.grad
+    got, ref = run(plan), run(fo.OpPlan("reference", fp8=recipe, wire_dtype=wire))
+    y_want, x8 = recipe_forward(x, w[cols], bias[cols])
+    dx_want, dws = recipe_backward(x8, dy, w, world, E5M2)
+    return {f"{k}_is_reference": bool(torch.equal(a, b)) for k, a, b in zip(("y", "dx", "dw", "db"), got, ref)} | {
+        "y_is_recipe": bool(torch.equal(got[0], y_want)), "dx_vs_recipe": _rel(got[1], dx_want),
+        "dw_is_recipe": bool(torch.equal(got[2], dws[rank])), "dw_vs_recipe": _rel(got[2], dws[rank]),
+        "dx_out": got[1]}
 
 
 def row_wire_bytes(rank, world, algo):
@@ -178,19 +223,21 @@ def row_wire_bytes(rank, world, algo):
     return out
 
 
-def row_delayed_steps(rank, world, algo, margin=1):
-    """Two steps of the delayed recipe (history 2, max), fp32 partials on the wire: each step's y is the fp32 sum
-    of the recipe's partials and dx the recipe's, both bit for bit, cast with scale 1 at step 1 and at step 2
+def row_delayed_steps(rank, world, algo, margin=1, op="matmul_reduce_scatter_fp8"):
+    """Two steps of the delayed recipe (history 2, max) on a row-parallel op (matmul_reduce_scatter_fp8 or
+    matmul_all_reduce_fp8), fp32 partials on the wire, P = 2: each step's y is the fp32 sum of the recipe's
+    partials and dx the recipe's, both bit for bit, cast with scale 1 at step 1 and at step 2
     with fmt_max / amax(step 1's global tensor) / 2^margin per role (x, w, dy: the MAX over the shards that
     the update agrees). -> per step the flags, and this rank's scales after the updates."""
     recipe = fo.Fp8Recipe("hybrid", "delayed", margin=margin, amax_history_len=2, amax_compute_algo="max")
     scales, flags, want, seen = fo.DelayedScales(recipe), [], (torch.tensor(1.0),) * 3, []
-    rows, cols = slice(rank * ROWS, (rank + 1) * ROWS), slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
+    cols = slice(rank * K_PER_RANK, (rank + 1) * K_PER_RANK)
     for step in range(2):
-        y, dx, _ = _row_run(rank, world, fo.OpPlan(algo, fp8=recipe, wire_dtype="fp32"), 10 + step, scales)
+        plan = fo.OpPlan(algo, fp8=recipe, wire_dtype="fp32")
+        y, dx, _ = _row_run(rank, world, plan, getattr(fo, op), 10 + step, scales)
         x, w, dy = _row_globals(world, seed=10 + step)
         parts, dx_want, _ = recipe_row(x, w, dy, world, E5M2, margin, scales=want)
-        flags.append(bool(torch.equal(y, sum(parts)[rows].to(BF16)) and torch.equal(dx, dx_want[..., cols])))
+        flags.append(bool(torch.equal(y, _own(sum(parts), y, rank).to(BF16)) and torch.equal(dx, dx_want[..., cols])))
         seen.append(torch.stack([t.float().abs().max() for t in (x, w, dy)]))
         want = tuple(torch.tensor([448.0, 448.0, 57344.0]) / torch.stack(seen).amax(0) / 2.0 ** margin)
         scales.update()
@@ -203,3 +250,21 @@ def row_hop_slices_too_small(rank, world):
     w = torch.randn(32, 16, dtype=BF16, requires_grad=True)
     plan = fo.OpPlan("flash", hop_chunks=2, fp8=fo.Fp8Recipe())
     return _raises(lambda: fo.matmul_reduce_scatter(x, w, plan=plan))
+
+
+def nosp_wire_bytes(rank, world, algo):
+    """Bytes and dtypes each rank sends in the all-reduce of the row operator's forward and of the column
+    operator's backward (no SP), with and without the FP8 recipe."""
+    out, cols = {}, slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
+    for name, plan in (("fp8", fo.OpPlan(algo, fp8=fo.Fp8Recipe("hybrid"))), ("bf16", fo.OpPlan(algo))):
+        x, w, dy = _row_globals(world)
+        xs, ws = _row_shards(rank, x, w)
+        with Sends() as fwd:
+            fo.matmul_all_reduce(xs, ws, plan=plan)
+        x, w, bias, dy = _globals(world)
+        y = fo.matmul_allreduce_dgrad(x.clone().requires_grad_(), w[cols].clone().requires_grad_(), plan=plan)
+        with Sends() as bwd:
+            y.backward(dy[..., cols])
+        for key, m in (("row_fwd", fwd), ("column_bwd", bwd)):
+            out[f"{name}_{key}"] = (sum(n for _, n in m.sent), sorted({d for d, _ in m.sent}))
+    return out

@@ -1,5 +1,5 @@
-"""Tier 2 (2-3 gloo processes): the FP8 all-gather + GEMM (all_gather_matmul with OpPlan(fp8=...)) and the FP8
-GEMM + reduce-scatter (matmul_reduce_scatter with OpPlan(fp8=...)) against their unfused FP8 paths
+"""Tier 2 (2-3 gloo processes): the four FP8 TP operators (OpPlan(fp8=...) on all_gather_matmul,
+matmul_reduce_scatter, matmul_all_reduce, matmul_allreduce_dgrad) against their unfused FP8 paths
 (algo="reference": the stock collective, one scaled GEMM), against the recipe written in plain torch
 (tests/gloo/mp_fp8.py), and the bytes their rings send.
 
@@ -20,8 +20,13 @@ column's dx in reverse (partials summed over ranks): the fp32 sum of the recipe'
 the sum is one fp32 add of two partials (P = 2, fp32 on the wire), the reference's bit for bit through the stock
 reduce-scatter (slicing), else within DX_TOL * P of the fp64 sum (bf16 wire: P - 1 roundings and one more;
 measured at most 0.45 % at P = 2, 0.43 % at P = 3).
+Without SP: the row operator's y is the row's y all-gathered (the same bounds, the same bits on every rank),
+its dx and dW local GEMMs (exact); the column operator's y is one local GEMM (exact), its dx the column's dx
+(replicated), its dW the sum of P - 1 fp32 tail pieces (exact at P = 2, DW_TOL otherwise). gloo sums a chunk's
+all-reduce in another order than the whole tensor's at P = 3, so slicing equals the reference only at P = 2.
 """
 import pytest
+import torch
 
 from megatron_flashoverlap import ALGOS
 
@@ -88,11 +93,13 @@ def test_wgrad_slices_cuda_cannot_run_are_refused(pools):
         assert msg is not None and "[8, 8] per GEMM slice" in msg and "multiple of 16" in msg, msg
 
 
-def _check_row(r, p, algo, wire="input"):
+def _check_row(r, p, algo, wire="input", same_sum=STOCK):
+    """same_sum: the algos whose y is summed as the reference's is (the stock collective's order)."""
     assert r["dx_is_recipe"] and r["dx_is_reference"], r
     assert r["y_vs_recipe"] < DX_TOL * p, r
+    assert r["y_is_reference"] or algo not in same_sum, r
     if algo in STOCK:
-        assert r["y_is_reference"] and r["dw_is_reference"] and r["dw_is_recipe"], r
+        assert r["dw_is_reference"] and r["dw_is_recipe"], r
     else:
         assert r["dw_vs_reference"] < DW_TOL and r["dw_vs_recipe"] < DW_TOL, r
     if wire == "fp32" and p == 2:
@@ -130,9 +137,10 @@ def test_the_row_ring_carries_bf16_partials_forward_and_fp8_dy_backward(pools, p
         assert r["bf16_bwd"] == (2 * r["fp8_bwd"][0], ["torch.bfloat16"]), r
 
 
+@pytest.mark.parametrize("op", ["matmul_reduce_scatter_fp8", "matmul_all_reduce_fp8"])
 @pytest.mark.parametrize("algo", ["flash", "reference"])
-def test_row_delayed_scales_agree_over_the_group_and_lag_a_step(pools, algo):
-    res = pools(2).run("tests.gloo.mp_fp8:row_delayed_steps", algo)
+def test_row_delayed_scales_agree_over_the_group_and_lag_a_step(pools, algo, op):
+    res = pools(2).run("tests.gloo.mp_fp8:row_delayed_steps", algo, op=op)
     for r in res:
         assert r["steps_match_recipe"] == [True, True], r
         assert r["scales"] == r["want"], r  # x, w, dy: the window's max of the global amaxes, on every rank
@@ -142,3 +150,52 @@ def test_row_delayed_scales_agree_over_the_group_and_lag_a_step(pools, algo):
 def test_row_wgrad_slices_cuda_cannot_run_are_refused(pools):
     for msg in pools(2).run("tests.gloo.mp_fp8:row_hop_slices_too_small"):
         assert msg is not None and "matmul_reduce_scatter" in msg and "[8, 8] per GEMM slice" in msg, msg
+
+
+# ---------------------------------------------------------------- without sequence parallelism (all-reduce)
+
+def _all_reduce_row(res, p, algo, wire):
+    for r in res:
+        _check_row(r, p, algo, wire, same_sum=STOCK if p == 2 else ("reference",))
+        assert r["dw_is_reference"] and r["dw_is_recipe"], r  # local: one GEMM
+    assert all(torch.equal(res[0]["y_out"], r["y_out"]) for r in res)  # replicated: the same bits
+
+
+def _all_reduce_column(res, p, algo, wire):
+    for r in res:
+        assert r["y_is_recipe"] and r["y_is_reference"] and r["db_is_reference"], r
+        assert r["dx_vs_recipe"] < DX_TOL * p, r
+        assert r["dw_is_reference"] and r["dw_vs_recipe"] < DW_TOL and (r["dw_is_recipe"] or p > 2), r
+        if algo == "reference" or (p == 2 and (algo == "slicing" or wire == "fp32")):
+            assert r["dx_is_reference"], r
+    assert all(torch.equal(res[0]["dx_out"], r["dx_out"]) for r in res)  # replicated input gradient
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("wire", ["input", "fp32"])
+@pytest.mark.parametrize("worker,check", [("ar_fp8", _all_reduce_row), ("dgrad_ar_fp8", _all_reduce_column)])
+def test_the_all_reduce_pair_is_the_unfused_fp8_and_the_recipe(pools, p, algo, wire, worker, check):
+    check(pools(p).run(f"tests.gloo.mp_fp8:{worker}", algo, wire=wire), p, algo, wire)
+
+
+@pytest.mark.parametrize("algo,kw", [
+    ("flash", {"s": 40}),                          # 40 rows on 3 ranks: zero-padded to 42 for the ring
+    ("slicing", {"s": 40}),
+    ("flash", {"s": 1, "b": 16, "decode": "reference"}),  # decode-shaped: one FP8 GEMM, then the decode all-reduce
+])
+def test_all_reduce_row_uneven_and_decode(pools, algo, kw):
+    res = pools(3).run("tests.gloo.mp_fp8:ar_fp8", algo, **kw)
+    for r in res:
+        assert r["dx_is_recipe"] and r["dw_is_recipe"] and r["y_vs_recipe"] < DX_TOL * 3, r
+        assert r["y_is_reference"] or "decode" not in kw, r  # the decode all-reduce is stock's here
+    assert all(torch.equal(res[0]["y_out"], r["y_out"]) for r in res)
+
+
+@pytest.mark.parametrize("algo", ["flash", "flash_bidir"])
+def test_the_all_reduce_carries_bf16_partials_never_fp8(pools, algo):
+    """Counted per c10d send: the row forward's and the column backward's all-reduce send the same bf16 bytes
+    with the FP8 recipe as without (partials and reduced blocks in the activation dtype)."""
+    for r in pools(2).run("tests.gloo.mp_fp8:nosp_wire_bytes", algo):
+        for key in ("row_fwd", "column_bwd"):
+            assert r[f"fp8_{key}"] == r[f"bf16_{key}"] and r[f"fp8_{key}"][1] == ["torch.bfloat16"], r

@@ -1,6 +1,6 @@
-"""Tier: pure (no processes): the FP8 all-gather + GEMM and GEMM + reduce-scatter in a group of one against the
-recipe in plain torch (tests/support/fp8_recipe.py), and every refusal, each before any transfer and naming its
-fix.
+"""Tier: pure (no processes): the four FP8 TP operators (all-gather + GEMM, GEMM + reduce-scatter, GEMM +
+all-reduce, GEMM with an all-reduced dgrad) in a group of one against the recipe in plain torch
+(tests/support/fp8_recipe.py), and every refusal, each before any transfer and naming its fix.
 
 A group of one runs the unfused FP8 path: one scaled GEMM each for y, dx and dW, the same calls the recipe
 makes, so every comparison is exact (the row's y is its one fp32 partial rounded once to bf16, as the
@@ -11,6 +11,7 @@ import torch
 
 import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.registry import force_reference, resolve
+from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import wgrad_spans
 from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward, recipe_row
 
 BF16 = torch.bfloat16
@@ -47,6 +48,47 @@ def test_a_row_group_of_one_is_the_recipe_forward_and_backward(fmt, grad, wire):
     assert torch.equal(x.grad, dx_want) and torch.equal(w.grad, dws[0])
 
 
+@pytest.mark.parametrize("algo", ["flash", "reference"])
+def test_the_all_reduce_pair_in_a_group_of_one_is_the_recipe(algo):
+    x, w, bias, dy = _operands(h=32, n=16)
+    plan = fo.OpPlan(algo, fp8=HYBRID)
+    y = fo.matmul_all_reduce(x, w, plan=plan)  # row: x [s, b, k = 32], w [h = 16, k]
+    y.backward(dy)
+    parts, dx_want, dws = recipe_row(x.detach(), w.detach(), dy, 1, E5M2, margin=1)
+    assert torch.equal(y, parts[0].to(BF16)) and torch.equal(x.grad, dx_want) and torch.equal(w.grad, dws[0])
+    x.grad = w.grad = None
+    y = fo.matmul_allreduce_dgrad(x, w, bias=bias, plan=plan)  # column: x [s, b, h = 32], w [n = 16, h]
+    y.backward(dy)
+    y_want, x8 = recipe_forward(x.detach(), w.detach(), bias.detach(), margin=1)
+    dx_want, dws = recipe_backward(x8, dy, w.detach(), 1, E5M2, margin=1)
+    assert torch.equal(y, y_want) and torch.equal(x.grad, dx_want.to(BF16)) and torch.equal(w.grad, dws[0])
+    assert torch.equal(bias.grad, dy.sum((0, 1)))
+
+
+@pytest.mark.parametrize("op", [fo.matmul_reduce_scatter, fo.matmul_all_reduce, fo.matmul_allreduce_dgrad])
+def test_wgrad_into_gets_the_fp32_dw(op):
+    """dW added into an fp32 buffer (Megatron's main_grad) is the one scaled GEMM's fp32 result: rounded once, the
+    recipe's bf16 dW."""
+    x, w, _, dy = _operands(h=32, n=16)
+    into = torch.zeros(w.shape)
+    op(x, w, plan=fo.OpPlan(fp8=HYBRID), wgrad=fo.WgradRoute(into=into)).backward(dy)
+    if op is fo.matmul_allreduce_dgrad:
+        want = recipe_backward(recipe_forward(x.detach(), w.detach(), None, margin=1)[1], dy, w.detach(), 1, E5M2,
+                               margin=1)[1][0]
+    else:
+        want = recipe_row(x.detach(), w.detach(), dy, 1, E5M2, margin=1)[2][0]
+    assert torch.equal(into.to(BF16), want) and w.grad is None  # no grad_added_to_main_grad: no dummy
+
+
+@pytest.mark.parametrize("rows,batch,pieces,want", [
+    (4096, 1, 7, 7), (40, 2, 2, 2), (8, 2, 3, 1), (48, 2, 2, 2), (16, 16, 3, 3)])
+def test_the_all_reduce_wgrad_tail_is_cut_at_multiples_of_16_tokens(rows, batch, pieces, want):
+    spans = wgrad_spans(rows, batch, pieces)
+    assert len(spans) == want and spans[0][0] == 0 and spans[-1][1] == rows
+    assert all(a < b and (b - a) * batch % 16 == 0 for a, b in spans)
+    assert all(p[1] == q[0] for p, q in zip(spans, spans[1:]))
+
+
 def test_forward_only_rows_need_no_multiple_of_16():
     """Rows are the GEMM's M, which CUDA leaves free; only a weight gradient multiplies over tokens."""
     x, w, bias, dy = _operands(s=5, b=1)
@@ -54,7 +96,7 @@ def test_forward_only_rows_need_no_multiple_of_16():
     assert torch.equal(y, recipe_forward(x.detach(), w.detach(), bias.detach(), margin=1)[0])
     y = fo.matmul_reduce_scatter(x.detach(), w.detach(), plan=fo.OpPlan(fp8=HYBRID))
     assert torch.equal(y, recipe_row(x.detach(), w.detach(), dy, 1, E5M2, margin=1)[0][0].to(BF16))
-    for op in (fo.all_gather_matmul, fo.matmul_reduce_scatter):
+    for op in (fo.all_gather_matmul, fo.matmul_reduce_scatter, fo.matmul_all_reduce, fo.matmul_allreduce_dgrad):
         with pytest.raises(ValueError, match=rf"{op.__name__}: .*\[5\] per GEMM slice.*multiple of 16"):
             op(x.detach(), w, plan=fo.OpPlan(fp8=HYBRID))
 
@@ -85,8 +127,14 @@ DELAYED = fo.Fp8Recipe(recipe="delayed")
     (_row(_X, _W, plan=fo.OpPlan(fp8=DELAYED)), "pass scales=DelayedScales"),
     (_row(_X, _W, plan=fo.OpPlan(fp8=HYBRID), wgrad=fo.WgradRoute(fn=lambda dy, x: None)), "pass wgrad_into"),
     (_row(_X, _W, plan=fo.OpPlan()), "matmul_reduce_scatter_fp8: plan.fp8 is None"),
-    (lambda: fo.matmul_all_reduce(_X, _W, plan=fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
-    (lambda: fo.matmul_allreduce_dgrad(_X, _W, plan=fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
+    (lambda: fo.matmul_all_reduce_fp8(_X[..., :24], _W[:, :24], plan=fo.OpPlan(fp8=HYBRID)),
+     "input features per rank \\(24\\)"),
+    (lambda: fo.matmul_allreduce_dgrad_fp8(_X, _W[:8], plan=fo.OpPlan(fp8=HYBRID)), "output features per rank \\(8\\)"),
+    (lambda: fo.matmul_all_reduce(_X[:5], _W, plan=fo.OpPlan(fp8=HYBRID)), "\\[10\\] per GEMM slice.*pad the sequence"),
+    (lambda: fo.matmul_allreduce_dgrad_fp8(_X, _W, plan=fo.OpPlan(fp8=DELAYED)), "pass scales=DelayedScales"),
+    (lambda: fo.matmul_all_reduce_fp8(_X, _W, plan=fo.OpPlan()), "matmul_all_reduce_fp8: plan.fp8 is None"),
+    (lambda: resolve("query_split_attention", fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
+    (lambda: resolve("matmul_wgrad_reduce_scatter", fo.OpPlan(fp8=HYBRID)), "fp8 is not a knob"),
     (lambda: fo.OpPlan(fp8="e4m3"), "must be an Fp8Recipe"),
 ])
 def test_what_fp8_cannot_run_is_refused_with_the_fix(call, fix):
@@ -97,5 +145,5 @@ def test_what_fp8_cannot_run_is_refused_with_the_fix(call, fix):
 def test_force_reference_keeps_the_recipe():
     """The unfused path of an FP8 plan is the unfused FP8 path, never a bf16 GEMM."""
     with force_reference():
-        for op in ("all_gather_matmul", "matmul_reduce_scatter"):
+        for op in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "matmul_allreduce_dgrad"):
             assert resolve(op, fo.OpPlan("flash", fp8=HYBRID)) == fo.OpPlan("reference", fp8=HYBRID)

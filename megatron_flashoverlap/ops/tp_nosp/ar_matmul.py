@@ -37,7 +37,6 @@ all_reduce_matmul.py holds the autograd.Functions and the public wrappers.
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from ...runtime import gather, group_info, partial_linear, scatter, sums, tail as tail_pass, wait_collective
@@ -61,54 +60,74 @@ def _run_tail(tail) -> None:
             tail[1](piece)
 
 
+def all_reduce_whole(y, group, ctx, tail=None) -> None:
+    """y [*] (the whole partial, in the wire dtype) summed in place by one `dist.all_reduce`, async, the `tail`
+    pieces run while it flies (the reference of every all-reduce GEMM operator)."""
+    work = dist.all_reduce(y, group=group, async_op=True) if group_info(group)[1] > 1 else None
+    _run_tail(tail)
+    if work is not None:
+        wait_collective([work], group, y.device, ctx.timeout, "all-reduce")
+
+
 @register(OP, "reference")
 def ar_matmul_reference(x, weight, group, ctx, plan, tail=None):
     """Unfused, as stock Megatron: one GEMM, then one `dist.all_reduce` (in the wire dtype); with `tail` (the
     column backward's wgrad) the all-reduce is async and the tail runs while it flies (`allreduce_dgrad`)."""
     y = partial_linear(x, weight).to(wire_dtype(x.dtype, plan.wire_dtype))
-    world = group_info(group)[1]
-    work = dist.all_reduce(y, group=group, async_op=True) if world > 1 else None
-    _run_tail(tail)
-    if work is not None:
-        wait_collective([work], group, x.device, ctx.timeout, "all-reduce")
+    all_reduce_whole(y, group, ctx, tail)
     return y.to(x.dtype)
+
+
+def all_reduce_sliced(y, fill, group, ctx, plan, tail=None) -> None:
+    """Data slicing of the all-reduce of y [s, ...] (the wire dtype): fill(a, b) writes partial rows a:b, whose
+    all-reduce is in flight while the next chunk is filled; the last is the tail (in the column backward the
+    wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
+    works = []
+    for a, b in chunk_bounds(y.shape[0], plan.num_chunks):
+        fill(a, b)
+        works.append(dist.all_reduce(y[a:b], group=group, async_op=True))
+    _run_tail(tail)
+    wait_collective(works, group, y.device, ctx.timeout, f"all-reduce of {len(works)} chunks")
 
 
 @register(OP, "slicing")
 def ar_matmul_slicing(x, weight, group, ctx, plan, tail=None):
-    """Data slicing: the all-reduce of chunk j in flight while chunk j+1 multiplies; the last is the tail
-    (in the column backward the wgrad runs before the final wait, as Megatron's async dgrad all-reduce)."""
-    wdt = wire_dtype(x.dtype, plan.wire_dtype)
-    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=wdt, device=x.device)
-    works = []
+    """Data slicing: the all-reduce of chunk j in flight while chunk j+1 multiplies (all_reduce_sliced)."""
+    y = x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=wire_dtype(x.dtype, plan.wire_dtype))
     write = rows_writer(y, weight) if y.dtype == x.dtype else None  # in place where the GEMM's dtype is y's
-    for a, b in chunk_bounds(x.shape[0], plan.num_chunks):
+
+    def fill(a, b):
         if write is not None:
             write((a, b), x[a:b])
         else:
             y[a:b] = partial_linear(x[a:b], weight)
-        works.append(dist.all_reduce(y[a:b], group=group, async_op=True))
-    _run_tail(tail)
-    wait_collective(works, group, x.device, ctx.timeout, f"all-reduce of {len(works)} chunks")
+    all_reduce_sliced(y, fill, group, ctx, plan, tail)
     return y.to(x.dtype)
+
+
+def all_reduce_ring(y, producer_at, sum_rule, group, ctx, plan, tail=None):
+    """Chunked Flash-RS + Flash-AG (module docstring) into y [s, ..., h] (the output dtype): chunk c's RS of the
+    partials producer_at(a) makes (a Producer of the chunk starting at row a), chunk c-1's AG in one walk; the
+    last AG with the `tail` pieces spread over its hops. plan.num_chunks: C (None: DEFAULT_CHUNKS). -> y."""
+    world = group_info(group)[1]
+    rs_ring, ag_ring = plan.ring("ar.rs"), plan.ring("ar.ag", tag=1)
+    pending = None  # the all-gather pass still to run
+    for a, b in chunk_rows(y.shape[0], world, plan.num_chunks or DEFAULT_CHUNKS):
+        block = ((b - a) // world,) + tuple(y.shape[1:])  # [rows of the chunk / P, b, h]
+        rs = scatter(producer_at(a), block, sum_rule, group, ctx, rs_ring)
+        walk(group, ctx, rs, pending)
+        pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, ag_ring)
+    walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))
+    return y
 
 
 @register(OP, "flash")
 @register(OP, "flash_bidir")
 def ar_matmul_ring(x, weight, group, ctx, plan, tail=None):
-    """Chunked Flash-RS + Flash-AG (module docstring): chunk c's RS, chunk c-1's AG in one walk; the last
-    AG with the `tail` pieces spread over its hops. plan.num_chunks: C (the wrapper fills in DEFAULT_CHUNKS)."""
-    world = group_info(group)[1]
-    y = torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
-    sum_rule, rs_ring, ag_ring = sums(x.dtype, x.device, plan.wire_dtype), plan.ring("ar.rs"), plan.ring("ar.ag", tag=1)
-    pending = None  # the all-gather pass still to run
-    for a, b in chunk_rows(x.shape[0], world, plan.num_chunks or DEFAULT_CHUNKS):
-        block = ((b - a) // world,) + tuple(y.shape[1:])  # [rows of the chunk / P, b, h]
-        rs = scatter(partial_producer(x, weight, offset=a), block, sum_rule, group, ctx, rs_ring)
-        walk(group, ctx, rs, pending)
-        pending = _gather_into(rs.handler.result(), y[a:b], group, ctx, ag_ring)
-    walk(group, ctx, pending, None if tail is None else tail_pass(tail[0], tail[1], group, tag=2))
-    return y
+    """Chunked Flash-RS + Flash-AG (all_reduce_ring), each partial x[rows] @ w^T."""
+    y = x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+    return all_reduce_ring(y, lambda a: partial_producer(x, weight, offset=a), sums(x.dtype, x.device, plan.wire_dtype),
+                           group, ctx, plan, tail)
 
 
 def _gather_into(block, y_chunk, group, ctx, ring):

@@ -25,7 +25,7 @@ import torch
 
 from ...runtime import gather_and_consume, group_info
 from ...runtime.fp8 import Quantized
-from ...runtime.scaled_mm import fp8_rows_writer
+from ...runtime.scaled_mm import fp8_linear, fp8_rows_writer
 from ..registry import register
 from .ag_matmul import gathered_output, sliced_gather, timed_gather
 
@@ -53,9 +53,8 @@ def gather_fp8_reference(xq: Quantized, group, ctx) -> Quantized:
 def ag_matmul_fp8_reference(xq, wq, bias, group, ctx, plan):
     """Unfused: the all-gather of the FP8 bytes, then one scaled GEMM. -> (y, AG(xq) or None)."""
     full = gather_fp8_reference(xq, group, ctx)
-    y = gathered_output(full.data, wq.data.shape[0], 1, xq.dtype)
     t = time.perf_counter()
-    fp8_rows_writer(y, wq, xq.scale_inv, bias)((0, y.shape[0]), full.data)
+    y = fp8_linear(full, wq, bias)
     ctx.record("compute", "whole GEMM", t)
     return y, (full if plan.keep_gathered else None)
 

@@ -34,12 +34,12 @@ import torch
 from ...runtime import gather, gather_and_consume, group_info, walk
 from ...runtime.fp8 import Quantized
 from ...runtime.numerics import flat, wgrad_result
-from ...runtime.scaled_mm import column_major, fp8_rows_writer, scaled_mm
+from ...runtime.scaled_mm import column_major, fp8_rows_writer, scaled_mm, transposed
 from ..registry import keeping, plain, register
 from . import ag_matmul_fp8
 from .ag_matmul import gathered_output
 from .ag_matmul_fp8 import gather_fp8_reference, wire
-from .matmul_rs_fp8 import rs_matmul_fp8_reference, rs_matmul_fp8_slicing, scatter_fp8, transposed
+from .matmul_rs_fp8 import rs_matmul_fp8_reference, rs_matmul_fp8_slicing, scatter_fp8
 
 COLUMN, ROW = "all_gather_matmul.fp8.backward", "matmul_reduce_scatter.fp8.backward"
 F32 = torch.float32
@@ -65,7 +65,7 @@ def dw_buffer(wq: Quantized, into: torch.Tensor | None) -> torch.Tensor:
     return into if into is not None else torch.zeros(wq.data.shape, dtype=F32, device=wq.data.device)
 
 
-def _whole_dw(dyq: Quantized, xq: Quantized, wq: Quantized, dw):
+def whole_dw(dyq: Quantized, xq: Quantized, wq: Quantized, dw):
     """The unfused wgrad: one scaled GEMM dyq [s, b, n]^T @ xq [s, b, h], where `dw` routes it (None: not
     wanted)."""
     if dw is None:
@@ -79,7 +79,7 @@ def _column_dw(dyq, xq, gathered, wq, group, ctx, dw):
     """dW of the unfused column backward from AG(xq), kept from the forward or gathered again."""
     if dw is None:
         return None
-    return _whole_dw(dyq, gathered if gathered is not None else gather_fp8_reference(xq, group, ctx), wq, dw)
+    return whole_dw(dyq, gathered if gathered is not None else gather_fp8_reference(xq, group, ctx), wq, dw)
 
 
 @register(COLUMN, "reference")
@@ -116,7 +116,7 @@ def row_fp8_backward_unfused(dyq, xq, wq, group, ctx, plan, dw):
     """-> (dx [s, b, k/P], dW [h, k/P] or None): the forward gather of the same algo (stock, or chunked) on dy's
     bytes with its scaled GEMMs for dx, AG(dyq) kept, then dW one scaled GEMM on it."""
     dx, full = plain(ag_matmul_fp8.OP, plan.algo)(dyq, transposed(wq), None, group, ctx, keeping(plan))
-    return dx, _whole_dw(full, xq, wq, dw)  # full: AG(dyq) [s, b, h]
+    return dx, whole_dw(full, xq, wq, dw)  # full: AG(dyq) [s, b, h]
 
 
 @register(ROW, "flash")

@@ -32,16 +32,13 @@ The autograd.Functions carry (tensors..., plan, route, group, context): the plan
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import NamedTuple
-
 import torch
 
 from ...runtime import OverlapContext, default_context, group_info, names_operator
 from ...runtime.accumulate import linear_into, weight_grad
 from ...runtime.fp8 import DelayedScales, Quantized, cast, cast_shared
-from ..checks import check_fp8_call, check_fp8_shapes, checked_context
-from ..registry import RETURNED, OpPlan, WgradRoute, plain, plan_of, resolve
+from ..checks import check_fp8_shapes, checked_context, fp8_plan
+from ..registry import RETURNED, Fp8Call, OpPlan, WgradRoute, plain, plan_of, reference_plan, resolve
 from . import ag_matmul, ag_matmul_fp8, backward, backward_fp8, matmul_rs, matmul_rs_fp8  # noqa: F401  (the tables)
 from .hops import sized
 
@@ -122,12 +119,6 @@ def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
     return MatmulReduceScatter.apply(x, weight, plan, route, group, ctx)
 
 
-class Fp8Call(NamedTuple):
-    """What an FP8 call carries besides its plan: where dW goes, the delayed recipe's state (None: tensorwise)."""
-    route: WgradRoute
-    scales: DelayedScales | None
-
-
 @names_operator
 class Fp8AllGatherMatmul(torch.autograd.Function):
     """x and w cast once per call (x's amax agreed over the group), the FP8 forward; backward casts dy once
@@ -158,20 +149,10 @@ class Fp8AllGatherMatmul(torch.autograd.Function):
         return dx, dW, db, None, None, None, None
 
 
-def _fp8_plan(op: str, plan: OpPlan, call: Fp8Call) -> OpPlan:
-    """The resolved plan of an FP8 call, its recipe and state checked (ops/checks.py check_fp8_call)."""
-    plan = resolve(op, plan_of(op, None, plan))
-    if plan.fp8 is None:
-        raise ValueError(f"{op}_fp8: plan.fp8 is None; pass OpPlan(..., fp8=Fp8Recipe(...)), or call {op} for the "
-                         f"bf16 GEMMs")
-    check_fp8_call(op, plan, call.scales, call.route)
-    return plan
-
-
 def _fp8_sized(op: str, x, weight, group, plan: OpPlan, ctx, rows: int) -> OpPlan:
     """The plan sized for a shard of `rows` rows (a group of one, ctx None: the reference, one FP8 GEMM), then
     CUDA's FP8 rules on the shapes it will multiply (ops/checks.py check_fp8_shapes), before any transfer."""
-    plan = sized(plan, rows) if ctx is not None else replace(plan, algo="reference", num_chunks=None, hop_chunks=None)
+    plan = sized(plan, rows) if ctx is not None else reference_plan(plan)
     check_fp8_shapes(op, x, weight, rows, group_info(group)[1], plan, weight.requires_grad)
     return plan
 
@@ -184,10 +165,25 @@ def all_gather_matmul_fp8(x_shard: torch.Tensor, weight: torch.Tensor, group=Non
     (the caller keeps one per layer and calls scales.update(group) after each step). A group of size 1 runs
     the reference (one FP8 GEMM). Shapes CUDA cannot run in FP8 are refused (ops/checks.py), never run in bf16."""
     call = Fp8Call(RETURNED if wgrad is None else wgrad, scales)
-    plan = _fp8_plan("all_gather_matmul", plan, call)
+    plan = fp8_plan("all_gather_matmul", plan, call)
     ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, call.route)
     plan = _fp8_sized("all_gather_matmul", x_shard, weight, group, plan, ctx, x_shard.shape[0])
     return Fp8AllGatherMatmul.apply(x_shard, weight, bias, plan, call, group, ctx or context or default_context())
+
+
+def save_fp8(ctx, x, weight, plan, call, group, octx):
+    """x and weight cast once per call, each from this rank's own amax (neither is gathered); their FP8 bytes and
+    scales saved for the backward, not x. -> (xq, wq)."""
+    xq, wq = cast(x, "input", plan.fp8, call.scales), cast(weight, "weight", plan.fp8, call.scales)
+    ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv)
+    ctx.plan, ctx.call, ctx.group, ctx.octx, ctx.x_dtype = plan, call, group, octx, x.dtype
+    return xq, wq
+
+
+def saved_fp8(ctx):
+    """-> (weight, xq, wq) as Fp8 autograd forwards saved them (save_fp8)."""
+    weight, x8, x_inv, w8, w_inv = ctx.saved_tensors
+    return weight, Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)
 
 
 @names_operator
@@ -198,16 +194,12 @@ class Fp8MatmulReduceScatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, plan, call, group, octx):
-        xq = cast(x, "input", plan.fp8, call.scales)
-        wq = cast(weight, "weight", plan.fp8, call.scales)
-        ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv)
-        ctx.plan, ctx.call, ctx.group, ctx.octx, ctx.x_dtype = plan, call, group, octx, x.dtype
+        xq, wq = save_fp8(ctx, x, weight, plan, call, group, octx)
         return plain(matmul_rs_fp8.OP, plan.algo)(xq, wq, group, octx, plan)
 
     @staticmethod
     def backward(ctx, dy):
-        weight, x8, x_inv, w8, w_inv = ctx.saved_tensors
-        xq, wq = Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)
+        weight, xq, wq = saved_fp8(ctx)
         dyq = cast_shared(dy.contiguous(), "grad_output", ctx.plan.fp8, ctx.call.scales, ctx.group)
         dw = ctx.call.route if ctx.needs_input_grad[1] else None
         dx, dW = plain(backward_fp8.ROW, ctx.plan.algo)(dyq, xq, wq, ctx.group, ctx.octx, ctx.plan, dw)
@@ -224,7 +216,7 @@ def matmul_reduce_scatter_fp8(x: torch.Tensor, weight: torch.Tensor, group=None,
     all_gather_matmul_fp8's. A group of size 1 runs the reference (one FP8 GEMM). Shapes CUDA cannot run in FP8
     are refused (ops/checks.py), never run in bf16."""
     call = Fp8Call(RETURNED if wgrad is None else wgrad, scales)
-    plan = _fp8_plan("matmul_reduce_scatter", plan, call)
+    plan = fp8_plan("matmul_reduce_scatter", plan, call)
     ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, call.route, divisible=True)
     plan = _fp8_sized("matmul_reduce_scatter", x, weight, group, plan, ctx, x.shape[0] // group_info(group)[1])
     return Fp8MatmulReduceScatter.apply(x, weight, plan, call, group, ctx or context or default_context())

@@ -17,57 +17,35 @@ One signature, (xq, wq, group, ctx, plan) -> y [s/P, b, h] in xq.dtype, register
 scaled GEMM, then the stock reduce-scatter in the wire dtype), flash and flash_bidir (Flash-RS, the partial of
 the block the next hop carries made by one scaled GEMM), slicing (one scaled GEMM per row chunk of every
 block, its reduce-scatter in flight while the next chunk multiplies). The column backward's dgrad is the same
-reduce-scatter of dy @ w: backward_fp8.py calls these with (dyq, transposed(wq)).
+reduce-scatter of dy @ w: backward_fp8.py calls these with (dyq, transposed(wq)) (runtime/scaled_mm.py).
 """
 from __future__ import annotations
 
 import time
 
-import torch
-
-from ...runtime import Pass, Producer, Ring, group_info, scatter, sums, walk, wire_dtype
+from ...runtime import Pass, Ring, group_info, scatter, sums, walk, wire_dtype
 from ...runtime.fp8 import Quantized
-from ...runtime.numerics import flat
-from ...runtime.scaled_mm import scaled_mm
+from ...runtime.scaled_mm import scaled_partial, scaled_producer
 from ..registry import register
 from .matmul_rs import scatter_reference, sliced_scatter
 
 OP = "matmul_reduce_scatter.fp8"
-F32 = torch.float32
-
-
-def transposed(wq: Quantized) -> Quantized:
-    """wq [m, k] as [k, m], row-major: a transpose copy of its bytes, made once per call."""
-    return wq._replace(data=wq.data.t().contiguous())
-
-
-def partial_gemm(aq: Quantized, wq: Quantized):
-    """-> gemm(rows [r, b, k] fp8, out [r, b, m] fp32 or None): rows @ wq.data [m, k]^T dequantized, in fp32
-    (into `out`). wq.data row-major, so its transpose is the K-major second operand CUDA wants."""
-    wt = wq.data.t()  # [k, m], column-major
-
-    def gemm(rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        o2 = None if out is None else out.view(-1, out.shape[-1])
-        y = scaled_mm(flat(rows), wt, aq.scale_inv, wq.scale_inv, F32, out=o2)  # [r * b, m]
-        return y.view(tuple(rows.shape[:-1]) + (wt.shape[1],))
-    return gemm
 
 
 @register(OP, "reference")
 def rs_matmul_fp8_reference(xq, wq, group, ctx, plan):
     """Unfused: one scaled GEMM, its fp32 partial rounded to the wire dtype, one stock reduce-scatter."""
     t = time.perf_counter()
-    partial = partial_gemm(xq, wq)(xq.data).to(wire_dtype(xq.dtype, plan.wire_dtype))  # [s, b, h]
+    partial = scaled_partial(xq, wq)(xq.data).to(wire_dtype(xq.dtype, plan.wire_dtype))  # [s, b, h]
     ctx.record("compute", "whole GEMM", t)
     return scatter_reference(partial, xq.dtype, group, ctx)
 
 
 def scatter_fp8(xq: Quantized, wq: Quantized, group, ctx, plan, ring: Ring) -> Pass:
     """The Flash-RS pass of RS(xq @ wq^T): each partial one scaled GEMM written into its fp32 ring slot."""
-    gemm, world = partial_gemm(xq, wq), group_info(group)[1]
+    world = group_info(group)[1]
     block = (xq.data.shape[0] // world,) + tuple(xq.data.shape[1:-1]) + (wq.data.shape[0],)  # [s/P, b, h]
-    return scatter(Producer(lambda span, out: gemm(xq.data[span[0]:span[1]], out), into=True), block,
-                   sums(xq.dtype, xq.data.device, plan.wire_dtype), group, ctx, ring)
+    return scatter(scaled_producer(xq, wq), block, sums(xq.dtype, xq.data.device, plan.wire_dtype), group, ctx, ring)
 
 
 @register(OP, "flash")
@@ -82,5 +60,5 @@ def rs_matmul_fp8_ring(xq, wq, group, ctx, plan):
 @register(OP, "slicing")
 def rs_matmul_fp8_slicing(xq, wq, group, ctx, plan):
     """Data slicing: one scaled GEMM per row chunk of every block (matmul_rs.py sliced_scatter)."""
-    gemm = partial_gemm(xq, wq)
+    gemm = scaled_partial(xq, wq)
     return sliced_scatter(lambda xc, wdt: gemm(xc).to(wdt), xq.data, wq.data.shape[0], xq.dtype, group, ctx, plan)
