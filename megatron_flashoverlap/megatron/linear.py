@@ -90,14 +90,13 @@ def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: 
     """(the SP operator's OpPlan, the all-reduce operator's OpPlan) of a layer, made once; None where the site
     runs stock (no site, or algo 'reference'). Without SP the flash algos take the config's all_reduce.num_chunks
     (the all-reduce operators have no hop sub-chunks and keep nothing gathered); keep_gathered is a column's.
-    Under FP8 (`fp8`, megatron/fp8.py) the SP operator's plan carries the recipe (the no-SP operators have no
-    FP8 path: refused at build, config/refusals.py)."""
+    Under FP8 (`fp8`, megatron/fp8.py) both carry the recipe."""
     if site is None or site.is_reference:
         return None, None
     algo = "flash" if site.algo == "auto" else site.algo  # auto: flash is the candidate against stock
     sp = OpPlan(algo, site.num_chunks, site.hop_chunks, site.keep_gathered and column, fp8=fp8)
     chunks = site.num_chunks if site.num_chunks is not None else flash_config.all_reduce.num_chunks
-    return sp, OpPlan(algo, chunks)
+    return sp, OpPlan(algo, chunks, fp8=fp8)
 
 
 @functools.lru_cache(maxsize=64)
@@ -177,12 +176,12 @@ class _FlashMixin:
         all-reduce, "<algo> (all-reduce, no SP)"), or "stock (why)"; under FP8 "<algo> (FP8 <format>)", the FP8
         reference where stock's reason is algo reference or TP 1."""
         why = self._stock_reason()
-        if self.flash_fp8 is not None:
-            fp8 = f"FP8 {self.flash_fp8.format} {self.flash_fp8.recipe}"
-            return f"reference ({fp8}; {why})" if why is not None else f"{self.flash_plan.algo} ({fp8})"
+        fp8 = "" if self.flash_fp8 is None else f"FP8 {self.flash_fp8.format} {self.flash_fp8.recipe}"
         if why is not None:
-            return f"stock ({why})"
-        return self.flash_plan.algo if self.sequence_parallel else f"{self.flash_plan.algo} (all-reduce, no SP)"
+            return f"reference ({fp8}; {why})" if fp8 else f"stock ({why})"
+        if self.sequence_parallel:
+            return f"{self.flash_plan.algo} ({fp8})" if fp8 else self.flash_plan.algo
+        return f"{self.flash_plan.algo} (all-reduce, no SP{'; ' + fp8 if fp8 else ''})"
 
     def _fp8_stock(self, why: str) -> OpPlan:
         """Under FP8, the plan of a layer stock would run (`why`): the FP8 reference (the collective, then one FP8

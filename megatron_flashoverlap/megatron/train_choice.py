@@ -9,7 +9,8 @@
         key: <site>/train/<bucket of the input's s * b>; where no higher tier answers and the budget allows, the
         candidates run forward + backward in paired rounds (runtime/timing.py `paired`) on a probe of x's shape
         with a detached copy of the weight (dW returned and dropped: main_grad and the DP buffers untouched):
-            reference   OpPlan("reference", fp8=flash.fp8): the blocking collective, then the GEMM (stock's order)
+            reference   reference_plan(flash): the blocking collective, then the GEMM (stock's order; under FP8
+                        the same FP8 GEMM as flash's: Megatron's forward has none)
             flash       the layer's flash plan (decomposed ring, rank-adaptive slices)
         ONCE per key; the samples are the max over `replicas(group)` as well (the ranks that must run the same
         arithmetic: Megatron's tensor + data parallel group of this pipeline stage), so every replica of a
@@ -24,13 +25,7 @@ import torch
 from ..plan.chooser import Chooser, Key, bucket
 from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
-from ..ops.registry import OpPlan
-
-
-def _reference(flash: OpPlan) -> OpPlan:
-    """Stock's order, the candidate `flash` is timed against: the blocking collective, then the GEMM (under FP8
-    the same FP8 GEMM as `flash`'s: Megatron's forward has none)."""
-    return OpPlan("reference", fp8=flash.fp8)
+from ..ops.registry import OpPlan, reference_plan
 
 
 def train_key(site: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -74,5 +69,5 @@ def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
             probe.grad = w.grad = None
         return run
     with torch.enable_grad():
-        return paired({"reference": step(_reference(flash)), "flash": step(flash)}, group, x.device, rounds=ROUNDS,
+        return paired({"reference": step(reference_plan(flash)), "flash": step(flash)}, group, x.device, rounds=ROUNDS,
                       warmup=WARMUP, replicas=replicas(group))

@@ -11,8 +11,8 @@ BF16 = torch.bfloat16
 S, B, H, N = 32, 2, 32, 64  # tokens per rank s/P * b = 32 at P = 2: every FP8 dimension a multiple of 16
 
 
-def _config(world, fmt):
-    return tm.tiny_config(world, True, hidden=H, heads=4, ffn=N, fp8=fmt, fp8_recipe="tensorwise")
+def _config(world, fmt, sp=True):
+    return tm.tiny_config(world, sp, hidden=H, heads=4, ffn=N, fp8=fmt, fp8_recipe="tensorwise")
 
 
 def _column(cfg, flash, gather_output=False):
@@ -87,6 +87,40 @@ def row(rank, world, flash, fmt="hybrid"):
         return {"y_vs_recipe": _rel(y, y64), "dx_is_recipe": bool(torch.equal(xs.grad, dx[..., rank * kl:(rank + 1) * kl])),
                 "dw_vs_recipe": _rel(layer.weight.grad, dws[rank]), "bias_is_param": bias is layer.bias,
                 "y_vs_bf16": _rel(y, (x.float() @ w.float().t())[rows]), "ran": layer.flash_ran()}
+    finally:
+        tm.destroy()
+
+
+def no_sp(rank, world):
+    """fc1 then fc2 without SP (the all-reduce operators): y of the row against the recipe's fp32 partials of the
+    column's output, summed in fp64; both sites say FP8."""
+    from megatron_flashoverlap.config import from_dict
+    from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear, FlashRowParallelLinear
+
+    tm.init_tp(world)
+    try:
+        cfg, flash = _config(world, "hybrid", sp=False), from_dict({"default": {"algo": "flash"}})
+        torch.manual_seed(3)
+        fc1 = FlashColumnParallelLinear(H, N, config=cfg, init_method=cfg.init_method, bias=False, skip_bias_add=True,
+                                        is_expert=False, gather_output=False, tp_comm_buffer_name="fc1",
+                                        flash_config=flash).to(BF16)
+        fc2 = FlashRowParallelLinear(N, H, config=cfg, init_method=cfg.init_method, bias=False, skip_bias_add=True,
+                                     is_expert=False, input_is_parallel=True, tp_comm_buffer_name="fc2",
+                                     flash_config=flash).to(BF16)
+        x = (torch.randn(S, B, H, generator=torch.Generator().manual_seed(9)) * 3).to(BF16)
+        h, _ = fc1(x)
+        y, _ = fc2(h)
+        want, _ = recipe_forward(x, fc1.weight.detach(), None)  # the column: x whole (it is not split here)
+        steps = {}
+        with torch.no_grad():  # inference: a decode step (one token per sequence) and a prefill step, each against
+            for kind, rows in (("decode", slice(0, 1)), ("prefill", slice(None))):  # the training forward of its x
+                z = h[rows].detach()
+                fc2.flash_step_kind = "train"
+                trained = fc2(z)[0]
+                fc2.flash_step_kind = kind
+                steps[kind] = _rel(fc2(z)[0], trained)
+        return {"h_is_recipe": bool(torch.equal(h, want)), "y_finite": bool(torch.isfinite(y).all()),
+                "ran": (fc1.flash_ran(), fc2.flash_ran()), "shape": tuple(y.shape), "steps": steps}
     finally:
         tm.destroy()
 

@@ -42,6 +42,16 @@ def test_an_fp8_row_runs_the_recipe(pools, flash, ran):
         assert res["bias_is_param"] and res["ran"] == ran
 
 
+def test_without_sp_both_layers_run_fp8(pools):
+    for res in pools(2).run(f"{BODY}:no_sp", timeout=300):
+        assert res["h_is_recipe"] and res["y_finite"] and res["shape"] == (32, 2, 32)
+        assert res["ran"] == ("flash (all-reduce, no SP; FP8 hybrid tensorwise)",) * 2
+        # an inference step of the row (the chooser's decode all-reduce, prefill's pick; no dW, so one token needs
+        # no multiple of 16) runs the same FP8 GEMM as the training forward of the same x: within one bf16
+        # rounding (the two partials summed on another path)
+        assert set(res["steps"]) == {"decode", "prefill"} and max(res["steps"].values()) <= 2 ** -7, res["steps"]
+
+
 def test_a_forward_stock_would_run_without_fp8_is_refused(pools):
     for text in pools(2).run(f"{BODY}:refused_stock_forward", timeout=300):
         assert text is not None and "gather_output" in text and "without FP8" in text and "drop --fp8-format" in text

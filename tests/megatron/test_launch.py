@@ -112,12 +112,10 @@ def test_flag_off_changes_nothing():
     ({"flash_overlap": True, "tp_comm_overlap": True}, ["drop --tp-comm-overlap"]),
     ({"flash_overlap": True, "fp8": "hybrid", "fp8_recipe": "delayed"},
      ["--fp8-recipe delayed", "use --fp8-recipe tensorwise", "drop --flash-overlap"]),
-    ({"flash_overlap": True, "fp8": "hybrid", "fp8_recipe": "tensorwise", "tensor_model_parallel_size": 2},
-     ["--fp8-format hybrid", "all-reduce operators", "add --sequence-parallel"]),
     ({"flash_overlap": True, "fp4": "e2m1"}, ["--fp4-format e2m1", "drop --fp4-format"]),
     ({"flash_overlap": True, "fp8_param_gather": True}, ["--fp8-param-gather", "Transformer Engine's FP8"]),
     ({"flash_overlap": True, "fp4_param_gather": True}, ["--fp4-param-gather", "drop --fp4-param-gather"]),
-], ids=["missing_file", "config_without_flag", "other_spec", "tp_comm_overlap", "fp8_delayed", "fp8_no_sp", "fp4",
+], ids=["missing_file", "config_without_flag", "other_spec", "tp_comm_overlap", "fp8_delayed", "fp4",
         "fp8_param_gather", "fp4_param_gather"])
 def test_bad_flags_name_the_fix(kw, words):
     with pytest.raises(ValueError) as err:

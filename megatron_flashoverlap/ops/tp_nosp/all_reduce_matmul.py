@@ -286,7 +286,8 @@ def _fp8_checked(op: str, x, weight, bias, group, plan: OpPlan, call: Fp8Call, c
     group of one, the context)."""
     plan = fp8_plan(op, plan, call, DEFAULT_CHUNKS)
     ctx = checked_context(op, x, weight, bias, group, context, call.route)
-    check_fp8_shapes(op, x, weight, x.shape[0], group_info(group)[1], plan, weight.requires_grad)
+    check_fp8_shapes(op, x, weight, x.shape[0], group_info(group)[1], plan,
+                     torch.is_grad_enabled() and weight.requires_grad)  # inference takes no dW
     return (plan, ctx) if ctx is not None else (reference_plan(plan), context or default_context())
 
 

@@ -5,7 +5,8 @@
         key: <site>/<kind>/<bucket of s * b>; where no higher tier answers (plan/chooser.py) and the budget
         allows, the two candidates run in paired rounds (runtime/timing.py `paired`) on x [bucket, 1, k/P] with
         the layer's own weight, forward only (inference):
-            reference   y = AR(x @ w^T): one GEMM, then stock's all-reduce
+            reference   y = AR(x @ w^T): one GEMM, then stock's all-reduce (registry.reference_plan: under FP8
+                        the same FP8 GEMM)
             decomposed  `plan` (the layer's algo: chunked Flash-RS + Flash-AG, or slicing)
         ONCE per key; group rank 0 logs the one line. Inside a CUDA-graph capture nothing is measured.
 A training step never asks: its plan is the layer's (forward and backward as one operator).
@@ -17,10 +18,8 @@ import torch
 from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
-from ..registry import OpPlan
+from ..registry import OpPlan, reference_plan
 from .all_reduce_matmul import ar_matmul_forward
-
-_REFERENCE = OpPlan("reference")
 
 
 def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -37,13 +36,13 @@ def inference_plan(chooser: Chooser, key: Key, x: torch.Tensor, weight: torch.Te
     known = chooser.answer(key)
     if known is None:
         known = settle(chooser, key, x.device, group, lambda: _samples(key.bucket, x, weight, group, ctx, plan))
-    return plan if known.pick == "decomposed" else _REFERENCE
+    return plan if known.pick == "decomposed" else reference_plan(plan)
 
 
 def _samples(tokens: int, x, weight, group, ctx, plan) -> dict[str, list[float]]:
     """{reference, decomposed: [seconds per kept round]} of one forward on a probe x [tokens, 1, k/P]."""
     probe = torch.ones((tokens, 1, x.shape[-1]), dtype=x.dtype, device=x.device)
     with torch.no_grad():
-        return paired({"reference": lambda: ar_matmul_forward(probe, weight, group, ctx, _REFERENCE),
+        return paired({"reference": lambda: ar_matmul_forward(probe, weight, group, ctx, reference_plan(plan)),
                        "decomposed": lambda: ar_matmul_forward(probe, weight, group, ctx, plan)},
                       group, x.device, rounds=ROUNDS, warmup=WARMUP)

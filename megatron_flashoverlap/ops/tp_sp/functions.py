@@ -153,7 +153,8 @@ def _fp8_sized(op: str, x, weight, group, plan: OpPlan, ctx, rows: int) -> OpPla
     """The plan sized for a shard of `rows` rows (a group of one, ctx None: the reference, one FP8 GEMM), then
     CUDA's FP8 rules on the shapes it will multiply (ops/checks.py check_fp8_shapes), before any transfer."""
     plan = sized(plan, rows) if ctx is not None else reference_plan(plan)
-    check_fp8_shapes(op, x, weight, rows, group_info(group)[1], plan, weight.requires_grad)
+    check_fp8_shapes(op, x, weight, rows, group_info(group)[1], plan,
+                     torch.is_grad_enabled() and weight.requires_grad)  # inference takes no dW
     return plan
 
 
