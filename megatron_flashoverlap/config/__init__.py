@@ -67,15 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-# The algorithm words, defined once (the ops registry maps them to functions; YAML is checked against them).
-# `reference` is the one name of the unfused path: the stock collective, then the GEMM.
-ALGOS = ("flash", "flash_bidir", "slicing", "reference")
-# a layer's word in the YAML: an algorithm, or auto (plan/chooser.py: stock or flash, measured at the training
-# shape at the first training step; inference steps choose as every layer does)
-SITE_ALGOS = ALGOS + ("auto",)
+# The algorithm words, defined once in config/plan.py (the ops registry maps them to functions; YAML is checked
+# against them): ALGOS (`reference` is the one name of the unfused path: the stock collective, then the GEMM),
+# SITE_ALGOS (a layer's word: an algorithm, or auto, plan/chooser.py), ALL_REDUCE_ALGOS.
+from .plan import (ALGOS, ALL_REDUCE_ALGOS, SITE_ALGOS, Fp8Recipe, OpPlan,  # noqa: E402,F401  (re-exported)
+                   _positive_int_or_none)
 TRAIN_PICKS = ("reference", "flash")  # the candidates of an auto layer's training step
-ALL_REDUCE_ALGOS = ("auto", "reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
-                    "hierarchical_hd")
 ULYSSES_ALGOS = ("flash", "reference")
 # attention.ulysses_algo: an a2a word, or auto (the default: reference or flash, measured at the attention's first
 # training forward; ops/attention/choose.py)
@@ -111,60 +108,21 @@ _DOC_KEYS = ("description", "stock_megatron")
 _PASSES = ("fprop", "dgrad", "wgrad")  # Transformer Engine's per-pass site names: refused, with the fix
 
 
-def _positive_int_or_none(value, where: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{where} must be an integer >= 1 (e.g. 4), got {value!r}")
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    """What one layer runs, forward and backward together: algo in SITE_ALGOS, and its knobs. The default is
-    auto: a user who adds the flag is never made slower than stock by a site the overlap does not pay at."""
-    algo: str = "auto"
-    num_chunks: int | None = None
-    keep_gathered: bool = False
-    hop_chunks: int | None = None
-
-    def __post_init__(self):
-        if self.algo in ("off", False):  # YAML 1.1 reads a bare `off` as false
-            raise ValueError("algo 'off' is now called 'reference' (the unfused path: Megatron's own forward); "
-                             "write algo: reference")
-        if self.algo not in SITE_ALGOS:
-            raise ValueError(f"unknown algo {self.algo!r}; choose one of {SITE_ALGOS}")
-        if self.algo == "slicing":
-            if self.num_chunks is None:
-                raise ValueError("algo 'slicing' needs num_chunks >= 1 (e.g. num_chunks: 4)")
-            _positive_int_or_none(self.num_chunks, "num_chunks")
-        elif self.num_chunks is not None:
-            raise ValueError(f"num_chunks is a knob of algo 'slicing' only; remove it for algo {self.algo!r}")
-        if not isinstance(self.keep_gathered, bool):
-            raise ValueError(f"keep_gathered must be true or false, got {self.keep_gathered!r}")
-        _positive_int_or_none(self.hop_chunks, "hop_chunks")
-        if self.hop_chunks is not None and self.algo not in ("flash", "auto"):
-            raise ValueError(f"hop_chunks is a knob of algo 'flash' (and auto's flash) only; remove it for algo "
-                             f"{self.algo!r}")
-
-    @property
-    def is_reference(self) -> bool:
-        """The unfused path: the layer runs Megatron's own forward."""
-        return self.algo == "reference"
-
-
 from .sections import (AllReduceSettings, AttentionSettings, ChoiceSettings, DPSettings,  # noqa: E402
                        MoESettings, PlannerSettings)
 
 
 def _plan():
-    return field(default_factory=LayerPlan)
+    return field(default_factory=lambda: OpPlan("auto"))
 
 
 @dataclass(frozen=True)
 class FlashOverlapConfig:
-    """Frozen: one LayerPlan per layer, the attention and all-reduce settings, the P2P wait timeout."""
-    qkv: LayerPlan = _plan()
-    proj: LayerPlan = _plan()
-    fc1: LayerPlan = _plan()
-    fc2: LayerPlan = _plan()
+    """Frozen: one OpPlan per layer, the attention and all-reduce settings, the P2P wait timeout."""
+    qkv: OpPlan = _plan()
+    proj: OpPlan = _plan()
+    fc1: OpPlan = _plan()
+    fc2: OpPlan = _plan()
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     all_reduce: AllReduceSettings = field(default_factory=AllReduceSettings)
     moe: MoESettings = field(default_factory=MoESettings)
@@ -185,7 +143,7 @@ class FlashOverlapConfig:
             raise ValueError(f"timeout_s must be a number of seconds > 0 (or absent: the process group's own "
                              f"timeout), got {t!r}")
 
-    def plan(self, layer: str) -> LayerPlan:
+    def plan(self, layer: str) -> OpPlan:
         """The plan of `layer` (qkv/proj/fc1/fc2)."""
         if layer not in LAYERS:
             raise ValueError(f"unknown layer {layer!r}; choose one of {LAYERS} (Megatron's tp_comm_buffer_name)")
@@ -225,10 +183,10 @@ def from_dict(data: Mapping, env: Environment | None = None) -> FlashOverlapConf
 
 def to_dict(cfg: FlashOverlapConfig) -> dict:
     """The YAML mapping that from_dict turns back into `cfg` (every layer and section written out)."""
-    def plain(obj):
+    def plain(obj, keys=None):
         return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in vars(obj).items()
-                if not k.startswith("_") and v is not None}
-    out = {layer: plain(cfg.plan(layer)) for layer in LAYERS}
+                if not k.startswith("_") and v is not None and (keys is None or k in keys)}
+    out = {layer: plain(cfg.plan(layer), PLAN_KNOBS) for layer in LAYERS}  # a site's words, not an operator's
     out.update({name: plain(getattr(cfg, name)) for name in _SECTIONS})
     out["timeout_s"] = cfg.timeout_s
     if cfg.description:
@@ -257,7 +215,7 @@ def _mapping(values, where: str) -> dict:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _layer_plan(layer: str, default: dict, values) -> LayerPlan:
+def _layer_plan(layer: str, default: dict, values) -> OpPlan:
     """The layer's own entry, else the default (whose keep_gathered reaches column layers only)."""
     where = layer if values is not None else "default"
     kw = _mapping(values, layer) if values is not None else dict(default)
@@ -266,8 +224,12 @@ def _layer_plan(layer: str, default: dict, values) -> LayerPlan:
     unknown = sorted(set(kw) - set(PLAN_KNOBS))
     if unknown:
         raise ValueError(f"{where}: unknown knob(s) {unknown}; valid knobs: {PLAN_KNOBS}")
+    kw.setdefault("algo", "auto")
+    if kw.get("num_chunks") is not None and kw["algo"] != "slicing":  # a site's all-reduce chunks: all_reduce:
+        raise ValueError(f"{where}: num_chunks is a knob of algo 'slicing' only; remove it for algo "
+                         f"{kw['algo']!r} (the all-reduce's sequence chunks: all_reduce: {{num_chunks: N}})")
     try:
-        return LayerPlan(**kw)
+        return OpPlan(**kw)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
 

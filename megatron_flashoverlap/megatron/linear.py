@@ -11,7 +11,7 @@
 
 Same constructor, parameters, attributes, sharded_state_dict, backward_dw and (output, bias) return as
 the stock classes (they ARE the stock classes, only `forward` differs). The site (`tp_comm_buffer_name`:
-qkv, proj, fc1, fc2) picks its LayerPlan from the `flash_config` the spec passes in (None: `config.active()`),
+qkv, proj, fc1, fc2) picks its OpPlan from the `flash_config` the spec passes in (None: `config.active()`),
 and the layer resolves it ONCE, at construction, into the OpPlan its operator runs (ops/registry.py): one for the
 SP operator, one for the all-reduce operator without SP; a forward hands that object down with a WgradRoute
 (where this call's dW goes: main_grad, the fused DP reduce-scatter, or returned).
@@ -46,7 +46,7 @@ import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel import layers as megatron_layers
 
-from ..config import LAYERS, FlashOverlapConfig, LayerPlan, active
+from ..config import LAYERS, FlashOverlapConfig, active
 from ..config.refusals import refuse
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
 from ..ops.all_reduce.calibrate import decode_key, decode_pick
@@ -81,12 +81,12 @@ def _apex_fused_wgrad() -> bool:
     return bool(getattr(megatron_layers, "_grad_accum_fusion_available", False))
 
 
-def _site_plan(flash_config: FlashOverlapConfig, buffer_name: str | None) -> LayerPlan | None:
+def _site_plan(flash_config: FlashOverlapConfig, buffer_name: str | None) -> OpPlan | None:
     """The plan of this layer's site, or None when the name is not one of qkv/proj/fc1/fc2."""
     return flash_config.plan(buffer_name) if buffer_name in LAYERS else None
 
 
-def _op_plans(site: LayerPlan | None, flash_config: FlashOverlapConfig, column: bool, fp8=None):
+def _op_plans(site: OpPlan | None, flash_config: FlashOverlapConfig, column: bool, fp8=None):
     """(the SP operator's OpPlan, the all-reduce operator's OpPlan) of a layer, made once; None where the site
     runs stock (no site, or algo 'reference'). Without SP the flash algos take the config's all_reduce.num_chunks
     (the all-reduce operators have no hop sub-chunks and keep nothing gathered); keep_gathered is a column's.

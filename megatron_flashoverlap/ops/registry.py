@@ -5,9 +5,10 @@
                    path (the stock collective, then the GEMM)
     TABLES         op -> algo -> plain function, filled by `register` where the functions are defined
     KNOBS          GEMM op -> the OpPlan knobs it reads besides algo and wire_dtype
-    OpPlan         the settings object of one GEMM operator call: the algorithm and its knobs, checked once
-                   when made (a Megatron layer makes its plan once, at construction: megatron/linear.py; a
-                   caller passes one as `plan=`; a wrapper's `algo=` is the shorthand for OpPlan(algo))
+    OpPlan         the settings object of one GEMM operator call (config/plan.py; a Megatron layer makes its
+                   plans once, at construction: megatron/linear.py; a caller passes one as `plan=`; a
+                   wrapper's `algo=` is the shorthand for OpPlan(algo))
+    ring_of(plan, name, tag)  the runtime's option object of one ring pass of a plan, made once
     WgradRoute     where a GEMM operator's dW goes: returned, added into a buffer, or handed to a function
     Fp8Call        what an FP8 call carries besides its OpPlan: its WgradRoute and the delayed recipe's state
     resolve(op, plan) -> the plan the call runs (cached): words and knobs checked, force_reference() applied
@@ -26,24 +27,9 @@ a plain function gets the plan and reads the knobs it uses (a ring's direction i
 flash and flash_bidir share a function). Ops named "<op>.<pass>" (e.g. "all_gather_matmul.backward") are the
 passes one public operator runs.
 
-The OpPlan knobs:
-    algo               flash, flash_bidir (the ring both ways), slicing (the baseline), reference
-    num_chunks         slicing: its chunk count (required); the all-reduce operators' flash algos: sequence
-                       chunks (None: their default); refused elsewhere
-    hop_chunks         flash only: row sub-chunks per ring hop (None: automatic, ops/tp_sp/hops.py)
-    keep_gathered      all_gather_matmul: keep AG(x) from forward for the weight gradient (memory for time)
-    wire_dtype         what reduce-scatter partials travel in: "input" (stock's bytes) or "fp32"
-    decode_all_reduce  matmul_all_reduce on decode-shaped x [1, b, k/P]: the all_reduce algo ("auto": the
-                       calibrated choice; None: run `algo` on decode inputs too)
-    fp8                the TP GEMM operators (all_gather_matmul, matmul_reduce_scatter, matmul_all_reduce,
-                       matmul_allreduce_dgrad): an Fp8Recipe (runtime/fp8.py): every GEMM slice of the call,
-                       forward and backward, is an FP8 torch._scaled_mm, every all-gather of an operand carries
-                       FP8 bytes (the column's x, the row's dy) and every reduce-scatter or all-reduce bf16 /
-                       fp32 partials (wire_dtype) (None: no FP8); refused by the operators that have no FP8
-                       path, never run without it
-    decode_step        matmul_all_reduce: the caller knows this call belongs to a decode-only step (one new
-                       token per sequence in any layout, e.g. the dynamic engine's [n, 1, k/P]): the decode
-                       all-reduce runs whatever x's shape (False: decode-shaped x [1, b, k/P] only)
+OpPlan (config/plan.py, its knobs' legend there) is the settings object of a call; KNOBS below says which
+knobs each GEMM operator reads (fp8: the four TP GEMM operators, every GEMM slice in FP8, every all-gather of an
+operand in FP8 bytes, every reduce-scatter or all-reduce in bf16 / fp32 partials; refused by the others).
 Per call a wrapper only resolves its plan (`resolve`, cached per operator and plan: a knob the operator does
 not read is refused, not ignored; force_reference() gives the reference plan; the all-reduce operators' flash
 chunks are filled in); the TP/SP operators then fix hop_chunks for the shard (tp_sp/hops.py
@@ -57,14 +43,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Callable, NamedTuple
 
 import torch
 
-from ..config import ALGOS, ALL_REDUCE_ALGOS, MOE_ALGOS, ULYSSES_ALGOS, _positive_int_or_none
-from ..runtime import Ring, check_wire
-from ..runtime.fp8 import DelayedScales, Fp8Recipe
+from ..config import ALGOS, ALL_REDUCE_ALGOS, MOE_ALGOS, ULYSSES_ALGOS
+from ..config.plan import RENAMED, OpPlan
+from ..runtime import Ring
+from ..runtime.fp8 import DelayedScales
 
 # the public operators and the algorithm words each takes (all_reduce's "auto" is resolved by the op)
 ALLOWED = {
@@ -79,7 +66,6 @@ ALLOWED = {
     "matmul_wgrad_reduce_scatter": ("flash", "flash_bidir", "reference"),
     "expert_all_to_all": MOE_ALGOS,
 }
-RENAMED = {"stock": "reference", "off": "reference"}  # old words for the unfused path
 TABLES: dict[str, dict[str, Callable]] = {}
 _state = threading.local()
 
@@ -124,6 +110,9 @@ def check_algo(op: str, algo: str) -> None:
     allowed = ALLOWED[op]
     if algo in allowed:
         return
+    if algo == "auto" and "auto" not in allowed:
+        raise ValueError(f"{op}: algo 'auto' is a layer's word (the chooser picks per call shape, "
+                         f"plan/chooser.py); an operator call runs one of {allowed}")
     hint = f" ({algo!r} is now called {RENAMED[algo]!r})" if algo in RENAMED else ""
     raise ValueError(f"{op}: unknown algo {algo!r}{hint}; choose one of {allowed}")
 
@@ -152,62 +141,10 @@ KNOBS = {
 CHUNKED = ("matmul_all_reduce", "matmul_allreduce_dgrad")
 
 
-@dataclass(frozen=True)
-class OpPlan:
-    """One GEMM operator call's algorithm and knobs (module docstring), checked once when made."""
-    algo: str = "flash"
-    num_chunks: int | None = None
-    hop_chunks: int | None = None
-    keep_gathered: bool = False
-    wire_dtype: str = "input"
-    decode_all_reduce: str | None = "auto"
-    decode_step: bool = False
-    fp8: Fp8Recipe | None = None
-
-    def __post_init__(self):
-        if self.algo not in ALGOS:
-            hint = f" ({self.algo!r} is now called {RENAMED[self.algo]!r})" if self.algo in RENAMED else ""
-            raise ValueError(f"unknown algo {self.algo!r}{hint}; choose one of {ALGOS}")
-        _positive_int_or_none(self.num_chunks, "num_chunks")
-        if self.algo == "slicing" and self.num_chunks is None:
-            raise ValueError("algo 'slicing' needs num_chunks >= 1 (e.g. OpPlan('slicing', num_chunks=4))")
-        _positive_int_or_none(self.hop_chunks, "hop_chunks (sub-chunks per hop; None: automatic)")
-        if self.hop_chunks is not None and self.algo != "flash":
-            raise ValueError(f"hop_chunks is a knob of algo 'flash' only (got algo {self.algo!r}); remove it or "
-                             f"use algo 'flash'")
-        if not isinstance(self.keep_gathered, bool):
-            raise ValueError(f"keep_gathered must be True or False, got {self.keep_gathered!r}")
-        check_wire("OpPlan", self.wire_dtype)
-        if self.decode_all_reduce is not None and self.decode_all_reduce not in ALL_REDUCE_ALGOS:
-            raise ValueError(f"decode_all_reduce {self.decode_all_reduce!r}: choose one of {ALL_REDUCE_ALGOS} "
-                             f"or None (decode inputs run `algo` too)")
-        if not isinstance(self.decode_step, bool):
-            raise ValueError(f"decode_step must be True or False, got {self.decode_step!r}")
-        if self.fp8 is not None and not isinstance(self.fp8, Fp8Recipe):
-            raise ValueError(f"fp8 must be an Fp8Recipe (megatron_flashoverlap.runtime.fp8) or None, got "
-                             f"{type(self.fp8).__name__}")
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
-        object.__setattr__(self, "_rings", {})  # (name, tag) -> Ring: made once per plan
-
-    def __hash__(self) -> int:  # hashed once: the per-call plan caches (resolve, sized) look plans up by it
-        return self._hash
-
-    @property
-    def bidirectional(self) -> bool:
-        """The ring runs both ways (half of each shard each way)."""
-        return self.algo == "flash_bidir"
-
-    @property
-    def hops(self) -> int:
-        """Row sub-chunks per hop of the ring that runs (1 where the plan leaves it open or has no ring)."""
-        return self.hop_chunks or 1
-
-    def ring(self, name: str, tag: int = 0) -> Ring:
-        """The runtime's option object of one ring pass of this plan (runtime/options.py), made once."""
-        ring = self._rings.get((name, tag))
-        if ring is None:
-            ring = self._rings[(name, tag)] = Ring(self.bidirectional, self.hops, name, tag)
-        return ring
+@functools.lru_cache(maxsize=1024)
+def ring_of(plan: OpPlan, name: str, tag: int = 0) -> Ring:
+    """The runtime's option object of one ring pass of `plan` (runtime/options.py), made once per plan and pass."""
+    return Ring(plan.bidirectional, plan.hops, name, tag)
 
 
 class WgradRoute:

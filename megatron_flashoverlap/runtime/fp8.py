@@ -1,10 +1,8 @@
 """FP8 recipe math: the formats, the recipe, amax, the scale, the saturating cast, the delayed recipe's state.
 
     FORMATS                      "e4m3" torch.float8_e4m3fn, max 448; "e5m2" torch.float8_e5m2, max 57344
-    Fp8Recipe(format, recipe, margin, amax_history_len, amax_compute_algo, interval)
-                                 Megatron's --fp8-format, --fp8-recipe, --fp8-margin, --fp8-amax-history-len,
-                                 --fp8-amax-compute-algo, --fp8-interval (its defaults); checked when made
-    recipe.fmt(role)             a role's format: e4m3, but e5m2 for "grad_output" under "hybrid"
+    Fp8Recipe                    the recipe (config/plan.py: Megatron's --fp8-* flags), re-exported here
+    fmt(recipe, role)            a role's format: e4m3, but e5m2 for "grad_output" under "hybrid"
     amax(x)                      max |x| -> 0-dim fp32
     scale_for(amax, fmt_max, margin, prev)
                                  fmt_max / amax / 2^margin; `prev` where amax is 0 or not finite (nothing to
@@ -28,12 +26,12 @@ _scaled_mm multiplies by the dequantization scale: a Quantized carries scale_inv
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
+from ..config.plan import AMAX_ALGOS, FP8_FORMATS, FP8_RECIPES, Fp8Recipe  # noqa: F401  (re-exported)
 from .group import group_info
 
 
@@ -46,44 +44,12 @@ class Fp8Format(NamedTuple):
 FORMATS = {"e4m3": Fp8Format("e4m3", torch.float8_e4m3fn, 448.0),
            "e5m2": Fp8Format("e5m2", torch.float8_e5m2, 57344.0)}
 ROLES = ("input", "weight", "grad_output")
-FP8_FORMATS = ("e4m3", "hybrid")  # Megatron's --fp8-format words
-FP8_RECIPES = ("tensorwise", "delayed")  # of Megatron's --fp8-recipe words, the ones our GEMMs run
-AMAX_ALGOS = ("max", "most_recent")
 _FP32_MAX = torch.finfo(torch.float32).max
 
 
-def _check_int(name: str, value, low: int, flag: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"Fp8Recipe: {name} must be an integer >= {low}, got {value!r}; set {flag} to one")
-
-
-@dataclass(frozen=True)
-class Fp8Recipe:
-    """One FP8 recipe (module docstring), checked once when made; each error names the flag to change."""
-    format: str = "e4m3"
-    recipe: str = "tensorwise"
-    margin: int = 0
-    amax_history_len: int = 1
-    amax_compute_algo: str = "most_recent"
-    interval: int = 1
-
-    def __post_init__(self):
-        if self.format not in FP8_FORMATS:
-            raise ValueError(f"Fp8Recipe: format {self.format!r} is not one of {FP8_FORMATS}; set --fp8-format "
-                             f"e4m3 (every tensor e4m3) or hybrid (gradients e5m2)")
-        if self.recipe not in FP8_RECIPES:
-            raise ValueError(f"Fp8Recipe: recipe {self.recipe!r} has no per-tensor FP8 GEMM here; set "
-                             f"--fp8-recipe to one of {FP8_RECIPES}, or drop --flash-overlap for it")
-        if self.amax_compute_algo not in AMAX_ALGOS:
-            raise ValueError(f"Fp8Recipe: amax_compute_algo {self.amax_compute_algo!r}: set "
-                             f"--fp8-amax-compute-algo to one of {AMAX_ALGOS}")
-        _check_int("margin", self.margin, 0, "--fp8-margin")
-        _check_int("amax_history_len", self.amax_history_len, 1, "--fp8-amax-history-len")
-        _check_int("interval", self.interval, 1, "--fp8-interval")
-
-    def fmt(self, role: str) -> Fp8Format:
-        """The format tensors of `role` are cast to: e5m2 for gradients under "hybrid", else e4m3."""
-        return FORMATS["e5m2" if self.format == "hybrid" and role == "grad_output" else "e4m3"]
+def fmt(recipe: Fp8Recipe, role: str) -> Fp8Format:
+    """The format tensors of `role` are cast to under `recipe` (config/plan.py Fp8Recipe.format_of)."""
+    return FORMATS[recipe.format_of(role)]
 
 
 class Quantized(NamedTuple):
@@ -138,11 +104,11 @@ def cast_shared(x: torch.Tensor, role: str, recipe: Fp8Recipe, scales: "DelayedS
 
 
 def _cast(x, role, recipe, scales, amax_):
-    fmt = recipe.fmt(role)
+    form = fmt(recipe, role)
     if recipe.recipe == "tensorwise":
-        return quantize(x, scale_for(amax_, fmt.max, recipe.margin, torch.ones_like(amax_)), fmt)
+        return quantize(x, scale_for(amax_, form.max, recipe.margin, torch.ones_like(amax_)), form)
     scales.record(role, amax_)
-    return quantize(x, scales.scale(role), fmt)
+    return quantize(x, scales.scale(role), form)
 
 
 class DelayedScales:
@@ -156,7 +122,7 @@ class DelayedScales:
         self.recipe, self.updates = recipe, 0
         self.history = torch.zeros(recipe.amax_history_len, len(ROLES), dtype=torch.float32, device=device)
         self.scales = torch.ones(len(ROLES), dtype=torch.float32, device=device)
-        self.maxes = torch.tensor([recipe.fmt(r).max for r in ROLES], dtype=torch.float32, device=device)
+        self.maxes = torch.tensor([fmt(recipe, r).max for r in ROLES], dtype=torch.float32, device=device)
 
     def scale(self, role: str) -> torch.Tensor:
         """The 0-dim scale `role` is cast with this step."""

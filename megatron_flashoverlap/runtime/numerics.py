@@ -44,22 +44,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..config.plan import WIRE_DTYPES, check_wire  # noqa: F401  (the wire words: config/plan.py)
 from .options import Producer, Sums
 
 _LOW = (torch.bfloat16, torch.float16)
-WIRE_DTYPES = ("input", "fp32")  # the words of every reduce-scattering operator's wire_dtype=
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype partial sums are kept in: fp32 for bf16/fp16, the input dtype otherwise."""
     return torch.float32 if dtype in _LOW else dtype
-
-
-def check_wire(op: str, wire: str) -> None:
-    """ValueError naming the accepted words, where an operator first sees its wire_dtype."""
-    if wire not in WIRE_DTYPES:
-        raise ValueError(f"{op}: wire_dtype={wire!r} is not one of {WIRE_DTYPES}; use 'input' (partials travel "
-                         f"in the input dtype, stock's bytes) or 'fp32' (twice the bytes, one rounding)")
 
 
 def wire_dtype(dtype: torch.dtype, wire: str = "input") -> torch.dtype:

@@ -80,10 +80,10 @@ def shared_overlap_reasons(rank, world):
     import types
 
     from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear
-    from megatron_flashoverlap.config import LayerPlan
+    from megatron_flashoverlap.config import OpPlan
 
     def layer(is_expert):
-        return types.SimpleNamespace(flash_plan=LayerPlan("flash"), flash_site="fc1", tp_group=None,
+        return types.SimpleNamespace(flash_plan=OpPlan("flash"), flash_site="fc1", tp_group=None,
                                      explicit_expert_comm=True, is_expert=is_expert, sequence_parallel=True,
                                      config=types.SimpleNamespace(moe_shared_expert_overlap=True))
     return [FlashColumnParallelLinear._stock_reason(layer(e)) for e in (False, True)]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from megatron_flashoverlap import config as fc
-from megatron_flashoverlap.config import (LAYERS, Environment, FlashOverlapConfig, LayerPlan, activate, active,
+from megatron_flashoverlap.config import (LAYERS, Environment, FlashOverlapConfig, OpPlan, activate, active,
                                           environment, from_dict, load_config, uniform)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_every_config_file_is_tested():
 def test_config_file_loads(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     algo, chunks = EXPECTED[name]
-    assert [cfg.plan(layer) for layer in ("qkv", "proj", "fc1", "fc2")] == [LayerPlan(algo, chunks, False)] * 4
+    assert [cfg.plan(layer) for layer in ("qkv", "proj", "fc1", "fc2")] == [OpPlan(algo, chunks)] * 4
     assert cfg.description and cfg.timeout_s is None and cfg.attention.query_split is False
 
 
@@ -54,7 +54,7 @@ def test_default_is_auto_everywhere_and_frozen():
     assert cfg.moe.algo == "auto"
     assert cfg.attention.core == "auto"  # the core attention stock builds for the flags (megatron/sdpa.py)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.qkv = LayerPlan("reference")
+        cfg.qkv = OpPlan("reference")
 
 
 def test_per_layer_override_and_knobs():
@@ -63,8 +63,8 @@ def test_per_layer_override_and_knobs():
                      "all_reduce": {"num_chunks": 3}, "attention": {"query_split": True,
                                                                    "ulysses_algo": "reference"},
                      "timeout_s": 12.5}, QUIET)
-    assert cfg.plan("proj") == LayerPlan("slicing", 2) and cfg.plan("qkv") == LayerPlan("flash_bidir", None, True)
-    assert cfg.plan("fc1") == LayerPlan("flash") and cfg.plan("fc2").is_reference
+    assert cfg.plan("proj") == OpPlan("slicing", 2) and cfg.plan("qkv") == OpPlan("flash_bidir", keep_gathered=True)
+    assert cfg.plan("fc1") == OpPlan("flash") and cfg.plan("fc2").is_reference
     assert cfg.all_reduce.num_chunks == 3 and cfg.attention.query_split and cfg.timeout_s == 12.5
     assert cfg.attention.ulysses_algo == "reference"
 
@@ -140,10 +140,10 @@ def test_active_is_the_activated_config_else_the_env_file_else_defaults(monkeypa
     path = tmp_path / "c.yaml"
     path.write_text("default: {algo: slicing, num_chunks: 2}\n")
     monkeypatch.setenv("FLASHOVERLAP_CONFIG", str(path))
-    assert active().plan("fc2") == LayerPlan("slicing", 2)
+    assert active().plan("fc2") == OpPlan("slicing", 2)
     mine = uniform("flash_bidir")
     assert activate(mine) is None and active() is mine  # activated wins over $FLASHOVERLAP_CONFIG
-    assert activate(None) is mine and active().plan("fc2") == LayerPlan("slicing", 2)
+    assert activate(None) is mine and active().plan("fc2") == OpPlan("slicing", 2)
     with pytest.raises(ValueError, match="takes a FlashOverlapConfig"):
         activate(str(path))
 

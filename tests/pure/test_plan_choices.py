@@ -70,7 +70,7 @@ def test_choices_are_valid_plans_and_deterministic():
     assert a.sites == b.sites and a.dp_fuse == b.dp_fuse and a.decode_table == b.decode_table
     assert set(a.sites) == {"qkv", "proj", "fc1", "fc2"}
     for knobs in a.sites.values():
-        C.LayerPlan(**{k: v for k, v in knobs.items()}, keep_gathered=False)  # every choice is a valid plan
+        C.OpPlan(**{k: v for k, v in knobs.items()}, keep_gathered=False)  # every choice is a valid plan
     assert sorted(t["dtype"] for t in a.decode_table["tables"]) == ["bfloat16", "float16"]
     table = a.decode_table["tables"][0]
     assert (table["world_size"], table["local_world_size"], table["backend"]) == (2, 2, "nccl")
@@ -99,10 +99,10 @@ def _choices():
 def test_apply_fills_only_what_the_yaml_left_open():
     cfg = C.from_dict({"fc2": {"algo": "reference"}, "fc1": {"algo": "flash"}, "dp": {"fuse": "none"}})
     out = apply(_choices(), cfg)
-    assert out.fc2 == C.LayerPlan("reference")  # named: kept
-    assert out.fc1 == C.LayerPlan("flash", hop_chunks=2)  # named flash, hop_chunks left open: filled
+    assert out.fc2 == C.OpPlan("reference")  # named: kept
+    assert out.fc1 == C.OpPlan("flash", hop_chunks=2)  # named flash, hop_chunks left open: filled
     # unnamed: auto, measured on the real group; the planner's pick is the chooser's model tier (test_chooser)
-    assert out.qkv == C.LayerPlan("auto") and out.proj == C.LayerPlan("auto")
+    assert out.qkv == C.OpPlan("auto") and out.proj == C.OpPlan("auto")
     assert out.dp.fuse == "none"  # the YAML said so
     assert out.all_reduce.num_chunks == 4
 
@@ -110,7 +110,7 @@ def test_apply_fills_only_what_the_yaml_left_open():
 def test_apply_keeps_a_default_entry_and_fills_dp_auto():
     cfg = C.from_dict({"default": {"algo": "flash", "hop_chunks": 1}})
     out = apply(_choices(), cfg)
-    assert all(out.plan(n) == C.LayerPlan("flash", hop_chunks=1) for n in C.LAYERS)  # default names them all
+    assert all(out.plan(n) == C.OpPlan("flash", hop_chunks=1) for n in C.LAYERS)  # default names them all
     assert out.dp.fuse == "all"  # auto: the planner's
 
 

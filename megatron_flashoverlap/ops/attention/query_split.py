@@ -36,7 +36,7 @@ from ...runtime import OverlapContext, Producer, default_context, gather_and_con
 from ...runtime import names_operator, partial_linear, produce_and_scatter, sums, wgrad
 from ...runtime.numerics import zeros_acc
 from ..checks import check_divisible, peers_agree
-from ..registry import OpPlan, plain, plan_of, register, resolve
+from ..registry import OpPlan, plain, plan_of, register, resolve, ring_of
 from ..tp_sp.functions import matmul_reduce_scatter
 from .core import CAUSAL, Attend, AttnSpec, attention_reference, attention_rows, check_attention_operands
 from .core import make_spec, zigzag_positions
@@ -59,7 +59,7 @@ def query_split_ring(q, k, v, weight, group, ctx, qs: QSPlan):
 
     block = (q.shape[0] // world, q.shape[1], weight.shape[0])  # [s/P, b, h]
     return produce_and_scatter(Producer(produce), block, sums(q.dtype, q.device, qs.plan.wire_dtype), group, ctx,
-                               qs.plan.ring("qsa.rs"))
+                               ring_of(qs.plan, "qsa.rs"))
 
 
 def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, qs: QSPlan):
@@ -79,7 +79,7 @@ def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, qs: QSPlan):
         dk.add_(gk)
         dv.add_(gv)
 
-    gather_and_consume(dy_s.contiguous(), consume, group, ctx, qs.plan.ring("qsa.ag"))
+    gather_and_consume(dy_s.contiguous(), consume, group, ctx, ring_of(qs.plan, "qsa.ag"))
     return dq, dk.to(k.dtype), dv.to(v.dtype), dw.to(weight.dtype)
 
 

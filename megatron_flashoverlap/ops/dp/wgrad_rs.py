@@ -41,7 +41,7 @@ from ...runtime import OverlapContext, Producer, default_context, group_info, na
 from ...runtime import reduce_scatter_into, sums, wgrad, wire_dtype
 from ...runtime.numerics import flat
 from ..checks import peers_agree
-from ..registry import OpPlan, plain, plan_of, register, resolve
+from ..registry import OpPlan, plain, plan_of, register, resolve, ring_of
 
 OP = "matmul_wgrad_reduce_scatter"
 _INPUT_WIRE = OpPlan("reference")  # the widened copy's own reduce-scatter: in its (fp32) dtype
@@ -138,7 +138,7 @@ def wgrad_reduce_scatter_ring(dy, x, bucket: DPBucket, group, ctx: OverlapContex
 
     mine = grad_flat[rank * shard:(rank + 1) * shard]
     producer = Producer(produce, into=True, own_into=mine if rule.acc == grad_flat.dtype else None)
-    own = produce_and_scatter(producer, (shard,), rule, group, ctx, plan.ring("dp.rs"), defer_last=defer_last)
+    own = produce_and_scatter(producer, (shard,), rule, group, ctx, ring_of(plan, "dp.rs"), defer_last=defer_last)
 
     def finish() -> None:
         result = own() if defer_last else own

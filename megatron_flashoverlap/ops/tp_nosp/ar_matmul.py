@@ -43,7 +43,7 @@ from ...runtime import gather, group_info, partial_linear, scatter, sums, tail a
 from ...runtime import walk, wire_dtype
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import partial_producer, rows_writer
-from ..registry import register
+from ..registry import register, ring_of
 
 OP = "matmul_all_reduce"
 DEFAULT_CHUNKS = 2  # C: the forward tail is 1/C of the all-gather; more chunks = smaller GEMM slices
@@ -110,7 +110,7 @@ def all_reduce_ring(y, producer_at, sum_rule, group, ctx, plan, tail=None):
     partials producer_at(a) makes (a Producer of the chunk starting at row a), chunk c-1's AG in one walk; the
     last AG with the `tail` pieces spread over its hops. plan.num_chunks: C (None: DEFAULT_CHUNKS). -> y."""
     world = group_info(group)[1]
-    rs_ring, ag_ring = plan.ring("ar.rs"), plan.ring("ar.ag", tag=1)
+    rs_ring, ag_ring = ring_of(plan, "ar.rs"), ring_of(plan, "ar.ag", tag=1)
     pending = None  # the all-gather pass still to run
     for a, b in chunk_rows(y.shape[0], world, plan.num_chunks or DEFAULT_CHUNKS):
         block = ((b - a) // world,) + tuple(y.shape[1:])  # [rows of the chunk / P, b, h]

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ...runtime import all_gather_into, gather_and_consume, group_info, rows_writer, wait_collective
 from ...runtime.handlers import chunk_bounds
-from ..registry import register
+from ..registry import register, ring_of
 
 OP = "all_gather_matmul"
 
@@ -70,7 +70,7 @@ def ag_matmul_ring(x_shard, weight, bias, group, ctx, plan):
     """Flash-AG: the ring of all_gather_ring; each arrived shard is multiplied while the next one flies."""
     y = gathered_output(x_shard, weight.shape[0], group_info(group)[1], x_shard.dtype)
     consume = rows_writer(y, weight, bias)  # y[span] = xs @ w^T + bias, straight into y's rows
-    gathered = gather_and_consume(x_shard, consume, group, ctx, plan.ring("ag"), keep_gathered=plan.keep_gathered)
+    gathered = gather_and_consume(x_shard, consume, group, ctx, ring_of(plan, "ag"), keep_gathered=plan.keep_gathered)
     return y, gathered
 
 

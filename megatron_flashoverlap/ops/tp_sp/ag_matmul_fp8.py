@@ -26,7 +26,7 @@ import torch
 from ...runtime import gather_and_consume, group_info
 from ...runtime.fp8 import Quantized
 from ...runtime.scaled_mm import fp8_linear, fp8_rows_writer
-from ..registry import register
+from ..registry import register, ring_of
 from .ag_matmul import gathered_output, sliced_gather, timed_gather
 
 OP = "all_gather_matmul.fp8"
@@ -68,7 +68,7 @@ def ag_matmul_fp8_ring(xq, wq, bias, group, ctx, plan):
 
     def consume(span, rows):
         write(span, rows.view(fp8))
-    raw = gather_and_consume(wire(xq), consume, group, ctx, plan.ring("ag"), keep_gathered=plan.keep_gathered)
+    raw = gather_and_consume(wire(xq), consume, group, ctx, ring_of(plan, "ag"), keep_gathered=plan.keep_gathered)
     return y, unwire(xq, raw)
 
 

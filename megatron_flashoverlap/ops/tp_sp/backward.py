@@ -30,7 +30,7 @@ import torch
 
 from ...runtime import gather, gather_and_consume, partial_producer, rows_writer, scatter, sums, walk, wgrad
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
-from ..registry import keeping, register
+from ..registry import keeping, register, ring_of
 from .ag_matmul import ag_matmul_reference, ag_matmul_slicing, gather_reference
 from .matmul_rs import rs_matmul_reference, rs_matmul_ring, rs_matmul_slicing
 
@@ -89,8 +89,8 @@ def _column_backward_merged(dy, x_shard, weight, group, ctx, plan, dw):
 
     block = (x_shard.shape[0],) + tuple(dy.shape[1:-1]) + (weight.shape[1],)  # [s/P, b, h]
     rs = scatter(partial_producer(dy, weight.t()), block, sums(dy.dtype, dy.device, plan.wire_dtype), group, ctx,
-                 plan.ring("bwd.rs", tag=0))
-    ag = gather(x_shard, consume, group, ctx, plan.ring("bwd.ag", tag=1))
+                 ring_of(plan, "bwd.rs", tag=0))
+    ag = gather(x_shard, consume, group, ctx, ring_of(plan, "bwd.ag", tag=1))
     walk(group, ctx, rs, ag)
     if full is not None:
         return rs.handler.result(), dw.fn(dy, full)
@@ -132,5 +132,5 @@ def row_backward_ring(dy, x, weight, group, ctx, plan, dw):
         elif acc is not None:
             add_wgrad(acc, dys, x[span[0]:span[1]])
 
-    gather_and_consume(dy, consume, group, ctx, plan.ring("bwd.ag"))
+    gather_and_consume(dy, consume, group, ctx, ring_of(plan, "bwd.ag"))
     return out, (fn(full, x) if fn is not None else wgrad_result(weight, acc, into))

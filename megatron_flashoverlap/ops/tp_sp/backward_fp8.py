@@ -35,7 +35,7 @@ from ...runtime import gather, gather_and_consume, group_info, walk
 from ...runtime.fp8 import Quantized
 from ...runtime.numerics import flat, wgrad_result
 from ...runtime.scaled_mm import column_major, fp8_rows_writer, scaled_mm, transposed
-from ..registry import keeping, plain, register
+from ..registry import keeping, plain, register, ring_of
 from . import ag_matmul_fp8
 from .ag_matmul import gathered_output
 from .ag_matmul_fp8 import gather_fp8_reference, wire
@@ -99,13 +99,13 @@ def column_fp8_backward_slicing(dyq, xq, gathered, wq, group, ctx, plan, dw):
 @register(COLUMN, "flash_bidir")
 def column_fp8_backward_ring(dyq, xq, gathered, wq, group, ctx, plan, dw):
     """The dgrad RS and the wgrad AG of xq's bytes in ONE walk; from a kept AG(xq) only the RS rides the ring."""
-    rs = scatter_fp8(dyq, transposed(wq), group, ctx, plan, plan.ring("bwd.rs", tag=0))
+    rs = scatter_fp8(dyq, transposed(wq), group, ctx, plan, ring_of(plan, "bwd.rs", tag=0))
     if gathered is not None or dw is None:
         walk(group, ctx, rs)
         return rs.handler.result(), _column_dw(dyq, xq, gathered, wq, group, ctx, dw)
     acc = dw_buffer(wq, dw.into)
     add, fp8 = wgrad_adder(dyq, xq.scale_inv, acc), xq.data.dtype
-    ag = gather(wire(xq), lambda span, rows: add(span, rows.view(fp8)), group, ctx, plan.ring("bwd.ag", tag=1))
+    ag = gather(wire(xq), lambda span, rows: add(span, rows.view(fp8)), group, ctx, ring_of(plan, "bwd.ag", tag=1))
     walk(group, ctx, rs, ag)
     return rs.handler.result(), wgrad_result(wq, acc, dw.into)
 
@@ -133,5 +133,5 @@ def row_fp8_backward_ring(dyq, xq, wq, group, ctx, plan, dw):
         write(span, rows)  # dx[span] = rows @ wq, straight into dx's rows
         if add is not None:
             add(span, rows)  # dW += rows^T @ xq[span]
-    gather_and_consume(wire(dyq), consume, group, ctx, plan.ring("bwd.ag"))
+    gather_and_consume(wire(dyq), consume, group, ctx, ring_of(plan, "bwd.ag"))
     return dx, (None if acc is None else wgrad_result(wq, acc, dw.into))

@@ -24,7 +24,7 @@ from ...runtime import group_info, partial_linear, produce_and_scatter, reduce_s
 from ...runtime import wire_dtype
 from ...runtime.numerics import partial_producer
 from ...runtime.handlers import chunk_bounds
-from ..registry import register
+from ..registry import register, ring_of
 
 OP = "matmul_reduce_scatter"
 
@@ -60,7 +60,7 @@ def rs_matmul_ring(x, weight, group, ctx, plan):
     world = group_info(group)[1]
     block = (x.shape[0] // world,) + tuple(x.shape[1:-1]) + (weight.shape[0],)  # [s/P, b, h]
     return produce_and_scatter(partial_producer(x, weight), block, sums(x.dtype, x.device, plan.wire_dtype), group, ctx,
-                               plan.ring("rs"))
+                               ring_of(plan, "rs"))
 
 
 def sliced_scatter(partial, x, h: int, dtype, group, ctx, plan):

@@ -26,7 +26,7 @@ import time
 from ...runtime import Pass, Ring, group_info, scatter, sums, walk, wire_dtype
 from ...runtime.fp8 import Quantized
 from ...runtime.scaled_mm import scaled_partial, scaled_producer
-from ..registry import register
+from ..registry import register, ring_of
 from .matmul_rs import scatter_reference, sliced_scatter
 
 OP = "matmul_reduce_scatter.fp8"
@@ -52,7 +52,7 @@ def scatter_fp8(xq: Quantized, wq: Quantized, group, ctx, plan, ring: Ring) -> P
 @register(OP, "flash_bidir")
 def rs_matmul_fp8_ring(xq, wq, group, ctx, plan):
     """Flash-RS: the partial of the block the next hop carries, one scaled GEMM; own block last, no tail."""
-    rs = scatter_fp8(xq, wq, group, ctx, plan, plan.ring("rs"))
+    rs = scatter_fp8(xq, wq, group, ctx, plan, ring_of(plan, "rs"))
     walk(group, ctx, rs)
     return rs.handler.result()
 
