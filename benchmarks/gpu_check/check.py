@@ -1,14 +1,16 @@
 """Measurements of benchmarks/gpu_check/run.py on one GPU (parts a-e; f, NCCL on two or more GPUs: multi.py).
 
 (a) syncs: every public operator (algo flash, flash_bidir, reference) and one Flash MLP layer, forward +
-    backward on CUDA bf16 tensors, on the fake process group at P = 2, 4, 8: shapes and dtypes as expected,
+    backward on CUDA bf16 tensors, and the four TP operators in FP8 (hybrid, tensorwise: CUDA's _scaled_mm must
+    take every layout our code hands it), on the fake process group at P = 2, 4, 8: shapes and dtypes as expected,
     and the steady-state call (after one warm-up) makes zero host syncs under set_sync_debug_mode("error").
     The operators run with OverlapContext(check_peers=False): the default peer check reads an all-gather on
     the host (one sync per call by design); one row measures it.
 (b) slicing: each GEMM site's y = x @ W^T (bf16, d_model 4096 and 8192, 8k and 16k tokens, TP = P) split
     into the P row slices of the ring (2P for the bidirectional ring) against the unsplit GEMM; the RS sites
-    also with fp32 output (torch.mm(out_dtype=), what the Flash-RS partial uses). Cost = sum(slices) /
-    unsplit - 1, goal <= 3 %.
+    also with fp32 output (torch.mm(out_dtype=), what the Flash-RS partial uses); the same in FP8 (e4m3,
+    our scaled_mm: bf16 out, fp32 out at the RS sites) against the unsplit FP8 GEMM, and the FP8 GEMM's speed-up
+    over bf16's. Cost = sum(slices) / unsplit - 1, goal <= 3 %.
 (c) host overhead: host microseconds per call and per ring step of the forward operators on the fake group
     (tiny CUDA tensors, so the host is what is timed), flash against reference.
 (d) memory: peak allocated bytes of forward + backward per operator at P = 4 (8k tokens, d_model 4096),
@@ -24,7 +26,8 @@ import time
 import torch
 
 from megatron_flashoverlap.runtime import OverlapContext
-from benchmarks.gpu_check.ops import FUSED, fake_group, first_sync, flash_layer, layer_forward, operator_calls
+from benchmarks.gpu_check.ops import FUSED, fake_group, first_sync, flash_layer, fp8_calls, layer_forward, operator_calls
+from megatron_flashoverlap.runtime.scaled_mm import scaled_mm
 from megatron_flashoverlap.runtime.timing import cuda_timed, interleaved
 
 PARTS = (2, 4, 8)
@@ -52,6 +55,7 @@ def sync_rows(device="cuda", dry: bool = False) -> list[dict]:
             for algo in ALGOS:
                 calls = operator_calls(p, device, torch.bfloat16, _ctx(), algo)
                 calls["flash_layer (MLP fwd+bwd)"] = flash_layer(p, device, torch.bfloat16, _ctx(), algo=algo)
+                calls.update(fp8_calls(p, device, torch.bfloat16, _ctx(), algo))  # CUDA takes our FP8 layouts
                 for name, call in calls.items():
                     bad = _shape_errors(call, call.fn())  # warm-up: buffers, cuBLAS handles, lazy inits
                     sync = "not checked (dry run)" if dry else (first_sync(call.fn) or "none")
@@ -81,6 +85,12 @@ def _sliced(x, w, parts: int, fp32_out: bool):
         torch.mm(xi, w.t(), out_dtype=torch.float32) if fp32_out else torch.mm(xi, w.t())
 
 
+def _fp8_sliced(x8, w8t, one, parts: int, out_dtype):
+    rows = x8.shape[0] // parts
+    for i in range(parts):
+        scaled_mm(x8[i * rows:(i + 1) * rows], w8t, one, one, out_dtype)
+
+
 def slicing_point(tokens: int, h: int, p: int, site: str) -> dict:
     """(b) one point: unsplit vs P and 2P row slices (and fp32-output slices at RS sites)."""
     k, n, rs = _sites(h, p)[site]
@@ -92,10 +102,15 @@ def slicing_point(tokens: int, h: int, p: int, site: str) -> dict:
                 "2P": lambda: reps(lambda: _sliced(x, w, 2 * p, False))}
     if rs:
         variants["P fp32 out"] = lambda: reps(lambda: _sliced(x, w, p, True))
+    x8, w8t, one = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t(), torch.ones((), device="cuda")
+    out8 = torch.float32 if rs else torch.bfloat16  # what our Flash-RS partial / AG slice writes
+    variants["fp8"] = lambda: reps(lambda: _fp8_sliced(x8, w8t, one, 1, out8))
+    variants["fp8 P"] = lambda: reps(lambda: _fp8_sliced(x8, w8t, one, p, out8))
     t = {key: _median(ts) for key, ts in interleaved(variants, ROUNDS, warmup=WARMUP).items()}
     row = {"d_model": h, "tokens": tokens, "P": p, "site": site, "unsplit_ms": t["unsplit"] * 1e3,
-           "tflops": 2.0 * tokens * k * n / t["unsplit"] / 1e12}
-    row.update({f"cost {key}": t[key] / t["unsplit"] - 1 for key in t if key != "unsplit"})
+           "tflops": 2.0 * tokens * k * n / t["unsplit"] / 1e12, "fp8 speed-up": t["unsplit"] / t["fp8"]}
+    row.update({f"cost {key}": t[key] / t["unsplit"] - 1 for key in t if key not in ("unsplit", "fp8", "fp8 P")})
+    row["cost fp8 P"] = t["fp8 P"] / t["fp8"] - 1
     return row
 
 

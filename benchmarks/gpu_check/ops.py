@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import megatron_flashoverlap.ops as fo
+from megatron_flashoverlap.config.plan import Fp8Recipe
 
 B, H, HEADS, GROUPS, HN = 2, 256, 16, 8, 16
 FUSED = ("flash", "flash_bidir")
@@ -92,6 +93,26 @@ def _tp_calls(p, device, dtype, ctx, algo, rows, h) -> dict:
                                   (xk, w2)),
         "matmul_allreduce_dgrad": Call(lambda: fo.matmul_allreduce_dgrad(xr, w1, **kw),
                                        ((s, B, n), (s, B, H), (n, H)), (xr, w1)),
+    }
+
+
+def fp8_calls(p, device, dtype, ctx, algo, rows=64, h=H) -> dict:
+    """{"<TP operator> FP8": Call}: the four TP operators of _tp_calls with OpPlan(algo, fp8=hybrid tensorwise)
+    (every GEMM slice a torch._scaled_mm: CUDA must accept the layouts our code hands it)."""
+    plan = fo.OpPlan(algo, num_chunks=2 if algo == "slicing" else None, fp8=Fp8Recipe("hybrid"))
+    s, n, f, H = rows * p, 3 * h // p, 4 * h // p, h  # noqa: N806 (H: the hidden size of these calls)
+    t = lambda *shape: _leaf(shape, device, dtype, shape[-1] ** -0.5)  # noqa: E731
+    xs, w1, bias, xk, w2, xr = t(s // p, B, H), t(n, H), t(n), t(s, B, f), t(H, f), t(s, B, H)
+    kw = dict(plan=plan, context=ctx)
+    return {
+        "all_gather_matmul FP8": Call(lambda: fo.all_gather_matmul(xs, w1, bias=bias, **kw),
+                                      ((s, B, n), (s // p, B, H), (n, H), (n,)), (xs, w1, bias)),
+        "matmul_reduce_scatter FP8": Call(lambda: fo.matmul_reduce_scatter(xk, w2, **kw),
+                                          ((s // p, B, H), (s, B, f), (H, f)), (xk, w2)),
+        "matmul_all_reduce FP8": Call(lambda: fo.matmul_all_reduce(xk, w2, **kw), ((s, B, H), (s, B, f), (H, f)),
+                                      (xk, w2)),
+        "matmul_allreduce_dgrad FP8": Call(lambda: fo.matmul_allreduce_dgrad(xr, w1, **kw),
+                                           ((s, B, n), (s, B, H), (n, H)), (xr, w1)),
     }
 
 
