@@ -176,11 +176,16 @@ def _low(flag: str, field: str, args: str | None = None) -> Refusal:
 
 
 _FP8_ROWS = (
-    Refusal("--fp8-recipe", "fp8_recipe", "not in", ("tensorwise",),
-            f"(Megatron's default is delayed) has no FP8 GEMM in the {FLAG} linears yet: they run tensorwise "
-            f"(Transformer Engine's current scaling, every tensor scaled from its own amax as it is cast)",
-            f"use --fp8-recipe tensorwise, or drop {FLAG} to use Transformer Engine's recipe",
+    Refusal("--fp8-recipe", "fp8_recipe", "not in", ("tensorwise", "delayed"),
+            f"(block-scaled: MX, 1x128 blocks, or a custom quantizer) has no FP8 GEMM in the {FLAG} linears: they "
+            f"run per-tensor scales (tensorwise: Transformer Engine's current scaling; delayed)",
+            f"use --fp8-recipe tensorwise or delayed, or drop {FLAG} to use Transformer Engine's recipe",
             ("parse", "spec", "linear"), also=_FP8),
+    Refusal("--recompute-granularity", "recompute_granularity", "==", "full",
+            "with --fp8-recipe delayed: the recomputed forward would cast with scales updated since the first "
+            "(our layers keep no copy of them for the recompute)",
+            "use --fp8-recipe tensorwise, or --recompute-granularity selective, or no recompute",
+            ("parse", "spec", "linear"), also=(("fp8", "on", None), ("fp8_recipe", "==", "delayed"))),
     Refusal("--fp8-format", "fp8", "on", None,
             "with --num-experts: the experts' GEMMs (Megatron's) have no FP8 path in our MoE layer",
             _NO_FP8, ("spec", "linear"), also=(("num_moe_experts", "on", None),)),

@@ -1,20 +1,34 @@
-"""Megatron's FP8 settings as the recipe our linears run (runtime/fp8.py), or None for a run without FP8.
+"""Megatron's FP8 settings as the recipe our linears run (runtime/fp8.py), and a layer's delayed-scaling state.
 
     recipe_of(config) -> Fp8Recipe | None
         config.fp8          --fp8-format e4m3 | hybrid (None: no FP8)
-        config.fp8_recipe   --fp8-recipe: tensorwise (Transformer Engine's Float8CurrentScaling: each tensor scaled
-                            from its own amax as it is cast; Megatron passes it no margin, so neither do we);
-                            the other recipes are refused before a layer is built (config/refusals.py)
+        config.fp8_recipe   --fp8-recipe tensorwise (Transformer Engine's Float8CurrentScaling: each tensor scaled
+                            from its own amax as it is cast; Megatron passes it no margin, so neither do we) or
+                            delayed (Megatron's default; --fp8-margin, --fp8-amax-history-len,
+                            --fp8-amax-compute-algo, --fp8-interval as Megatron's flags give them); the other
+                            recipes are refused before a layer is built (config/refusals.py)
+    LayerScales(recipe, device, config, tp_group)   one linear's delayed state (runtime/fp8.py DelayedScales)
+        .scales             what the layer's operator calls get as `scales=` (they record each cast's amax)
+        .before_training_forward()   from the second training forward on: the amaxes the earlier forwards and
+                            backwards recorded, reduced MAX over Megatron's amax reduction group (tensor + data
+                            (+ context) parallel, or tensor (+ context) with --tp-only-amax-red: every replica
+                            takes the same scales), then the window rolled and the scales recomputed
+        .state() / .load(state)      its checkpoint form, Megatron's `_extra_state` of the linear (a bf16
+                            checkpoint's None leaves the fresh state; a checkpoint of ours resumes the scales);
+                            state() is collective over the amax group, as Megatron's save is
 What an FP8 layer runs: every GEMM of its operator (forward, dgrad, wgrad) as an FP8 torch._scaled_mm with fp32
-accumulation and the activation dtype out (ops/tp_sp/functions.py); its "stock" is the same operator's FP8
-reference (the collective, then one FP8 GEMM), never Megatron's forward, which would run without FP8 (Megatron's
-local layers have none: FP8 is Transformer Engine's there).
+accumulation and the activation dtype out (ops/); its "stock" is the same operator's FP8 reference (the
+collective, then one FP8 GEMM), never Megatron's forward, which would run without FP8 (Megatron's local layers
+have none: FP8 is Transformer Engine's there).
 """
 from __future__ import annotations
 
 import enum
 
-from ..runtime.fp8 import Fp8Recipe
+import torch.distributed as dist
+
+from ..runtime import group_info
+from ..runtime.fp8 import DelayedScales, Fp8Recipe
 
 
 def _word(value) -> str | None:
@@ -26,4 +40,60 @@ def recipe_of(config) -> Fp8Recipe | None:
     fmt = _word(getattr(config, "fp8", None))
     if not fmt:
         return None
-    return Fp8Recipe(format=fmt, recipe=_word(getattr(config, "fp8_recipe", None)) or "delayed")
+    recipe = _word(getattr(config, "fp8_recipe", None)) or "delayed"
+    if recipe != "delayed":
+        return Fp8Recipe(format=fmt, recipe=recipe)
+    return Fp8Recipe(format=fmt, recipe="delayed", margin=config.fp8_margin,
+                     amax_history_len=config.fp8_amax_history_len,
+                     amax_compute_algo=_word(config.fp8_amax_compute_algo), interval=config.fp8_interval)
+
+
+def amax_group(config, tp_group):
+    """Megatron's FP8 amax reduction group (as Transformer Engine's autocast takes it); `tp_group` where
+    Megatron's parallel state is not up (a layer built by hand)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return tp_group
+    return ps.get_amax_reduction_group(with_context_parallel=True,
+                                       tp_only_amax_red=bool(getattr(config, "tp_only_amax_red", False)))
+
+
+class LayerScales:
+    """One linear's delayed-scaling state (module docstring)."""
+
+    def __init__(self, recipe: Fp8Recipe, device, config, tp_group):
+        self.scales = DelayedScales(recipe, device)
+        self._config, self._tp_group, self.forwards = config, tp_group, 0
+
+    def before_training_forward(self) -> None:
+        if self.forwards:
+            self.scales.update(amax_group(self._config, self._tp_group))
+        self.forwards += 1
+
+    def state(self) -> dict:
+        """The checkpoint form. Collective over the amax group (Megatron's save calls every rank's
+        sharded_state_dict): the amaxes recorded since the last update are local until the next update reduces
+        them, so they are reduced here first (MAX twice is MAX: the training numbers do not change), and every
+        rank saves, and a resumed run loads, the same state."""
+        s = self.scales
+        group = amax_group(self._config, self._tp_group)
+        if dist.is_initialized() and group_info(group)[1] > 1:
+            dist.all_reduce(s.history[0], op=dist.ReduceOp.MAX, group=group)
+        return {"history": s.history.detach().cpu().clone(), "scales": s.scales.detach().cpu().clone(),
+                "updates": s.updates, "forwards": self.forwards}
+
+    def load(self, state) -> None:
+        if state is None:  # a checkpoint without FP8 state (bf16, or Megatron's own layers): start fresh
+            return
+        s = self.scales
+        if tuple(state["history"].shape) != tuple(s.history.shape):
+            raise ValueError(f"the checkpoint's FP8 amax history has {state['history'].shape[0]} rows, this run "
+                             f"{s.history.shape[0]}; set --fp8-amax-history-len {state['history'].shape[0]} to "
+                             f"resume its scales")
+        s.history.copy_(state["history"].to(s.history.device))
+        s.scales.copy_(state["scales"].to(s.scales.device))
+        s.updates, self.forwards = int(state["updates"]), int(state["forwards"])
+
+
+__all__ = ["LayerScales", "amax_group", "recipe_of"]

@@ -61,7 +61,7 @@ from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context
 from ..runtime.once import LogOnce
 from .ddp.grad_sync import dp_wgrad
-from .fp8 import recipe_of
+from .fp8 import LayerScales, recipe_of
 from .train_choice import train_key, train_plan
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,9 @@ class _FlashMixin:
         self.flash_sp_plan, self.flash_nosp_plan = _op_plans(self.flash_plan, self.flash_config,
                                                              isinstance(self, ColumnParallelLinear), self.flash_fp8)
         self.flash_fp8_reference = None if self.flash_fp8 is None else OpPlan("reference", fp8=self.flash_fp8)
+        delayed = self.flash_fp8 is not None and self.flash_fp8.recipe == "delayed"
+        self.flash_fp8_state = LayerScales(self.flash_fp8, self.weight.device, config, self.tp_group) if delayed \
+            else None  # the delayed recipe's amax history and scales: updated per training forward, checkpointed
         self.flash_context = shared_context("layer", self.flash_config.timeout_s)
         self.flash_chooser = chooser_of(self.flash_config)  # the config's: every layer of it shares the decisions
         self.flash_auto = self.flash_plan is not None and self.flash_plan.algo == "auto"
@@ -129,6 +132,27 @@ class _FlashMixin:
         self.config = config  # the stock ctor saw _stock_config(config)
         self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
         self.gradient_accumulation_fusion = self.flash_fuse_wgrad and _apex_fused_wgrad()  # the stock forward's
+
+    @property
+    def _fp8_scales(self):
+        """What this layer's operator calls get as `scales=`: the delayed recipe's state, else None."""
+        return None if self.flash_fp8_state is None else self.flash_fp8_state.scales
+
+    def _fp8_step(self) -> None:
+        """Before a training forward: the delayed scales take what the earlier steps recorded (megatron/fp8.py)."""
+        if self.flash_fp8_state is not None and self.flash_step_kind == "train" and torch.is_grad_enabled():
+            self.flash_fp8_state.before_training_forward()
+
+    def get_extra_state(self):
+        """Megatron's `_extra_state` of the linear: None, as stock's, except the delayed FP8 state."""
+        state = getattr(self, "flash_fp8_state", None)
+        return None if state is None else state.state()
+
+    def set_extra_state(self, state) -> None:
+        """A checkpoint's `_extra_state`: the delayed FP8 state resumes from it (None, stock's: a fresh state)."""
+        mine = getattr(self, "flash_fp8_state", None)
+        if mine is not None:
+            mine.load(state)
 
     def _wgrad_into(self):
         """The buffer the operators add dW into under gradient_accumulation_fusion: weight.main_grad (None
@@ -253,6 +277,7 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
 
     def forward(self, input_, weight=None, runtime_gather_output=None):
         """input_ [s/P, b, h] -> (output [s, b, n/P], bias [n/P] if skip_bias_add else None)."""
+        self._fp8_step()
         why = self._stock_reason()
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if self.flash_fp8 is not None and (why is not None or weight is not None or gather):
@@ -276,7 +301,7 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         """all_gather_matmul with `plan` (at TP 1, under FP8: one FP8 GEMM)."""
         bias = None if self.skip_bias_add else self.bias
         output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias, plan=plan,
-                                   wgrad=self._flash_route(input_), context=self.flash_context)
+                                   wgrad=self._flash_route(input_), scales=self._fp8_scales, context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
     def _column_plan(self) -> OpPlan:
@@ -291,8 +316,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         tail) by matmul_allreduce_dgrad."""
         bias = None if self.skip_bias_add else self.bias
         route = self._flash_route(input_, ours=torch.is_grad_enabled())  # the forward alone runs no collective
-        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=plan,
-                                        wgrad=route, context=self.flash_context)
+        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=plan, wgrad=route,
+                                        scales=self._fp8_scales, context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
 
@@ -314,6 +339,7 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
 
         The bias stays outside the reduce-scatter (added once, after it), as in the stock layer; it is
         tagged `sequence_parallel` by the stock ctor so finalize_model_grads all-reduces its grad."""
+        self._fp8_step()
         why = self._stock_reason()
         if why is not None and self.flash_fp8 is not None:
             return self._sp_forward(input_, self._fp8_stock(why))
@@ -330,7 +356,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
     def _sp_forward(self, input_, plan: OpPlan):
         """matmul_reduce_scatter with `plan` (at TP 1, under FP8: one FP8 GEMM); the bias after it."""
         output = matmul_reduce_scatter(input_, self.weight, self.tp_group, plan=plan,
-                                       wgrad=self._flash_route(input_), context=self.flash_context)
+                                       wgrad=self._flash_route(input_), scales=self._fp8_scales,
+                                       context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
@@ -366,7 +393,7 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
             plan = self._inference_plan(input_)
         route = self._flash_route(input_, ours=not runs_stock_collective(input_, plan))
         output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan, wgrad=route,
-                                   context=self.flash_context)
+                                   scales=self._fp8_scales, context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

@@ -26,6 +26,12 @@ from ..plan.chooser import Chooser, Key, bucket
 from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan, reference_plan
+from ..runtime.fp8 import DelayedScales
+
+
+def probe_scales(plan: OpPlan) -> DelayedScales | None:
+    """A throwaway delayed-recipe state for timing `plan` (None unless its recipe is delayed)."""
+    return DelayedScales(plan.fp8) if plan.fp8 is not None and plan.fp8.recipe == "delayed" else None
 
 
 def train_key(site: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -58,13 +64,15 @@ def replicas(tp_group):
 
 
 def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
-    """{reference, flash: [seconds per kept round]} of one forward + backward on a probe of x's shape."""
+    """{reference, flash: [seconds per kept round]} of one forward + backward on a probe of x's shape (under the
+    delayed FP8 recipe with a state of its own: the layer's amax history never sees the probe)."""
     probe = torch.ones_like(x).requires_grad_()
     w = weight.detach().requires_grad_()
+    scales = probe_scales(flash)
 
     def step(plan):
         def run():
-            y = op(probe, w, group, plan=plan, context=ctx)
+            y = op(probe, w, group, plan=plan, scales=scales, context=ctx)
             y.backward(torch.ones_like(y))
             probe.grad = w.grad = None
         return run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from megatron_flashoverlap.megatron import models as tm
-from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward, recipe_row
+from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_cast, recipe_forward, recipe_row, scaled
 
 BF16 = torch.bfloat16
 S, B, H, N = 32, 2, 32, 64  # tokens per rank s/P * b = 32 at P = 2: every FP8 dimension a multiple of 16
@@ -121,6 +121,50 @@ def no_sp(rank, world):
                 steps[kind] = _rel(fc2(z)[0], trained)
         return {"h_is_recipe": bool(torch.equal(h, want)), "y_finite": bool(torch.isfinite(y).all()),
                 "ran": (fc1.flash_ran(), fc2.flash_ran()), "shape": tuple(y.shape), "steps": steps}
+    finally:
+        tm.destroy()
+
+
+def delayed(rank, world):
+    """fc1 (column, SP) under --fp8-recipe delayed (history 2, max, margin 1), two training steps: step 1 casts
+    with scale 1, step 2 with 448 / amax / 2 of step 1's whole x and whole weight (the MAX over the ranks);
+    then its `_extra_state` into a fresh layer (the scales resume), and stock's None (a fresh state)."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    tm.init_tp(world)
+    try:
+        cfg = dataclasses.replace(_config(world, "hybrid"), fp8_recipe="delayed", fp8_amax_history_len=2,
+                                  fp8_amax_compute_algo="max", fp8_margin=1)
+        layer, flags = _column(cfg, {"default": {"algo": "flash"}}), []
+        w, b = layer.weight.detach(), layer.bias.detach()  # this rank's shard [n/P, h]
+        w_amax = w.float().abs().max()  # the whole weight's: the MAX over the shards (the update's reduction)
+        dist.all_reduce(w_amax, op=dist.ReduceOp.MAX, group=layer.tp_group)
+        want = (torch.tensor(1.0), torch.tensor(1.0))
+        for step in range(2):
+            g = torch.Generator().manual_seed(20 + step)
+            x = (torch.randn(S * world, B, H, generator=g) * (3 + step)).to(BF16)
+            xs = x[rank * S:(rank + 1) * S].clone().requires_grad_()
+            y, _ = layer(xs)
+            y.backward(torch.ones_like(y))
+            xq, x_inv = recipe_cast(x, E4M3, scale=want[0])
+            wq, w_inv = recipe_cast(w, E4M3, scale=want[1])
+            y_want = scaled(xq.reshape(-1, H), x_inv, wq, w_inv, BF16, b).view(y.shape)
+            flags.append(bool(torch.equal(y, y_want)))
+            want = (torch.tensor(448.0) / x.float().abs().max() / 2, torch.tensor(448.0) / w_amax / 2)
+        layer.flash_step_kind = "train"
+        with torch.enable_grad():
+            layer(xs)  # the third forward takes step 2's amaxes
+        state = layer.get_extra_state()
+        fresh = _column(cfg, {"default": {"algo": "flash"}})
+        fresh.set_extra_state(state)
+        other = _column(cfg, {"default": {"algo": "flash"}})
+        other.set_extra_state(None)
+        return {"steps_match_recipe": flags, "resumed": bool(torch.equal(fresh.flash_fp8_state.scales.scales,
+                                                                          layer.flash_fp8_state.scales.scales)),
+                "fresh_after_none": other.flash_fp8_state.scales.scales.tolist(),
+                "stock_state": _column(_config(world, "hybrid"), {"default": {"algo": "flash"}}).get_extra_state()}
     finally:
         tm.destroy()
 

@@ -52,6 +52,13 @@ def test_without_sp_both_layers_run_fp8(pools):
         assert set(res["steps"]) == {"decode", "prefill"} and max(res["steps"].values()) <= 2 ** -7, res["steps"]
 
 
+def test_the_delayed_recipe_casts_with_the_last_steps_amax_and_its_state_is_checkpointed(pools):
+    for res in pools(2).run(f"{BODY}:delayed", timeout=300):
+        assert res["steps_match_recipe"] == [True, True]  # the forward's bits, each step
+        assert res["resumed"] and res["fresh_after_none"] == [1.0, 1.0, 1.0]
+        assert res["stock_state"] is None  # tensorwise keeps no state: Megatron's own None
+
+
 def test_a_forward_stock_would_run_without_fp8_is_refused(pools):
     for text in pools(2).run(f"{BODY}:refused_stock_forward", timeout=300):
         assert text is not None and "gather_output" in text and "without FP8" in text and "drop --fp8-format" in text

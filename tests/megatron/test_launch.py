@@ -110,12 +110,12 @@ def test_flag_off_changes_nothing():
     ({"flash_overlap_config": str(ROOT / "configs" / "flash.yaml")}, ["without --flash-overlap", "add"]),
     ({"flash_overlap": True, "spec": ["my.mod", "my_spec"]}, ["drop --spec"]),
     ({"flash_overlap": True, "tp_comm_overlap": True}, ["drop --tp-comm-overlap"]),
-    ({"flash_overlap": True, "fp8": "hybrid", "fp8_recipe": "delayed"},
-     ["--fp8-recipe delayed", "use --fp8-recipe tensorwise", "drop --flash-overlap"]),
+    ({"flash_overlap": True, "fp8": "hybrid", "fp8_recipe": "mxfp8"},
+     ["--fp8-recipe mxfp8", "use --fp8-recipe tensorwise or delayed", "drop --flash-overlap"]),
     ({"flash_overlap": True, "fp4": "e2m1"}, ["--fp4-format e2m1", "drop --fp4-format"]),
     ({"flash_overlap": True, "fp8_param_gather": True}, ["--fp8-param-gather", "Transformer Engine's FP8"]),
     ({"flash_overlap": True, "fp4_param_gather": True}, ["--fp4-param-gather", "drop --fp4-param-gather"]),
-], ids=["missing_file", "config_without_flag", "other_spec", "tp_comm_overlap", "fp8_delayed", "fp4",
+], ids=["missing_file", "config_without_flag", "other_spec", "tp_comm_overlap", "fp8_mxfp8", "fp4",
         "fp8_param_gather", "fp4_param_gather"])
 def test_bad_flags_name_the_fix(kw, words):
     with pytest.raises(ValueError) as err:
@@ -232,18 +232,20 @@ def test_launcher_wraps_megatrons_parse_args(monkeypatch):
 
 
 @pytest.mark.newest_only
-def test_launcher_refuses_fp8_at_parse_time(monkeypatch):
-    """Issue 27's command (`--bf16 --use-distributed-optimizer --fp8-format hybrid --flash-overlap`) through the
-    launcher's parse_args: a ValueError naming both choices, before Megatron validates anything."""
+def test_launcher_refuses_what_our_fp8_does_not_run_at_parse_time(monkeypatch):
+    """`--bf16 --use-distributed-optimizer --fp8-format hybrid --fp8-recipe mxfp8 --flash-overlap` (a block-scaled
+    recipe), FP4 and FP8 parameters through the launcher's parse_args: a ValueError naming the choices, before
+    Megatron validates anything; without --flash-overlap the same flags are Megatron's to judge."""
     arguments = launch.install()
     try:
-        said = {"--fp8-format": "--fp8-recipe delayed .*use --fp8-recipe tensorwise, or drop --flash-overlap",
+        said = {"--fp8-format": "--fp8-recipe mxfp8 .*use --fp8-recipe tensorwise or delayed, or drop --flash-overlap",
                 "--fp4-format": "--fp4-format .*drop --fp4-format, or drop --flash-overlap to use Transformer Engine",
                 "--fp8-param-gather": "--fp8-param-gather .*drop --fp8-param-gather, or drop --flash-overlap"}
-        for flags in (["--fp8-format", "hybrid"], ["--fp4-format", "e2m1"], ["--fp8-param-gather"]):
+        for flags in (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], ["--fp4-format", "e2m1"],
+                      ["--fp8-param-gather"]):
             monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, "--bf16",
                                               "--use-distributed-optimizer", *flags, "--flash-overlap"])
-            with pytest.raises(ValueError, match=said[flags[0]]):  # --fp8-format: Megatron's default recipe
+            with pytest.raises(ValueError, match=said[flags[0]]):
                 arguments.parse_args()
             monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *MEGATRON_ARGS, *flags])
             assert arguments.parse_args().spec is None  # stock with FP8: Megatron's to judge, not ours

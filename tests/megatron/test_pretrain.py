@@ -177,3 +177,29 @@ def test_fp8_tensorwise_trains_through_our_operators_at_every_site(pretrain):
         assert abs(flash.losses[i] - reference.losses[i]) <= 1e-4 * abs(reference.losses[i]), i
     assert max(abs(flash.losses[i] - stock.losses[i]) for i in flash.losses) > 1e-6  # FP8, not the fp32 GEMMs
     assert flash.losses[ITERS] < flash.losses[1]
+
+
+# --fp8-recipe delayed (Megatron's default recipe) and its state in the checkpoint: a run that saves and exits at
+# iteration 4 (--exit-interval: the same 8-iteration schedule) and is resumed continues with the amax history and
+# scales it saved (the layers' `_extra_state`), so iterations 5-8 log the losses of the run that never stopped.
+DELAYED = (*LAUNCH, "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4",
+           "--fp8-amax-compute-algo", "max", *FLASH, "--hidden-dropout", "0", "--attention-dropout", "0")
+DELAYED_JOBS = (Job("launch-fp8-delayed-8", "launch", DELAYED),
+                Job("launch-fp8-delayed-save-4", "launch", (*DELAYED, "--save", "{tmp}/fp8-ckpt", "--save-interval",
+                                                            "4", "--exit-interval", "4")),
+                Job("launch-fp8-delayed-resume", "launch", (*DELAYED, "--load", "{tmp}/fp8-ckpt"), order=AFTER))
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(*DELAYED_JOBS)
+def test_fp8_delayed_resumes_its_scales_from_the_checkpoint(pretrain):
+    whole, saved, resumed = (pretrain(j.name).check() for j in DELAYED_JOBS)
+    word = "(FP8 hybrid delayed)"
+    assert whole.sites == f"GEMM sites: dense[1-2]: qkv=flash {word}, proj=flash {word}, fc1=flash {word}, fc2=flash {word}"
+    assert sorted(saved.losses) == [1, 2, 3, 4] and sorted(resumed.losses) == [5, 6, 7, 8], resumed.losses
+    # the same computation on the same numbers: equal (1e-6: the printed digits). Iteration 5 is the forward that
+    # casts with the restored scales. The loss Megatron logs at the resumed loop's second iteration differs after
+    # any resume on this setup, stock's too (the same flags without FP8 or --flash-overlap: 5.342222 against
+    # 5.357085), while the iterations after it match: a logging quirk of the resumed loop, so 6 is not compared.
+    for i in (1, 2, 3, 4, 5, 7, 8):
+        assert abs((saved.losses if i <= 4 else resumed.losses)[i] - whole.losses[i]) <= 1e-6 * whole.losses[i], i

@@ -57,7 +57,7 @@ def test_bad_moe_layer_freq_names_both_forms(clean_config):
     ({"heterogeneous_block_specs": True}, ["heterogeneous", "drop the heterogeneous layers config"]),
     ({"use_kitchen": True}, ["Kitchen", "drop --use-kitchen"]),
     ({"transformer_impl": "inference_optimized"}, ["inference", "--transformer-impl local"]),
-    ({"fp8": "hybrid", "fp8_recipe": "delayed"}, ["--fp8-recipe delayed", "use --fp8-recipe tensorwise"]),
+    ({"fp8": "hybrid", "fp8_recipe": "blockwise"}, ["--fp8-recipe blockwise", "use --fp8-recipe tensorwise or delayed"]),
     ({"fp4": "e2m1"}, ["--fp4-format e2m1", "drop --fp4-format"]),
     ({"fp8_param": True}, ["--fp8-param-gather", "Transformer Engine's FP8"]),
     ({"fp4_param": True}, ["--fp4-param-gather"]),
@@ -102,9 +102,9 @@ def test_fp8_is_refused_where_users_build_their_own_model(clean_config):
     from megatron_flashoverlap.megatron.spec import layer_spec, submodules_of
 
     qkv = submodules_of(layer_spec().submodules.self_attention).linear_qkv
-    cfg = moe_config(num_moe_experts=None, moe_ffn_hidden_size=None, fp8="hybrid")
-    with pytest.raises(ValueError, match="FlashColumnParallelLinear: --fp8-recipe delayed .*use --fp8-recipe "
-                                         "tensorwise"):  # Megatron's default recipe
+    cfg = moe_config(num_moe_experts=None, moe_ffn_hidden_size=None, fp8="hybrid", fp8_recipe="blockwise")
+    with pytest.raises(ValueError, match="FlashColumnParallelLinear: --fp8-recipe blockwise .*use --fp8-recipe "
+                                         "tensorwise or delayed"):
         build_module(qkv, 32, 96, config=cfg, init_method=cfg.init_method, gather_output=False, bias=False,
                      skip_bias_add=False, is_expert=False, tp_comm_buffer_name="qkv")
 

@@ -143,6 +143,8 @@ def run_logged(job: dict, stem: str, environ: dict, job_s: float) -> str:
         except BaseException as err:  # SystemExit included (Megatron exits on some argument errors)
             if isinstance(err, KeyboardInterrupt):
                 raise
+            if isinstance(err, SystemExit) and err.code in (0, None):  # Megatron's --exit-interval: a clean end
+                return "ok"
             print(traceback.format_exc(), flush=True)
             return traceback.format_exc()
         finally:

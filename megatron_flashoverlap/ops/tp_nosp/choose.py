@@ -19,7 +19,8 @@ from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from ..registry import OpPlan, reference_plan
-from .all_reduce_matmul import ar_matmul_forward
+from ...runtime.fp8 import DelayedScales
+from .all_reduce_matmul import ar_matmul_forward, matmul_all_reduce
 
 
 def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -43,6 +44,15 @@ def _samples(tokens: int, x, weight, group, ctx, plan) -> dict[str, list[float]]
     """{reference, decomposed: [seconds per kept round]} of one forward on a probe x [tokens, 1, k/P]."""
     probe = torch.ones((tokens, 1, x.shape[-1]), dtype=x.dtype, device=x.device)
     with torch.no_grad():
-        return paired({"reference": lambda: ar_matmul_forward(probe, weight, group, ctx, reference_plan(plan)),
-                       "decomposed": lambda: ar_matmul_forward(probe, weight, group, ctx, plan)},
+        return paired({"reference": lambda: _forward(probe, weight, group, ctx, reference_plan(plan)),
+                       "decomposed": lambda: _forward(probe, weight, group, ctx, plan)},
                       group, x.device, rounds=ROUNDS, warmup=WARMUP)
+
+
+def _forward(probe, weight, group, ctx, plan):
+    """The forward of `plan` on the probe: the plain function, or under FP8 the operator (it casts first; the
+    delayed recipe with a throwaway state)."""
+    if plan.fp8 is None:
+        return ar_matmul_forward(probe, weight, group, ctx, plan)
+    scales = DelayedScales(plan.fp8) if plan.fp8.recipe == "delayed" else None
+    return matmul_all_reduce(probe, weight, group, plan=plan, scales=scales, context=ctx)
