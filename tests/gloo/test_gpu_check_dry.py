@@ -17,6 +17,6 @@ def test_dry_run_writes_every_section(tmp_path):
     md = out.read_text()
     for part in "abcdef":
         assert f"## ({part})" in md, part
-    assert "126 calls, 0 with a wrong shape/dtype or a host sync." in md  # 90 + the 4 FP8 TP operators x 3 algos x 3 P
+    assert "102 calls, 0 with a wrong shape/dtype or a host sync." in md  # 90 + the 4 FP8 TP operators x 3 algos at P = 2
     assert md.count("Skipped: dry run") == 5
     assert (tmp_path / "gpu.json").exists()
