@@ -7,6 +7,7 @@
                             delayed (Megatron's default; --fp8-margin, --fp8-amax-history-len,
                             --fp8-amax-compute-algo, --fp8-interval as Megatron's flags give them); the other
                             recipes are refused before a layer is built (config/refusals.py)
+    run(op, x, weight, group, plan, scales, **kw)   a TP operator call; with a delayed state, its FP8 twin's
     LayerScales(recipe, device, config, tp_group)   one linear's delayed state (runtime/fp8.py DelayedScales)
         .scales             what the layer's operator calls get as `scales=` (they record each cast's amax)
         .before_training_forward()   from the second training forward on: the amaxes the earlier forwards and
@@ -27,8 +28,16 @@ import enum
 
 import torch.distributed as dist
 
+from ..ops import all_gather_matmul, matmul_reduce_scatter
+from ..ops.tp_nosp.all_reduce_matmul import (matmul_all_reduce, matmul_all_reduce_fp8, matmul_allreduce_dgrad,
+                                             matmul_allreduce_dgrad_fp8)
+from ..ops.tp_sp.functions import all_gather_matmul_fp8, matmul_reduce_scatter_fp8
 from ..runtime import group_info
 from ..runtime.fp8 import DelayedScales, Fp8Recipe
+
+# a TP operator -> its FP8 twin, the one that takes the delayed recipe's state (the public operators take none)
+FP8_TWINS = {all_gather_matmul: all_gather_matmul_fp8, matmul_reduce_scatter: matmul_reduce_scatter_fp8,
+             matmul_all_reduce: matmul_all_reduce_fp8, matmul_allreduce_dgrad: matmul_allreduce_dgrad_fp8}
 
 
 def _word(value) -> str | None:
@@ -46,6 +55,13 @@ def recipe_of(config) -> Fp8Recipe | None:
     return Fp8Recipe(format=fmt, recipe="delayed", margin=config.fp8_margin,
                      amax_history_len=config.fp8_amax_history_len,
                      amax_compute_algo=_word(config.fp8_amax_compute_algo), interval=config.fp8_interval)
+
+
+def run(op, x, weight, group, plan, scales, **kw):
+    """op(x, weight, group, plan=plan, **kw); with a delayed recipe's state (`scales`), op's FP8 twin given it."""
+    if scales is None:
+        return op(x, weight, group, plan=plan, **kw)
+    return FP8_TWINS[op](x, weight, group, plan=plan, scales=scales, **kw)
 
 
 def amax_group(config, tp_group):
@@ -96,4 +112,4 @@ class LayerScales:
         s.updates, self.forwards = int(state["updates"]), int(state["forwards"])
 
 
-__all__ = ["LayerScales", "amax_group", "recipe_of"]
+__all__ = ["FP8_TWINS", "LayerScales", "amax_group", "recipe_of", "run"]

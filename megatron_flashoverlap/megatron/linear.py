@@ -61,7 +61,7 @@ from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context
 from ..runtime.once import LogOnce
 from .ddp.grad_sync import dp_wgrad
-from .fp8 import LayerScales, recipe_of
+from .fp8 import LayerScales, recipe_of, run
 from .train_choice import train_key, train_plan
 
 log = logging.getLogger(__name__)
@@ -300,8 +300,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
     def _sp_forward(self, input_, plan: OpPlan):
         """all_gather_matmul with `plan` (at TP 1, under FP8: one FP8 GEMM)."""
         bias = None if self.skip_bias_add else self.bias
-        output = all_gather_matmul(input_, self.weight, self.tp_group, bias=bias, plan=plan,
-                                   wgrad=self._flash_route(input_), scales=self._fp8_scales, context=self.flash_context)
+        output = run(all_gather_matmul, input_, self.weight, self.tp_group, plan, self._fp8_scales, bias=bias,
+                     wgrad=self._flash_route(input_), context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
     def _column_plan(self) -> OpPlan:
@@ -316,8 +316,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         tail) by matmul_allreduce_dgrad."""
         bias = None if self.skip_bias_add else self.bias
         route = self._flash_route(input_, ours=torch.is_grad_enabled())  # the forward alone runs no collective
-        output = matmul_allreduce_dgrad(input_, self.weight, self.tp_group, bias=bias, plan=plan, wgrad=route,
-                                        scales=self._fp8_scales, context=self.flash_context)
+        output = run(matmul_allreduce_dgrad, input_, self.weight, self.tp_group, plan, self._fp8_scales, bias=bias,
+                     wgrad=route, context=self.flash_context)
         return output, (self.bias if self.skip_bias_add else None)
 
 
@@ -355,9 +355,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
 
     def _sp_forward(self, input_, plan: OpPlan):
         """matmul_reduce_scatter with `plan` (at TP 1, under FP8: one FP8 GEMM); the bias after it."""
-        output = matmul_reduce_scatter(input_, self.weight, self.tp_group, plan=plan,
-                                       wgrad=self._flash_route(input_), scales=self._fp8_scales,
-                                       context=self.flash_context)
+        output = run(matmul_reduce_scatter, input_, self.weight, self.tp_group, plan, self._fp8_scales,
+                     wgrad=self._flash_route(input_), context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
@@ -392,8 +391,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         else:
             plan = self._inference_plan(input_)
         route = self._flash_route(input_, ours=not runs_stock_collective(input_, plan))
-        output = matmul_all_reduce(input_, self.weight, self.tp_group, plan=plan, wgrad=route,
-                                   scales=self._fp8_scales, context=self.flash_context)
+        output = run(matmul_all_reduce, input_, self.weight, self.tp_group, plan, self._fp8_scales, wgrad=route,
+                     context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

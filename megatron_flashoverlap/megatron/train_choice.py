@@ -27,6 +27,7 @@ from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan, reference_plan
 from ..runtime.fp8 import DelayedScales
+from .fp8 import run as call_op
 
 
 def probe_scales(plan: OpPlan) -> DelayedScales | None:
@@ -72,7 +73,7 @@ def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
 
     def step(plan):
         def run():
-            y = op(probe, w, group, plan=plan, scales=scales, context=ctx)
+            y = call_op(op, probe, w, group, plan, scales, context=ctx)
             y.backward(torch.ones_like(y))
             probe.grad = w.grad = None
         return run

@@ -159,9 +159,3 @@ def fp8_plan(op: str, plan, call, default_chunks: int | None = None):
     check_fp8_call(op, plan, call.scales, call.route)
     return plan
 
-
-def no_scales(op: str, scales) -> None:
-    """ValueError for a delayed-recipe state handed to a call whose plan has no FP8 (it would be ignored)."""
-    if scales is not None:
-        raise ValueError(f"{op}: scales= is the delayed FP8 recipe's state, but the plan has no fp8; pass "
-                         f"OpPlan(..., fp8=Fp8Recipe(recipe='delayed')) with it, or drop scales=")

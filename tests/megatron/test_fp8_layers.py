@@ -18,7 +18,8 @@ BODY = "tests.megatron.mp_fp8_layers"
     ({"default": {"algo": "slicing", "num_chunks": 2}}, "slicing (FP8 hybrid tensorwise)"),
     ({"default": {"algo": "reference"}}, "reference (FP8 hybrid tensorwise; layer fc1 runs algo 'reference')"),
     ({"default": {"algo": "auto"}, "choices": {"pinned": {"fc1/train/64": "reference"}}}, "auto (FP8 hybrid tensorwise)"),
-], ids=["flash", "slicing", "reference", "auto_stock"])
+    ({"default": {"algo": "auto"}}, "auto (FP8 hybrid tensorwise)"),  # measured: both candidates in FP8
+], ids=["flash", "slicing", "reference", "auto_stock", "auto_measured"])
 def test_an_fp8_column_runs_the_recipe_at_every_algorithm(pools, flash, ran):
     for res in pools(2).run(f"{BODY}:column", flash, timeout=300):
         assert res["y_is_recipe"], res
@@ -28,6 +29,8 @@ def test_an_fp8_column_runs_the_recipe_at_every_algorithm(pools, flash, ran):
         assert res["ran"] == ran
         if "choices" in flash:
             assert res["decided"] == {"fc1/train/64": "reference"}
+        elif flash["default"]["algo"] == "auto":
+            assert set(res["decided"]) == {"fc1/train/64"} and res["decided"]["fc1/train/64"] in ("reference", "flash")
 
 
 @pytest.mark.parametrize("flash, ran", [

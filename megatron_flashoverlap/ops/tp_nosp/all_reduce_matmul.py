@@ -44,7 +44,7 @@ from ...runtime.accumulate import linear_into, weight_grad
 from ...runtime.scaled_mm import fp8_linear, transposed
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
-from ..checks import check_fp8_shapes, checked_context, fp8_plan, no_scales
+from ..checks import check_fp8_shapes, checked_context, fp8_plan
 from ..registry import RETURNED, Fp8Call, OpPlan, WgradRoute, plain, plan_of, reference_plan, resolve
 from ..tp_sp.backward_fp8 import dw_buffer, wgrad_adder, whole_dw
 from ..tp_sp.functions import save_fp8, saved_fp8
@@ -180,7 +180,7 @@ class MatmulAllReduceDgrad(torch.autograd.Function):
 
 def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str | None = None,
                       plan: OpPlan | None = None, wgrad: WgradRoute | None = None,
-                      scales: DelayedScales | None = None, context: OverlapContext | None = None) -> torch.Tensor:
+                      context: OverlapContext | None = None) -> torch.Tensor:
     """y [s, b, h] = AR(x [s, b, k/P] @ weight[h, k/P]^T), replicated, with autograd (row-parallel, no SP).
 
     plan.num_chunks: sequence chunks C (flash: the exposed tail is 1/C of an all-gather; slicing: chunks).
@@ -190,8 +190,7 @@ def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo
     route = RETURNED if wgrad is None else wgrad
     plan = resolve("matmul_all_reduce", plan_of("matmul_all_reduce", algo, plan), default_chunks=DEFAULT_CHUNKS)
     if plan.fp8 is not None:
-        return matmul_all_reduce_fp8(x, weight, group, plan=plan, wgrad=wgrad, scales=scales, context=context)
-    no_scales("matmul_all_reduce", scales)
+        return matmul_all_reduce_fp8(x, weight, group, plan=plan, wgrad=wgrad, context=context)
     ctx = checked_context("matmul_all_reduce", x, weight, None, group, context, route)
     if ctx is None:
         return linear_into(x, weight, None, route.into, route.fn)
@@ -200,7 +199,7 @@ def matmul_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo
 
 def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
                            algo: str | None = None, plan: OpPlan | None = None, wgrad: WgradRoute | None = None,
-                           scales: DelayedScales | None = None, context: OverlapContext | None = None) -> torch.Tensor:
+                           context: OverlapContext | None = None) -> torch.Tensor:
     """y [s, b, n/P] = x [s, b, h] @ weight[n/P, h]^T (+ bias), whose input gradient is all-reduced over
     `group` with the decomposed all-reduce (column-parallel, no SP: Megatron's `allreduce_dgrad`).
     algo / plan / wgrad: as matmul_all_reduce's (module docstring)."""
@@ -208,9 +207,7 @@ def matmul_allreduce_dgrad(x: torch.Tensor, weight: torch.Tensor, group=None, *,
     plan = resolve("matmul_allreduce_dgrad", plan_of("matmul_allreduce_dgrad", algo, plan),
                    default_chunks=DEFAULT_CHUNKS)
     if plan.fp8 is not None:
-        return matmul_allreduce_dgrad_fp8(x, weight, group, plan=plan, bias=bias, wgrad=wgrad, scales=scales,
-                                          context=context)
-    no_scales("matmul_allreduce_dgrad", scales)
+        return matmul_allreduce_dgrad_fp8(x, weight, group, plan=plan, bias=bias, wgrad=wgrad, context=context)
     ctx = checked_context("matmul_allreduce_dgrad", x, weight, bias, group, context, route)
     if ctx is None:
         return linear_into(x, weight, bias, route.into, route.fn)

@@ -20,7 +20,7 @@ from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from ..registry import OpPlan, reference_plan
 from ...runtime.fp8 import DelayedScales
-from .all_reduce_matmul import ar_matmul_forward, matmul_all_reduce
+from .all_reduce_matmul import ar_matmul_forward, matmul_all_reduce, matmul_all_reduce_fp8
 
 
 def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -54,5 +54,6 @@ def _forward(probe, weight, group, ctx, plan):
     delayed recipe with a throwaway state)."""
     if plan.fp8 is None:
         return ar_matmul_forward(probe, weight, group, ctx, plan)
-    scales = DelayedScales(plan.fp8) if plan.fp8.recipe == "delayed" else None
-    return matmul_all_reduce(probe, weight, group, plan=plan, scales=scales, context=ctx)
+    if plan.fp8.recipe == "delayed":
+        return matmul_all_reduce_fp8(probe, weight, group, plan=plan, scales=DelayedScales(plan.fp8), context=ctx)
+    return matmul_all_reduce(probe, weight, group, plan=plan, context=ctx)

@@ -37,7 +37,7 @@ import torch
 from ...runtime import OverlapContext, default_context, group_info, names_operator
 from ...runtime.accumulate import linear_into, weight_grad
 from ...runtime.fp8 import DelayedScales, Quantized, cast, cast_shared
-from ..checks import check_fp8_shapes, checked_context, fp8_plan, no_scales
+from ..checks import check_fp8_shapes, checked_context, fp8_plan
 from ..registry import RETURNED, Fp8Call, OpPlan, WgradRoute, plain, plan_of, reference_plan, resolve
 from . import ag_matmul, ag_matmul_fp8, backward, backward_fp8, matmul_rs, matmul_rs_fp8  # noqa: F401  (the tables)
 from .hops import sized
@@ -85,7 +85,7 @@ class MatmulReduceScatter(torch.autograd.Function):
 
 def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *, bias: torch.Tensor | None = None,
                       algo: str | None = None, plan: OpPlan | None = None, wgrad: WgradRoute | None = None,
-                      scales: DelayedScales | None = None, context: OverlapContext | None = None) -> torch.Tensor:
+                      context: OverlapContext | None = None) -> torch.Tensor:
     """y [s, b, n/P] = AG(x_shard [s/P, b, h]) @ weight[n/P, h]^T (+ bias [n/P]), with autograd.
 
     algo: the shorthand of plan=OpPlan(algo) (default "flash"); plan: the algorithm and its knobs, e.g.
@@ -94,9 +94,7 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
     route = RETURNED if wgrad is None else wgrad
     plan = resolve("all_gather_matmul", plan_of("all_gather_matmul", algo, plan))
     if plan.fp8 is not None:
-        return all_gather_matmul_fp8(x_shard, weight, group, plan=plan, bias=bias, wgrad=wgrad, scales=scales,
-                                     context=context)
-    no_scales("all_gather_matmul", scales)
+        return all_gather_matmul_fp8(x_shard, weight, group, plan=plan, bias=bias, wgrad=wgrad, context=context)
     ctx = checked_context("all_gather_matmul", x_shard, weight, bias, group, context, route)
     if ctx is None:
         return linear_into(x_shard, weight, bias, route.into, route.fn)
@@ -106,15 +104,14 @@ def all_gather_matmul(x_shard: torch.Tensor, weight: torch.Tensor, group=None, *
 
 def matmul_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, group=None, *, algo: str | None = None,
                           plan: OpPlan | None = None, wgrad: WgradRoute | None = None,
-                          scales: DelayedScales | None = None, context: OverlapContext | None = None) -> torch.Tensor:
+                          context: OverlapContext | None = None) -> torch.Tensor:
     """y [s/P, b, h] = RS(x [s, b, k/P] @ weight[h, k/P]^T), with autograd; partial sums kept in fp32 for
     bf16/fp16, sent in plan.wire_dtype ("input": the input dtype, stock's bytes; "fp32").
     algo / plan / wgrad: as all_gather_matmul's (module docstring)."""
     route = RETURNED if wgrad is None else wgrad
     plan = resolve("matmul_reduce_scatter", plan_of("matmul_reduce_scatter", algo, plan))
     if plan.fp8 is not None:
-        return matmul_reduce_scatter_fp8(x, weight, group, plan=plan, wgrad=wgrad, scales=scales, context=context)
-    no_scales("matmul_reduce_scatter", scales)
+        return matmul_reduce_scatter_fp8(x, weight, group, plan=plan, wgrad=wgrad, context=context)
     ctx = checked_context("matmul_reduce_scatter", x, weight, None, group, context, route, divisible=True)
     if ctx is None:
         return linear_into(x, weight, None, route.into, route.fn)
