@@ -207,6 +207,11 @@ class _FlashMixin:
             return f"{self.flash_plan.algo} ({fp8})" if fp8 else self.flash_plan.algo
         return f"{self.flash_plan.algo} (all-reduce, no SP{'; ' + fp8 if fp8 else ''})"
 
+    def _fp8_gathers(self) -> bool:
+        """Under FP8, whether the stock path runs the SP operator (with SP, or at TP 1 where it is one GEMM) rather
+        than the all-reduce one (TP > 1 without SP)."""
+        return self.sequence_parallel or group_info(self.tp_group)[1] == 1
+
     def _fp8_stock(self, why: str) -> OpPlan:
         """Under FP8, the plan of a layer stock would run (`why`): the FP8 reference (the collective, then one FP8
         GEMM; at TP 1 one FP8 GEMM) for algo reference and TP 1. Any other reason would run Megatron's forward
@@ -282,7 +287,8 @@ class FlashColumnParallelLinear(_FlashMixin, ColumnParallelLinear):
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if self.flash_fp8 is not None and (why is not None or weight is not None or gather):
             extra = "an explicit weight argument" if weight is not None else "gather_output" if gather else None
-            return self._sp_forward(input_, self._fp8_stock(extra or why))
+            plan = self._fp8_stock(extra or why)
+            return self._sp_forward(input_, plan) if self._fp8_gathers() else self._forward_without_sp(input_, plan)
         if why is None and weight is not None:
             why = "explicit weight argument"
         if why is None and gather:
@@ -342,7 +348,8 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         self._fp8_step()
         why = self._stock_reason()
         if why is not None and self.flash_fp8 is not None:
-            return self._sp_forward(input_, self._fp8_stock(why))
+            plan = self._fp8_stock(why)
+            return self._sp_forward(input_, plan) if self._fp8_gathers() else self._forward_without_sp(input_, plan)
         if why is not None:
             self._log_stock(why)
             return super().forward(input_)
@@ -380,15 +387,15 @@ class FlashRowParallelLinear(_FlashMixin, RowParallelLinear):
         """Without SP: stock where the input is not TP-split (Megatron scatters it first)."""
         return None if self.input_is_parallel else "input_is_parallel=False"
 
-    def _forward_without_sp(self, input_):
+    def _forward_without_sp(self, input_, plan: OpPlan | None = None):
         """No SP: the output all-reduce runs decomposed (chunked Flash-RS + Flash-AG) by matmul_all_reduce in
         training; an inference step runs the chooser's plan (`_inference_plan`); the bias is added after it, as
-        in the stock layer."""
-        if self.flash_step_kind == "train":
+        in the stock layer. `plan`: given (under FP8, the FP8 reference of a site stock would run)."""
+        if plan is None and self.flash_step_kind == "train":
             plan = self._trained(input_, matmul_all_reduce, self.flash_nosp_plan)
             if plan is None:  # auto picked stock at this shape
                 return RowParallelLinear.forward(self, input_)
-        else:
+        elif plan is None:
             plan = self._inference_plan(input_)
         route = self._flash_route(input_, ours=not runs_stock_collective(input_, plan))
         output = run(matmul_all_reduce, input_, self.weight, self.tp_group, plan, self._fp8_scales, wgrad=route,

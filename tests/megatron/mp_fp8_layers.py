@@ -91,15 +91,15 @@ def row(rank, world, flash, fmt="hybrid"):
         tm.destroy()
 
 
-def no_sp(rank, world):
-    """fc1 then fc2 without SP (the all-reduce operators): y of the row against the recipe's fp32 partials of the
-    column's output, summed in fp64; both sites say FP8."""
+def no_sp(rank, world, algo="flash"):
+    """fc1 then fc2 without SP (the all-reduce operators) under `algo`: the column's output against the recipe;
+    both sites say FP8; the row's inference steps against its training forward."""
     from megatron_flashoverlap.config import from_dict
     from megatron_flashoverlap.megatron.linear import FlashColumnParallelLinear, FlashRowParallelLinear
 
     tm.init_tp(world)
     try:
-        cfg, flash = _config(world, "hybrid", sp=False), from_dict({"default": {"algo": "flash"}})
+        cfg, flash = _config(world, "hybrid", sp=False), from_dict({"default": {"algo": algo}})
         torch.manual_seed(3)
         fc1 = FlashColumnParallelLinear(H, N, config=cfg, init_method=cfg.init_method, bias=False, skip_bias_add=True,
                                         is_expert=False, gather_output=False, tp_comm_buffer_name="fc1",

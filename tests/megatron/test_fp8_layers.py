@@ -45,10 +45,14 @@ def test_an_fp8_row_runs_the_recipe(pools, flash, ran):
         assert res["bias_is_param"] and res["ran"] == ran
 
 
-def test_without_sp_both_layers_run_fp8(pools):
-    for res in pools(2).run(f"{BODY}:no_sp", timeout=300):
+@pytest.mark.parametrize("algo, ran", [
+    ("flash", ("flash (all-reduce, no SP; FP8 hybrid tensorwise)",) * 2),
+    ("reference", tuple(f"reference (FP8 hybrid tensorwise; layer {s} runs algo 'reference')" for s in ("fc1", "fc2"))),
+])
+def test_without_sp_both_layers_run_fp8(pools, algo, ran):
+    for res in pools(2).run(f"{BODY}:no_sp", algo, timeout=300):
         assert res["h_is_recipe"] and res["y_finite"] and res["shape"] == (32, 2, 32)
-        assert res["ran"] == ("flash (all-reduce, no SP; FP8 hybrid tensorwise)",) * 2
+        assert res["ran"] == ran
         # an inference step of the row (the chooser's decode all-reduce, prefill's pick; no dW, so one token needs
         # no multiple of 16) runs the same FP8 GEMM as the training forward of the same x: within one bf16
         # rounding (the two partials summed on another path)
