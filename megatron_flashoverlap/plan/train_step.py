@@ -62,12 +62,9 @@ def _grads(env: Env, model: Model, lt: LayerTimes, layout: Layout, stock: bool) 
     tokens = model.seq // layout.cp * model.micro_batch
     numel = model.params_per_layer(layout.tp)
     dpg = place(layout.dp, layout.tp * layout.cp, env.cluster)
-    out = []
-    for _ in range(model.layers // layout.pp):
-        for name in ("fc2", "fc1", "attention", "proj", "qkv", "norms"):
-            out.append(_grad(env, model, lt, layout, (name, tokens, numel, stock, dpg)))
-    out.append(DP.Grad("embedding", model.vocab // layout.tp * model.hidden, 0.0))
-    return out
+    one = [_grad(env, model, lt, layout, (name, tokens, numel, stock, dpg))  # every layer alike: priced once
+           for name in ("fc2", "fc1", "attention", "proj", "qkv", "norms")]
+    return one * (model.layers // layout.pp) + [DP.Grad("embedding", model.vocab // layout.tp * model.hidden, 0.0)]
 
 
 def _grad(env: Env, model: Model, lt: LayerTimes, layout: Layout, what: tuple) -> DP.Grad:
