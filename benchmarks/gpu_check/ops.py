@@ -79,11 +79,11 @@ def _leaf(shape, device, dtype, scale=1.0) -> torch.Tensor:
     return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_()
 
 
-def _tp_calls(p, device, dtype, ctx, algo, rows, h) -> dict:
+def _tp_calls(p, device, dtype, ctx, algo, rows, h, plan=None) -> dict:
     s, n, f, H = rows * p, 3 * h // p, 4 * h // p, h  # noqa: N806 (H: the hidden size of these calls)
     t = lambda *shape: _leaf(shape, device, dtype, shape[-1] ** -0.5)  # noqa: E731
     xs, w1, bias, xk, w2, xr = t(s // p, B, H), t(n, H), t(n), t(s, B, f), t(H, f), t(s, B, H)
-    kw = dict(algo=algo, context=ctx)
+    kw = dict(algo=algo, context=ctx) if plan is None else dict(plan=plan, context=ctx)
     return {
         "all_gather_matmul": Call(lambda: fo.all_gather_matmul(xs, w1, bias=bias, **kw),
                                   ((s, B, n), (s // p, B, H), (n, H), (n,)), (xs, w1, bias)),
@@ -100,20 +100,7 @@ def fp8_calls(p, device, dtype, ctx, algo, rows=64, h=H) -> dict:
     """{"<TP operator> FP8": Call}: the four TP operators of _tp_calls with OpPlan(algo, fp8=hybrid tensorwise)
     (every GEMM slice a torch._scaled_mm: CUDA must accept the layouts our code hands it)."""
     plan = fo.OpPlan(algo, num_chunks=2 if algo == "slicing" else None, fp8=Fp8Recipe("hybrid"))
-    s, n, f, H = rows * p, 3 * h // p, 4 * h // p, h  # noqa: N806 (H: the hidden size of these calls)
-    t = lambda *shape: _leaf(shape, device, dtype, shape[-1] ** -0.5)  # noqa: E731
-    xs, w1, bias, xk, w2, xr = t(s // p, B, H), t(n, H), t(n), t(s, B, f), t(H, f), t(s, B, H)
-    kw = dict(plan=plan, context=ctx)
-    return {
-        "all_gather_matmul FP8": Call(lambda: fo.all_gather_matmul(xs, w1, bias=bias, **kw),
-                                      ((s, B, n), (s // p, B, H), (n, H), (n,)), (xs, w1, bias)),
-        "matmul_reduce_scatter FP8": Call(lambda: fo.matmul_reduce_scatter(xk, w2, **kw),
-                                          ((s // p, B, H), (s, B, f), (H, f)), (xk, w2)),
-        "matmul_all_reduce FP8": Call(lambda: fo.matmul_all_reduce(xk, w2, **kw), ((s, B, H), (s, B, f), (H, f)),
-                                      (xk, w2)),
-        "matmul_allreduce_dgrad FP8": Call(lambda: fo.matmul_allreduce_dgrad(xr, w1, **kw),
-                                           ((s, B, n), (s, B, H), (n, H)), (xr, w1)),
-    }
+    return {f"{name} FP8": call for name, call in _tp_calls(p, device, dtype, ctx, algo, rows, h, plan).items()}
 
 
 def _attention_calls(p, device, dtype, ctx, algo, rows, h) -> dict:
