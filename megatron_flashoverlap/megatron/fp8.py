@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 
+import torch
 import torch.distributed as dist
 
 from ..ops import all_gather_matmul, matmul_reduce_scatter
@@ -112,4 +113,31 @@ class LayerScales:
         s.updates, self.forwards = int(state["updates"]), int(state["forwards"])
 
 
-__all__ = ["FP8_TWINS", "LayerScales", "amax_group", "recipe_of", "run"]
+class Fp8LayerState:
+    """The delayed FP8 state's side of our linears (megatron/linear.py's mixin): `flash_fp8_state` (a LayerScales
+    or None), `flash_step_kind`. Megatron's stock linears define get/set_extra_state too (None, ignored): these
+    take their place, so a checkpoint keeps stock's format where no delayed FP8 runs."""
+
+    @property
+    def _fp8_scales(self):
+        """What this layer's operator calls get as `scales=`: the delayed recipe's state, else None."""
+        return None if self.flash_fp8_state is None else self.flash_fp8_state.scales
+
+    def _fp8_step(self) -> None:
+        """Before a training forward: the delayed scales take what the earlier steps recorded."""
+        if self.flash_fp8_state is not None and self.flash_step_kind == "train" and torch.is_grad_enabled():
+            self.flash_fp8_state.before_training_forward()
+
+    def get_extra_state(self):
+        """Megatron's `_extra_state` of the linear: None, as stock's, except the delayed FP8 state."""
+        state = getattr(self, "flash_fp8_state", None)
+        return None if state is None else state.state()
+
+    def set_extra_state(self, state) -> None:
+        """A checkpoint's `_extra_state`: the delayed FP8 state resumes from it (None, stock's: a fresh state)."""
+        mine = getattr(self, "flash_fp8_state", None)
+        if mine is not None:
+            mine.load(state)
+
+
+__all__ = ["FP8_TWINS", "Fp8LayerState", "LayerScales", "amax_group", "recipe_of", "run"]

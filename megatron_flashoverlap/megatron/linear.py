@@ -61,7 +61,7 @@ from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context
 from ..runtime.once import LogOnce
 from .ddp.grad_sync import dp_wgrad
-from .fp8 import LayerScales, recipe_of, run
+from .fp8 import Fp8LayerState, LayerScales, recipe_of, run
 from .train_choice import train_key, train_plan
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def _decode_plan(plan: OpPlan, algo: str) -> OpPlan:
     return dataclasses.replace(plan, decode_step=True, decode_all_reduce=algo)
 
 
-class _FlashMixin:
+class _FlashMixin(Fp8LayerState):
     """Shared set-up and the stock/overlap decision; the subclasses keep Megatron's own ctor."""
 
     def _flash_init(self, config, flash_config, tp_comm_buffer_name) -> None:
@@ -132,27 +132,6 @@ class _FlashMixin:
         self.config = config  # the stock ctor saw _stock_config(config)
         self.flash_fuse_wgrad = bool(config.gradient_accumulation_fusion)  # our operators: dW into main_grad
         self.gradient_accumulation_fusion = self.flash_fuse_wgrad and _apex_fused_wgrad()  # the stock forward's
-
-    @property
-    def _fp8_scales(self):
-        """What this layer's operator calls get as `scales=`: the delayed recipe's state, else None."""
-        return None if self.flash_fp8_state is None else self.flash_fp8_state.scales
-
-    def _fp8_step(self) -> None:
-        """Before a training forward: the delayed scales take what the earlier steps recorded (megatron/fp8.py)."""
-        if self.flash_fp8_state is not None and self.flash_step_kind == "train" and torch.is_grad_enabled():
-            self.flash_fp8_state.before_training_forward()
-
-    def get_extra_state(self):
-        """Megatron's `_extra_state` of the linear: None, as stock's, except the delayed FP8 state."""
-        state = getattr(self, "flash_fp8_state", None)
-        return None if state is None else state.state()
-
-    def set_extra_state(self, state) -> None:
-        """A checkpoint's `_extra_state`: the delayed FP8 state resumes from it (None, stock's: a fresh state)."""
-        mine = getattr(self, "flash_fp8_state", None)
-        if mine is not None:
-            mine.load(state)
 
     def _wgrad_into(self):
         """The buffer the operators add dW into under gradient_accumulation_fusion: weight.main_grad (None
