@@ -26,13 +26,8 @@ from ..plan.chooser import Chooser, Key, bucket
 from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan, reference_plan
-from ..runtime.fp8 import DelayedScales
+from ..runtime.fp8 import probe_state
 from .fp8 import run as call_op
-
-
-def probe_scales(plan: OpPlan) -> DelayedScales | None:
-    """A throwaway delayed-recipe state for timing `plan` (None unless its recipe is delayed)."""
-    return DelayedScales(plan.fp8) if plan.fp8 is not None and plan.fp8.recipe == "delayed" else None
 
 
 def train_key(site: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -69,7 +64,7 @@ def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
     delayed FP8 recipe with a state of its own: the layer's amax history never sees the probe)."""
     probe = torch.ones_like(x).requires_grad_()
     w = weight.detach().requires_grad_()
-    scales = probe_scales(flash)
+    scales = probe_state(flash.fp8)
 
     def step(plan):
         def run():

@@ -10,8 +10,8 @@
     ulysses(tensors)   the a2a of Ulysses attention: stock all_to_all_single per tensor; flash: one merged walk
                        of schedules.all_to_all_produce, one tag per tensor (ops/attention/ulysses_a2a.py)
     moe(...)           dispatch, the local experts, combine: stock a2a, experts, a2a; flash: schedules.expert_pipeline
-    dp_ring(...)       ops/dp/wgrad_rs.py: the weight gradient made shard by shard in Flash-RS order over the DP
-                       group (fp32 gradients on the wire), own shard last
+    dp_ring(...)       ops/dp/wgrad_rs.py's ring alone: the weight gradient reduce-scattered shard by shard over the
+                       DP group (fp32 gradients on the wire), own shard last
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import megatron_flashoverlap.schedules as S  # module attributes: a changed sche
 from ..schedules import Slice, Step
 from . import baselines as B
 from .links import Group
-from .ops import OpTimes, RingSide, chunked_walk, evaluate, flash_walk
+from .ops import OpTimes, chunked_walk, evaluate
 from .price import ACC_BYTES, Env, Side, prices
 from .walk import Prices, run
 
@@ -169,17 +169,11 @@ def moe(env: Env, g: Group, tokens: float, dims: tuple[int, int, int], experts: 
                                                                            max(whole, hops + whole / p)))
 
 
-def dp_ring(env: Env, g: Group, rows_out: float, tokens: float, k_in: float) -> tuple[float, float, float]:
-    """(walk seconds, wgrad GEMM alone, ring alone) of the fused wgrad + DP reduce-scatter of one weight
-    [rows_out, k_in] whose wgrad sums over `tokens` rows (module docstring)."""
+def dp_ring(env: Env, g: Group, rows_out: float, k_in: float) -> float:
+    """Seconds of the DP ring alone over one weight gradient [rows_out, k_in] (module docstring): D - 1 hops of
+    one fp32 shard each; its wgrad GEMM slices run beside it (plan/dp.py times them with the backward)."""
     d = g.size
-    whole = env.mm(rows_out, tokens, k_in)
     if d == 1:
-        return whole, whole, 0.0
+        return 0.0
     shard = rows_out * k_in / d
-    ring = RingSide("rs", rows_out, lambda r: env.mm(r, tokens, k_in) + env.add(shard), lambda r: shard * ACC_BYTES,
-                    lambda r: env.add(shard), "wgrad")
-    lists, pr = flash_walk(env, g, [ring])
-    walked = run(lists[0], pr, env.slowdown).t
-    alone = (d - 1) * env.net.hop(shard * ACC_BYTES, shard * ACC_BYTES, g.spans, env.net.ring_senders(g))
-    return walked, whole, alone
+    return (d - 1) * env.net.hop(shard * ACC_BYTES, shard * ACC_BYTES, g.spans, env.net.ring_senders(g))

@@ -35,7 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .collectives import dp_ring
 from .links import Group
 from .price import ACC_BYTES, Env
 
@@ -170,11 +169,6 @@ class Rates:
 class DpTimes:
     exposed: float
     extra: float  # backward time added over the parameters' own compute (waits on rings)
-
-
-def ring_seconds(env: Env, g: Group, rows: float, tokens: float, k_in: float) -> float:
-    """Our DP ring alone over one weight [rows, k_in] (plan/collectives.dp_ring)."""
-    return dp_ring(env, g, rows, tokens, k_in)[2]
 
 
 def sync(env: Env, g: Group, grads: Sequence[Grad], fused: bool) -> DpTimes:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from . import dp as DP
 from . import ops
-from .collectives import all_reduce
+from .collectives import all_reduce, dp_ring
 from .layer import LayerTimes, layer
 from .links import place
 from .model import Layout, Model, check
@@ -79,7 +79,7 @@ def _grad(env: Env, model: Model, lt: LayerTimes, layout: Layout, what: tuple) -
     rows, k_in = (n // layout.tp, k) if kind == "column" else (n, k // layout.tp)
     wgrad = env.mm(rows, tokens, k_in)
     return DP.Grad(name, rows * k_in, site.bwd("reference" if stock else site.variant) - wgrad, wgrad,
-                   DP.ring_seconds(env, dpg, rows, tokens, k_in))
+                   dp_ring(env, dpg, rows, k_in))
 
 
 def plan_step(env: Env, model: Model, layout: Layout, decode_batch: int = 1, force: str | None = None) -> StepTimes:

@@ -12,6 +12,7 @@
     cast(x, role, recipe, scales)         the one cast of a tensor per call, by the recipe (below)
     cast_shared(x, role, recipe, scales, group)  the same with one scale for the whole group (a gathered shard)
     DelayedScales(recipe)        the delayed recipe's state: amax history [L, roles], scales [roles]
+    probe_state(recipe)          a throwaway DelayedScales for timing a delayed call (None otherwise)
 
 Tensor roles: "input" (the activation x), "weight", "grad_output" (dy).
 Recipes:
@@ -144,3 +145,9 @@ class DelayedScales:
         self.updates += 1
         if self.updates % self.recipe.interval == 0:
             self.scales.copy_(scale_for(picked, self.maxes, self.recipe.margin, self.scales))
+
+
+def probe_state(recipe: Fp8Recipe | None) -> DelayedScales | None:
+    """A throwaway state for timing a call of `recipe` (None unless it is delayed): a probe's amaxes never reach
+    a layer's history."""
+    return DelayedScales(recipe) if recipe is not None and recipe.recipe == "delayed" else None

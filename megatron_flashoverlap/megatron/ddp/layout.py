@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 
+from ...plan.dp import megatron_bucket_size
+
 
 def _trainable(module) -> list:
     return [p for _, p in module.named_parameters() if p.requires_grad]
@@ -109,7 +111,7 @@ def stock_bucket_size(ddp_config, dp_size: int) -> int | None:
     """The bucket size Megatron's DDP uses (its constructor's default rule; None = one bucket)."""
     if not ddp_config.overlap_grad_reduce:
         return None
-    return ddp_config.bucket_size if ddp_config.bucket_size is not None else max(40000000, 1000000 * dp_size)
+    return ddp_config.bucket_size if ddp_config.bucket_size is not None else megatron_bucket_size(dp_size)
 
 
 def last_bucket_weights(module, candidates, bucket_size: int | None) -> list:

@@ -19,8 +19,8 @@ from ...plan.chooser import Chooser, Key, bucket
 from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from ..registry import OpPlan, reference_plan
-from ...runtime.fp8 import DelayedScales
-from .all_reduce_matmul import ar_matmul_forward, matmul_all_reduce, matmul_all_reduce_fp8
+from ...runtime.fp8 import probe_state
+from .all_reduce_matmul import ar_matmul_forward, matmul_all_reduce_fp8
 
 
 def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -54,6 +54,4 @@ def _forward(probe, weight, group, ctx, plan):
     delayed recipe with a throwaway state)."""
     if plan.fp8 is None:
         return ar_matmul_forward(probe, weight, group, ctx, plan)
-    if plan.fp8.recipe == "delayed":
-        return matmul_all_reduce_fp8(probe, weight, group, plan=plan, scales=DelayedScales(plan.fp8), context=ctx)
-    return matmul_all_reduce(probe, weight, group, plan=plan, context=ctx)
+    return matmul_all_reduce_fp8(probe, weight, group, plan=plan, scales=probe_state(plan.fp8), context=ctx)
