@@ -19,21 +19,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...runtime import all_gather_into, group_info, names_operator, reduce_scatter_into
+from ...ops.tp_sp.ag_matmul import gather_reference
+from ...runtime import group_info, names_operator, reduce_scatter_into
 from .grad_sync import dp_wgrad, enable_dp_overlap
 from .auto_fuse import auto_linears
 from .layout import isolated_buckets, relayout, stock_bucket_size
 
 log = logging.getLogger(__name__)
-
-
-def _gather(x, group):
-    rank, world = group_info(group)
-    if world == 1:
-        return x
-    out = torch.empty((x.shape[0] * world,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    all_gather_into(out, x.contiguous(), group)
-    return out
 
 
 @names_operator
@@ -42,7 +34,7 @@ class LinearDPWgrad(torch.autograd.Function):
     def forward(ctx, x, weight, bias, allreduce_dgrad, sequence_parallel, tp_group):
         ctx.save_for_backward(x, weight)
         ctx.flags = (bias is not None, allreduce_dgrad, sequence_parallel, tp_group)
-        total = _gather(x, tp_group) if sequence_parallel else x
+        total = gather_reference(x, tp_group) if sequence_parallel else x
         return F.linear(total, weight, bias)
 
     @staticmethod
@@ -50,7 +42,7 @@ class LinearDPWgrad(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         has_bias, allreduce_dgrad, sequence_parallel, tp_group = ctx.flags
         dy = dy.contiguous()
-        total = _gather(x, tp_group) if sequence_parallel else x
+        total = gather_reference(x, tp_group) if sequence_parallel else x
         dx = dy.matmul(weight)
         work = None
         if sequence_parallel and group_info(tp_group)[1] > 1:
