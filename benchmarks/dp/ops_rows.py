@@ -9,7 +9,7 @@ Rows (every sample: max over ranks after a barrier; medians over cfg["repeats"],
   (transfers complete at once); comm = the same call with one token (same bytes, GEMM an outer product).
 - "tp-nosp mlp": x [s, b, h] replicated -> column (n/P, all-reduce of dgrad in bwd) -> gelu -> row (all-reduce
   fwd) -> y [s, b, h] replicated: stock, data slicing k=2/4, flash with C sequence chunks
-  (ops/tp_nosp/all_reduce_matmul.py); compute / comm as the harness: fake group / inner width 1.
+  (ops/tp_nosp/autograd.py); compute / comm as the harness: fake group / inner width 1.
 - "megatron ddp": benchmarks/harness/megatron_rows.py `measure_ddp` (block time only).
 exposed = block - compute; hidden = 1 - exposed / comm.
 """
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from megatron_flashoverlap.ops import OpPlan
 from megatron_flashoverlap.ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
-from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
+from megatron_flashoverlap.ops.tp_nosp.autograd import matmul_all_reduce, matmul_allreduce_dgrad
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.harness import timing
 from benchmarks.harness.blocks import BLOCKS, Block, Method, Shape

@@ -26,7 +26,7 @@ from megatron_flashoverlap.ops import OpPlan, all_gather_matmul, matmul_reduce_s
 @dataclass(frozen=True)
 class Method:
     """One row of the table: an operator algo, its slicing chunk count, its sub-chunks per hop (flash only:
-    None = the operators' automatic rule, ops/tp_sp/hops.py)."""
+    None = the operators' automatic rule, ops/tp_sp/plain.py hop_chunks_for)."""
 
     name: str
     algo: str

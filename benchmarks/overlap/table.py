@@ -2,8 +2,9 @@
 worker outputs (benchmarks/overlap/worker.py).
 
 A run = the worker's JSON for one link rate, plus "rate" (tc rate or "unshaped") added by the launcher.
-hop_chunk_section(runs): every `flash c=N` row (N row sub-chunks per hop, ops/tp_sp/hops.py) against `flash`
-(c = 1, the automatic choice) at the same point: the measured basis of the automatic choice.
+hop_chunk_section(runs): every `flash c=N` row (N row sub-chunks per hop, ops/tp_sp/plain.py
+hop_chunks_for) against `flash` (c = 1, the automatic choice) at the same point: the measured basis of the
+automatic choice.
 """
 from __future__ import annotations
 

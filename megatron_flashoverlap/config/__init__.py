@@ -14,7 +14,7 @@ ONE plan: an algorithm from ALGOS and its knobs.
                    keep_gathered)
     num_chunks     slicing only: the chunk count
     hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None:
-                   automatic: 1, measured; ops/tp_sp/hops.py)
+                   automatic: 1, measured; ops/tp_sp/plain.py hop_chunks_for)
     keep_gathered  column layers (qkv, fc1): keep AG(x) from forward for the weight gradient
 
 YAML (files in configs/ only choose values; every key is optional):

@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 from ..ops import all_gather_matmul, matmul_reduce_scatter
-from ..ops.tp_nosp.all_reduce_matmul import (matmul_all_reduce, matmul_all_reduce_fp8, matmul_allreduce_dgrad,
+from ..ops.tp_nosp.autograd import (matmul_all_reduce, matmul_all_reduce_fp8, matmul_allreduce_dgrad,
                                              matmul_allreduce_dgrad_fp8)
-from ..ops.tp_sp.functions import all_gather_matmul_fp8, matmul_reduce_scatter_fp8
+from ..ops.tp_sp.autograd import all_gather_matmul_fp8, matmul_reduce_scatter_fp8
 from ..runtime import group_info
 from ..runtime.fp8 import DelayedScales, Fp8Recipe
 

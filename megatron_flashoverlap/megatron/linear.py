@@ -55,7 +55,7 @@ from ..ops.all_reduce.select import is_decode_shaped
 from ..ops.tp_nosp.choose import inference_plan, prefill_key
 from ..plan.chooser import chooser_of
 from ..ops import all_gather_matmul, matmul_reduce_scatter
-from ..ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad, runs_stock_collective
+from ..ops.tp_nosp.autograd import matmul_all_reduce, matmul_allreduce_dgrad, runs_stock_collective
 from ..ops.checks import check_peers_agree
 from ..ops.registry import OpPlan, WgradRoute
 from ..runtime import group_info, shared_context

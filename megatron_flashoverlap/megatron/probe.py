@@ -8,7 +8,8 @@ rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves
                              probe once, choose, apply (the YAML wins), activate the result (the DDP wrapper reads
                              dp.fuse from it), hand the predicted picks and decode table to the chooser's model
                              tier; log the figures once (INFO) and the choices once (WARNING, as every decision
-                             line). Anything else: cfg unchanged (hops.py, megatron/ddp/auto_fuse.py, the measured tier).
+                             line). Anything else: cfg unchanged (ops/tp_sp/plain.py hop_chunks_for,
+                             megatron/ddp/auto_fuse.py, the measured tier).
     measure(shapes, gpus_per_node, group=None) -> figures   (plan/probe_plan.py: Figures)
         GEMMs: each shape, median of 3 calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
                between CUDA events, on any other backend in fp32 on the host clock

@@ -11,9 +11,9 @@ from .attention.ulysses import ulysses_attention
 from .attention.ulysses_fused import ulysses_fused_attention
 from .dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
 from .moe.exchange import expert_all_to_all
-from .tp_nosp.all_reduce_matmul import (matmul_all_reduce, matmul_all_reduce_fp8, matmul_allreduce_dgrad,
+from .tp_nosp.autograd import (matmul_all_reduce, matmul_all_reduce_fp8, matmul_allreduce_dgrad,
                                         matmul_allreduce_dgrad_fp8)
-from .tp_sp.functions import all_gather_matmul, all_gather_matmul_fp8, matmul_reduce_scatter, matmul_reduce_scatter_fp8
+from .tp_sp.autograd import all_gather_matmul, all_gather_matmul_fp8, matmul_reduce_scatter, matmul_reduce_scatter_fp8
 
 __all__ = ["ALGOS", "AR_ALGOS", "Attend", "DPBucket", "OpPlan", "WgradRoute", "all_gather_matmul", "all_gather_matmul_fp8",
            "all_reduce",

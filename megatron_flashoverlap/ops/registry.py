@@ -32,7 +32,7 @@ knobs each GEMM operator reads (fp8: the four TP GEMM operators, every GEMM slic
 operand in FP8 bytes, every reduce-scatter or all-reduce in bf16 / fp32 partials; refused by the others).
 Per call a wrapper only resolves its plan (`resolve`, cached per operator and plan: a knob the operator does
 not read is refused, not ignored; force_reference() gives the reference plan; the all-reduce operators' flash
-chunks are filled in); the TP/SP operators then fix hop_chunks for the shard (tp_sp/hops.py
+chunks are filled in); the TP/SP operators then fix hop_chunks for the shard (tp_sp/plain.py hop_chunks_for
 `sized`, cached too). WgradRoute(into=None, fn=None): dW returned to autograd (both None), added into `into`
 slice by slice (e.g. Megatron's fp32 main_grad: runtime/accumulate.py), or handed to fn(dy_full, x_full) once
 (e.g. the data-parallel reduce-scatter of dW inside its GEMM, megatron/ddp/grad_sync.py). A backward is given the route,

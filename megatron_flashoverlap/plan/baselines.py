@@ -5,10 +5,10 @@ baselines are not schedules there: they are collective calls in ops/ (reference 
 Megatron. Each is written here as the step list it amounts to; a transfer of tag >= COLL is one whole stock
 collective (priced by NCCL's model), its `peer` is -1 (not a point-to-point peer).
 
-    consume_chunks(k)  ops/tp_sp/ag_matmul.py slicing (k = 1: the reference): all k all-gathers posted at once
+    consume_chunks(k)  ops/tp_sp/plain.py slicing (k = 1: the reference): all k all-gathers posted at once
                        (their own posts, so they run one after another), GEMM chunk j once gather j arrived
         step 0: post gathers 0..k-1 (gather j waited at the end of step j)     step j+1: GEMM chunk j
-    produce_chunks(k)  ops/tp_sp/matmul_rs.py slicing (k = 1: the reference): GEMM chunk j, then its
+    produce_chunks(k)  ops/tp_sp/plain.py slicing (k = 1: the reference): GEMM chunk j, then its
                        reduce-scatter posted; all waited after the last
         step 0: GEMM 0     step j: post RS j-1, GEMM j     step k: post RS k-1; every RS waited at step k
     bulk()             stock Megatron's column backward with SP (tensor_parallel/layers.py): the all-gather of x

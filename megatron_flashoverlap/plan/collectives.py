@@ -1,7 +1,7 @@
 """The other operators: TP without SP (all-reduce), the decode all-reduce, Ulysses all-to-all, MoE, DP wgrad ring.
 
     ar_fwd(M, K, N)    y [M, N] = AR(x_r [M, K/P] @ W_r [K/P, N])  (row-parallel, TP without SP)
-        flash:C  ops/tp_nosp/ar_matmul.py: C sequence chunks; walk c merges chunk c's Flash-RS (tag 0) with chunk
+        flash:C  ops/tp_nosp/plain.py: C sequence chunks; walk c merges chunk c's Flash-RS (tag 0) with chunk
                  c-1's Flash-AG (tag 1); the last AG walks alone (its hops are the exposed tail)
     ar_bwd(M, K, N)    dx [M, K] = AR(dy_r [M, N/P] @ W_r^T), dW_r = x^T dy_r  (column-parallel, TP without SP)
         stock: the dgrad GEMM, then its all-reduce under the wgrad GEMM (Megatron's allreduce_dgrad); flash: the

@@ -5,7 +5,7 @@ Shapes are the unsharded GEMM y[M, N] = x[M, K] W[K, N] on a group of P ranks, s
     row (GEMM + reduce-scatter): K over P, the output's rows scattered                      y_r [M/P, N]
     forward    column: AG(x) @ W_r            row: RS(x_r @ W_r)
     backward   column: dgrad RS(dy_r W_r^T) + wgrad AG(x)^T dy_r (one merged ring walk: dgrad RS tag 0, wgrad
-               AG tag 1, ops/tp_sp/backward.py); stock overlaps AG(x) with dgrad and RS(dx) with wgrad (bulk)
+               AG tag 1, ops/tp_sp/plain.py); stock overlaps AG(x) with dgrad and RS(dx) with wgrad (bulk)
                row: AG(dy) then dgrad AG(dy) W_r^T and wgrad x_r^T AG(dy), per arrived dy shard (flash)
 Variants: "reference" (blocking collective, GEMM; the backward as stock Megatron runs it), "slicing:k" (the data-
 slicing baseline of ops/, k chunks), "flash:c" (schedules.all_gather_ring / reduce_scatter_ring, c hop sub-
@@ -28,7 +28,7 @@ from .price import ACC_BYTES, Env, Side, prices, walk_clock
 from .walk import Clock
 
 SLICING_CHUNKS = (2, 4, 8)  # configs: num_chunks of the slicing baseline
-HOP_CHUNKS = (1, 2, 4)  # ops/tp_sp/hops.py: sub-chunks per hop
+HOP_CHUNKS = (1, 2, 4)  # ops/tp_sp/plain.py hop_chunks_for: sub-chunks per hop
 ALGO_ORDER = ("reference", "flash", "flash_bidir", "slicing")  # ties go to the earlier (the simpler)
 
 

@@ -13,6 +13,9 @@
     cast_shared(x, role, recipe, scales, group)  the same with one scale for the whole group (a gathered shard)
     DelayedScales(recipe)        the delayed recipe's state: amax history [L, roles], scales [roles]
     probe_state(recipe)          a throwaway DelayedScales for timing a delayed call (None otherwise)
+    save_fp8(ctx, x, weight, plan, call, group, octx) -> (xq, wq)
+                                 an FP8 autograd forward's cast of x and w (each from its own amax), their
+                                 bytes and scales saved on ctx for the backward; saved_fp8(ctx) reads them back
 
 Tensor roles: "input" (the activation x), "weight", "grad_output" (dy).
 Recipes:
@@ -151,3 +154,18 @@ def probe_state(recipe: Fp8Recipe | None) -> DelayedScales | None:
     """A throwaway state for timing a call of `recipe` (None unless it is delayed): a probe's amaxes never reach
     a layer's history."""
     return DelayedScales(recipe) if recipe is not None and recipe.recipe == "delayed" else None
+
+
+def save_fp8(ctx, x, weight, plan, call, group, octx):
+    """x and weight cast once per call, each from this rank's own amax (neither is gathered); their FP8 bytes and
+    scales saved for the backward, not x. -> (xq, wq)."""
+    xq, wq = cast(x, "input", plan.fp8, call.scales), cast(weight, "weight", plan.fp8, call.scales)
+    ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv)
+    ctx.plan, ctx.call, ctx.group, ctx.octx, ctx.x_dtype = plan, call, group, octx, x.dtype
+    return xq, wq
+
+
+def saved_fp8(ctx):
+    """-> (weight, xq, wq) as an FP8 autograd forward saved them (save_fp8)."""
+    weight, x8, x_inv, w8, w_inv = ctx.saved_tensors
+    return weight, Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)

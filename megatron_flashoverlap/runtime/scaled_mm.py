@@ -17,6 +17,11 @@
     scaled_producer(aq, wq, offset)
                                 the Flash-RS Producer of those partials, each written into its fp32 ring slot
                                 (runtime/numerics.py partial_producer's FP8 twin)
+    wgrad_adder(held, arriving_inv, into, held_is_dy)
+                                add(span, rows): into [n, h] += dy[span]^T @ x[span] dequantized, in fp32: the
+                                wgrad slice of a gather, one operand held whole, the other arriving
+    dw_buffer(wq, into)         where dW is summed: `into`, else fp32 zeros of the weight's shape
+    whole_dw(dyq, xq, wq, dw)   the unfused wgrad, one scaled GEMM, routed by dw (a WgradRoute; None: no dW)
 
 A row-major weight w [n, k] is the second operand as it is: w.t() is [k, n] column-major. CUDA's bias epilogue
 takes a bias of the output's dtype and no fp32 output with a bias: there the bias is added after the GEMM.
@@ -28,6 +33,7 @@ import math
 import torch
 
 from .fp8 import Quantized
+from .numerics import flat, wgrad_result
 from .options import Producer
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -127,3 +133,36 @@ def scaled_producer(aq: Quantized, wq: Quantized, offset: int = 0) -> Producer:
     ring slot (the sums' acc dtype: fp32 for every activation dtype an FP8 GEMM writes)."""
     gemm = scaled_partial(aq, wq)
     return Producer(lambda span, out: gemm(aq.data[offset + span[0]:offset + span[1]], out), into=True)
+
+
+F32 = torch.float32
+
+
+def wgrad_adder(held: Quantized, arriving_inv: torch.Tensor, into: torch.Tensor, held_is_dy: bool = True):
+    """-> add(span, rows fp8 [r, b, c]): into [n, h] += dy[span]^T @ x[span] dequantized, in fp32, where `held`
+    is dy [s, b, n] (the rows are x's) or x [s, b, h] (held_is_dy=False: the rows are dy's)."""
+    held_t = flat(held.data).t().contiguous()  # [c, s * b]: K-major, transposed once per call
+    per = math.prod(held.data.shape[1:-1])
+
+    def add(span, rows: torch.Tensor) -> None:
+        part = held_t[:, span[0] * per:span[1] * per]  # [c, r * b]: dy^T row-major, or x^T (x column-major)
+        if held_is_dy:
+            into.add_(scaled_mm(part, column_major(flat(rows)), held.scale_inv, arriving_inv, F32))
+        else:
+            into.add_(scaled_mm(flat(rows).t().contiguous(), part.t(), arriving_inv, held.scale_inv, F32))
+    return add
+
+
+def dw_buffer(wq: Quantized, into: torch.Tensor | None) -> torch.Tensor:
+    """Where dW is summed: the caller's `into` (e.g. Megatron's main_grad), else fresh fp32 zeros."""
+    return into if into is not None else torch.zeros(wq.data.shape, dtype=F32, device=wq.data.device)
+
+
+def whole_dw(dyq: Quantized, xq: Quantized, wq: Quantized, dw):
+    """The unfused wgrad: one scaled GEMM dyq [s, b, n]^T @ xq [s, b, h], where `dw` routes it (None: not
+    wanted)."""
+    if dw is None:
+        return None
+    acc = dw_buffer(wq, dw.into)
+    wgrad_adder(dyq, xq.scale_inv, acc)((0, xq.data.shape[0]), xq.data)
+    return wgrad_result(wq, acc, dw.into)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from megatron_flashoverlap.ops import OpPlan
-from megatron_flashoverlap.ops.tp_nosp import all_reduce_matmul as arm
+from megatron_flashoverlap.ops.tp_nosp import autograd as arm
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import megatron_flashoverlap as fo
-from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduce, matmul_allreduce_dgrad
+from megatron_flashoverlap.ops.tp_nosp.autograd import matmul_all_reduce, matmul_allreduce_dgrad
 
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 S, B, H, N = 8, 3, 12, 8  # s, b, the replicated hidden size, the sharded size per rank

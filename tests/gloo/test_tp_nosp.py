@@ -4,7 +4,7 @@ against a float64 dense formula and against the reference (GEMM, then dist.all_r
 import pytest
 import torch
 
-from megatron_flashoverlap.ops.tp_nosp.ar_matmul import chunk_rows
+from megatron_flashoverlap.ops.tp_nosp.plain import chunk_rows
 
 FP32 = 1e-4  # fp32, sums reordered (GEMM cut in row slices, ring order of the partial sums): close, not exact
 BF16 = 3e-2  # bf16 inputs: GEMMs round to bf16 (8 bits of mantissa); relative to the output scale
@@ -60,6 +60,6 @@ def test_column_dgrad_all_reduce(pools, algo, chunks, world):
 
 def test_bad_num_chunks_names_the_fix():
     from megatron_flashoverlap.ops import OpPlan
-    from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import matmul_all_reduce
+    from megatron_flashoverlap.ops.tp_nosp.autograd import matmul_all_reduce
     with pytest.raises(ValueError, match="num_chunks"):
         matmul_all_reduce(torch.zeros(4, 1, 2), torch.zeros(3, 2), plan=OpPlan("flash", num_chunks=0))

@@ -1,6 +1,6 @@
 """Tier: numerics on 2 and 4 gloo CPU processes. Prefill of any prompt length: the row-parallel all-reduce
 (no SP) at sequence lengths P does not divide runs the decomposed operators (zero-padded to a multiple of P,
-ops/tp_nosp/all_reduce_matmul.py ar_matmul_forward), never a plain all-reduce; compared with the reference
+ops/tp_nosp/autograd.py ar_matmul_forward), never a plain all-reduce; compared with the reference
 (GEMM, then dist.all_reduce) and a float64 dense formula.
 
 Tolerances: fp32 1e-4 x the output scale, because the sums are reordered (the GEMM cut in row slices, the ring

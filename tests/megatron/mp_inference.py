@@ -155,7 +155,7 @@ class _Routes:
     own functions, wrapped for the block. The step kind is the engine's: its context's prefill request count."""
 
     def __init__(self, llm, model):
-        from megatron_flashoverlap.ops.tp_nosp import all_reduce_matmul as arm
+        from megatron_flashoverlap.ops.tp_nosp import autograd as arm
 
         self.arm, self.context, self.calls, self.decided = arm, llm.engine.context, [], []
         row = next((m for m in model.modules() if hasattr(m, "flash_chooser")), None)

@@ -3,7 +3,7 @@ sequence lengths TP does not divide: our spec vs the stock local spec, same weig
 from __future__ import annotations
 
 from megatron_flashoverlap.megatron import models as tm
-from megatron_flashoverlap.ops.tp_nosp import all_reduce_matmul as arm
+from megatron_flashoverlap.ops.tp_nosp import autograd as arm
 from tests.megatron.mp_megatron import _models, _rel
 
 

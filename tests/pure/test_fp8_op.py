@@ -11,7 +11,7 @@ import torch
 
 import megatron_flashoverlap as fo
 from megatron_flashoverlap.ops.registry import force_reference, resolve
-from megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul import wgrad_spans
+from megatron_flashoverlap.ops.tp_nosp.autograd import wgrad_spans
 from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_forward, recipe_row
 
 BF16 = torch.bfloat16

@@ -1,8 +1,9 @@
-"""Tier: pure (no processes). The sub-chunks-per-hop rule of the TP/SP flash operators (ops/tp_sp/hops.py)."""
+"""Tier: pure (no processes). The sub-chunks-per-hop rule of the TP/SP flash operators
+(ops/tp_sp/plain.py hop_chunks_for)."""
 import pytest
 
 from megatron_flashoverlap.ops.registry import OpPlan
-from megatron_flashoverlap.ops.tp_sp.hops import hop_chunks_for, sized
+from megatron_flashoverlap.ops.tp_sp.plain import hop_chunks_for, sized
 
 
 def test_an_open_request_is_one_transfer_per_hop_as_measured():

@@ -35,7 +35,7 @@ def test_a_changed_schedule_changes_the_price(monkeypatch):
 
 
 def test_the_column_backward_walks_the_merged_dgrad_rs_and_wgrad_ag():
-    # ops/tp_sp/backward.py walks scatter(tag 0) and gather(tag 1) in ONE merged walk: the planner prices that list
+    # ops/tp_sp/plain.py walks scatter(tag 0) and gather(tag 1) in ONE merged walk: the planner prices that list
     e = env()
     p = 4
     rings = [ops.RingSide("rs", 4000, lambda r: 0.0, lambda r: 0.0), ops.RingSide("ag", 4000, lambda r: 0.0,

@@ -129,7 +129,7 @@ def _decode_all_reduce_off_by_a_permille() -> list:
 
     def wrong(x, group=None, **kw):
         return all_reduce(x, group, **kw) * (1 + 1e-3)  # DEFECT
-    return _replace("megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul", "all_reduce", wrong)
+    return _replace("megatron_flashoverlap.ops.tp_nosp.autograd", "all_reduce", wrong)
 
 
 def _chooser_prefers_slower() -> list:
@@ -144,7 +144,7 @@ def _chooser_prefers_slower() -> list:
 
 def _decode_branch_off() -> list:
     """Decode-shaped inputs no longer take the decode all-reduce (the shipped branch is never entered)."""
-    return _replace("megatron_flashoverlap.ops.tp_nosp.all_reduce_matmul", "_decode_branch",
+    return _replace("megatron_flashoverlap.ops.tp_nosp.autograd", "_decode_branch",
                     lambda x, plan: False)  # DEFECT
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...ops.tp_sp.ag_matmul import gather_reference
+from ...ops.tp_sp.plain import gather_reference
 from ...runtime import group_info, names_operator, reduce_scatter_into
 from .grad_sync import dp_wgrad, enable_dp_overlap
 from .auto_fuse import auto_linears

@@ -37,7 +37,7 @@ from ...runtime import names_operator, partial_linear, produce_and_scatter, sums
 from ...runtime.numerics import zeros_acc
 from ..checks import check_divisible, peers_agree
 from ..registry import OpPlan, plain, plan_of, register, resolve, ring_of
-from ..tp_sp.functions import matmul_reduce_scatter
+from ..tp_sp.autograd import matmul_reduce_scatter
 from .core import CAUSAL, Attend, AttnSpec, attention_reference, attention_rows, check_attention_operands
 from .core import make_spec, zigzag_positions
 

@@ -20,7 +20,7 @@ from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from ..registry import OpPlan, reference_plan
 from ...runtime.fp8 import probe_state
-from .all_reduce_matmul import ar_matmul_forward, matmul_all_reduce_fp8
+from .autograd import ar_matmul_forward, matmul_all_reduce_fp8
 
 
 def prefill_key(site: str, kind: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:

@@ -1,14 +1,14 @@
-"""Tensor parallel WITHOUT sequence parallel: the autograd.Functions and the public wrappers.
+"""Tensor parallel without sequence parallel, the autograd face: the autograd.Functions and the public wrappers.
 
     matmul_all_reduce(x_k [s, b, k/P], weight_k [h, k/P], group) -> y [s, b, h]  (row-parallel, replicated)
         forward y = AR(x @ w^T)         backward dx = dy @ w, dw = dy^T x (local: dy is replicated)
     matmul_allreduce_dgrad(x [s, b, h], weight_n [n/P, h], group, bias) -> y_n [s, b, n/P]  (column-parallel)
         forward y = x @ w^T + bias      backward dx = AR(dy @ w) with the wgrad filling its tail, dw, db
     matmul_all_reduce_fp8, matmul_allreduce_dgrad_fp8(..., plan=OpPlan(fp8=...), scales)
-        the same with every GEMM (slice) an FP8 _scaled_mm (ar_matmul_fp8.py): x, w and dy each cast once per
+        the same with every GEMM (slice) an FP8 _scaled_mm (plain_fp8.py): x, w and dy each cast once per
         call from this rank's own amax (none is gathered); the all-reduce carries bf16 / fp32 partials
 
-The decomposition and the plain functions: ar_matmul.py. Decode (x [1, b, k/P], one new token per
+The decomposition and the plain functions: plain.py (FP8: plain_fp8.py). Decode (x [1, b, k/P], one new token per
 sequence; or any x whose plan says `decode_step=True`: a decode-only step of an engine whose layout is
 [n, 1, k/P], summed as [1, n, h]): a single row cannot be cut in rank blocks, so `matmul_all_reduce` runs the
 whole GEMM and then `all_reduce(algo=plan.decode_all_reduce)` ("auto": the chooser's pick for the token bucket,
@@ -19,7 +19,7 @@ zero-padded to the next multiple of P rows and return the first s rows (ar_matmu
 all-reduce (column dgrad) is padded the same way.
 algo= is the shorthand of plan=OpPlan(algo); the plan's knobs here (ops/registry.py): num_chunks (sequence
 chunks C of the flash algos, default DEFAULT_CHUNKS; slicing: its chunks), wire_dtype (what the all-reduce's
-reduce-scatter partials travel in, "input" (default, stock's bytes) or "fp32", ar_matmul.py; the decode
+reduce-scatter partials travel in, "input" (default, stock's bytes) or "fp32", plain.py; the decode
 all-reduce always runs in the input dtype), decode_all_reduce (matmul_all_reduce).
 wgrad=WgradRoute(into=...) [weight's shape] (e.g. Megatron's fp32 main_grad): dw is added into it (slice by
 slice in the column backward's all-reduce tail) instead of being returned; the weight then gets Megatron's
@@ -37,19 +37,17 @@ import torch
 import torch.nn.functional as F
 
 from ...runtime import OverlapContext, default_context, group_info, names_operator, wgrad
-from ...runtime.fp8 import DelayedScales, Quantized, cast
+from ...runtime.fp8 import DelayedScales, Quantized, cast, save_fp8, saved_fp8
 from ...runtime.handlers import chunk_bounds
 from ...runtime.numerics import add_wgrad, wgrad_result, wgrad_target
 from ...runtime.accumulate import linear_into, weight_grad
-from ...runtime.scaled_mm import fp8_linear, transposed
+from ...runtime.scaled_mm import dw_buffer, fp8_linear, transposed, wgrad_adder, whole_dw
 from ..all_reduce.all_reduce import all_reduce
 from ..all_reduce.select import is_decode_shaped
 from ..checks import check_fp8_shapes, checked_context, fp8_plan
 from ..registry import RETURNED, Fp8Call, OpPlan, WgradRoute, plain, plan_of, reference_plan, resolve
-from ..tp_sp.backward_fp8 import dw_buffer, wgrad_adder, whole_dw
-from ..tp_sp.functions import save_fp8, saved_fp8
-from . import ar_matmul_fp8
-from .ar_matmul import DEFAULT_CHUNKS, OP
+from .plain import DEFAULT_CHUNKS, OP
+from .plain_fp8 import OP_FP8
 
 _REFERENCE = OpPlan("reference")
 
@@ -94,9 +92,9 @@ def ar_matmul_forward(x, weight, group, ctx, plan, tail=None):
     """The plain function of plan.algo on x [s, b, k/P] -> y [s, b, h]. Any s: where P does not divide s, the
     decomposed algorithms run on x zero-padded to the next multiple of P and y is their first s rows (the
     padded rows' all-reduce moves at most P-1 extra rows; every real row's sum is the unpadded one). Under
-    plan.fp8, x and weight are Quantized, run by ar_matmul_fp8.py's functions."""
+    plan.fp8, x and weight are Quantized, run by plain_fp8.py's functions."""
     world, rows = group_info(group)[1], (x.data if isinstance(x, Quantized) else x).shape[0]
-    fn = plain(OP if plan.fp8 is None else ar_matmul_fp8.OP, plan.algo)
+    fn = plain(OP if plan.fp8 is None else OP_FP8, plan.algo)
     if plan.algo == "reference" or rows % world == 0:
         return fn(x, weight, group, ctx, plan, tail)
     return fn(_padded(x, world), weight, group, ctx, plan, tail)[:rows]
@@ -295,7 +293,7 @@ def matmul_all_reduce_fp8(x: torch.Tensor, weight: torch.Tensor, group=None, *, 
                           scales: DelayedScales | None = None, wgrad: WgradRoute | None = None,
                           context: OverlapContext | None = None) -> torch.Tensor:
     """matmul_all_reduce with every GEMM (slice) in FP8, forward and backward, with autograd. plan.fp8: the
-    recipe; scales: its DelayedScales under 'delayed' (tp_sp/functions.py all_gather_matmul_fp8). Shapes CUDA
+    recipe; scales: its DelayedScales under 'delayed' (tp_sp/autograd.py all_gather_matmul_fp8). Shapes CUDA
     cannot run in FP8 are refused (ops/checks.py), never run in bf16."""
     call = Fp8Call(RETURNED if wgrad is None else wgrad, scales)
     plan, ctx = _fp8_checked("matmul_all_reduce", x, weight, None, group, plan, call, context)

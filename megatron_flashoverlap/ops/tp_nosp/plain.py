@@ -26,14 +26,14 @@ column backward the wgrad GEMM (cut in P-1 slices) hides the tail too. Partial s
 bf16/fp16 and travel in the wire dtype (OpPlan.wire_dtype: "input", stock's bytes, rounded once per hop, or "fp32");
 the reduced block is rounded once before the all-gather, so every rank ends with identical bits. The
 reference and slicing all-reduce in the wire dtype too (wire_dtype="input": stock).
-Sequence not divisible by P: the caller pads x with zero rows to a multiple of P (all_reduce_matmul.py
+Sequence not divisible by P: the caller pads x with zero rows to a multiple of P (autograd.py
 ar_matmul_forward) and keeps the first s rows of y; the plain functions here see divisible inputs.
 
 This file: the plain functions (no autograd), one per algorithm, one signature
 (x, weight, group, ctx, plan, tail=None) -> y, registered as "matmul_all_reduce" in ops/registry.py; each
 reads the OpPlan knobs it uses (plan.wire_dtype; slicing and flash: plan.num_chunks; flash: the ring's direction);
 `tail = (n, fn)`: n independent compute pieces fn(i) that run while the all-reduce's last part flies.
-all_reduce_matmul.py holds the autograd.Functions and the public wrappers.
+autograd.py holds the autograd.Functions and the public wrappers.
 """
 from __future__ import annotations
 

@@ -1,20 +1,21 @@
-"""The public operators: autograd.Functions whose backward calls the dual pass, and their wrappers.
+"""Tensor parallel with sequence parallel, the autograd face: autograd.Functions whose backward calls the dual
+plain function (plain.py, plain_fp8.py), and the public wrappers.
 
     all_gather_matmul(x_shard [s/P, b, h], weight [n/P, h], group, bias [n/P]) -> y [s, b, n/P]
         y = AG(x) @ w^T + bias              backward: dx = RS(dy @ w), dw = AG(x)^T dy, db = sum dy
     matmul_reduce_scatter(x [s, b, k/P], weight [h, k/P], group) -> y [s/P, b, h]
         y = RS(x @ w^T)                     backward: dx = AG(dy) @ w, dw = AG(dy)^T x
     all_gather_matmul_fp8(x_shard, weight, group, plan=OpPlan(fp8=...), scales) -> y [s, b, n/P]
-        all_gather_matmul with every GEMM slice an FP8 _scaled_mm (ag_matmul_fp8.py, backward_fp8.py)
+        all_gather_matmul with every GEMM slice an FP8 _scaled_mm (plain_fp8.py)
     matmul_reduce_scatter_fp8(x, weight, group, plan=OpPlan(fp8=...), scales) -> y [s/P, b, h]
-        matmul_reduce_scatter with every GEMM slice an FP8 _scaled_mm (matmul_rs_fp8.py, backward_fp8.py)
+        matmul_reduce_scatter with every GEMM slice an FP8 _scaled_mm (plain_fp8.py)
 
 algo: "flash" (decomposed ring, rank-adaptive), "flash_bidir" (the same on a bidirectional ring),
 "slicing" (data slicing with `num_chunks`, the baseline), "reference" (collective, then GEMM): the shorthand
 of plan=OpPlan(algo, ...), which carries the other knobs (ops/registry.py):
     num_chunks     slicing: the chunk count
     hop_chunks     flash only: row sub-chunks per hop, each its own transfer posted ahead (None: automatic,
-                   1 by measurement, ops/tp_sp/hops.py); forward and backward rings use the same count
+                   1 by measurement, plain.py hop_chunks_for); forward and backward rings use the same count
     keep_gathered  all_gather_matmul: keep AG(x) from forward for the weight gradient
     wire_dtype     what reduce-scatter partials (forward RS, column dgrad RS) travel in: "input" (default,
                    stock's bytes; sums kept in fp32 and rounded per hop) or "fp32" (twice the bytes, one
@@ -26,7 +27,7 @@ wgrad=WgradRoute(...) (optional) says where dW goes:
         the weight then gets Megatron's dummy gradient (runtime/accumulate.py: weight_grad)
     fn(dy_full, x_full) -> the weight's autograd gradient (e.g. the data-parallel reduce-scatter of dW inside
         its GEMM, megatron/ddp/grad_sync.py): backward keeps the operand it gathers and hands this rank's complete dW
-        operands to it once (backward.py)
+        operands to it once (plain.py)
 The autograd.Functions carry (tensors..., plan, route, group, context): the plan resolved once per call
 (words, force_reference, hop_chunks for this shard) and saved on ctx for the backward.
 """
@@ -36,18 +37,18 @@ import torch
 
 from ...runtime import OverlapContext, default_context, group_info, names_operator
 from ...runtime.accumulate import linear_into, weight_grad
-from ...runtime.fp8 import DelayedScales, Quantized, cast, cast_shared
+from ...runtime.fp8 import DelayedScales, Quantized, cast, cast_shared, save_fp8, saved_fp8
 from ..checks import check_fp8_shapes, checked_context, fp8_plan
 from ..registry import RETURNED, Fp8Call, OpPlan, WgradRoute, plain, plan_of, reference_plan, resolve
-from . import ag_matmul, ag_matmul_fp8, backward, backward_fp8, matmul_rs, matmul_rs_fp8  # noqa: F401  (the tables)
-from .hops import sized
+from .plain import AG_OP, COLUMN, ROW, RS_OP, sized
+from .plain_fp8 import AG_FP8, COLUMN_FP8, ROW_FP8, RS_FP8
 
 
 @names_operator
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_shard, weight, bias, plan, route, group, octx):
-        y, gathered = plain(ag_matmul.OP, plan.algo)(x_shard, weight, bias, group, octx, plan)
+        y, gathered = plain(AG_OP, plan.algo)(x_shard, weight, bias, group, octx, plan)
         ctx.save_for_backward(x_shard, weight, gathered)
         ctx.plan, ctx.route, ctx.group, ctx.octx = plan, route, group, octx  # route.into: not saved, an in-place
         ctx.has_bias = bias is not None                                      # target (as Megatron's main_grad)
@@ -57,7 +58,7 @@ class AllGatherMatmul(torch.autograd.Function):
     def backward(ctx, dy):
         x_shard, weight, gathered = ctx.saved_tensors
         dw = ctx.route if ctx.needs_input_grad[1] else None
-        dx, dW = plain(backward.COLUMN, ctx.plan.algo)(dy.contiguous(), x_shard, gathered, weight, ctx.group,
+        dx, dW = plain(COLUMN, ctx.plan.algo)(dy.contiguous(), x_shard, gathered, weight, ctx.group,
                                                        ctx.octx, ctx.plan, dw)
         if dw is not None and dw.into is not None:
             dW = weight_grad(weight, dw.into, x_shard.dtype)
@@ -71,13 +72,13 @@ class MatmulReduceScatter(torch.autograd.Function):
     def forward(ctx, x, weight, plan, route, group, octx):
         ctx.save_for_backward(x, weight)
         ctx.plan, ctx.route, ctx.group, ctx.octx = plan, route, group, octx
-        return plain(matmul_rs.OP, plan.algo)(x, weight, group, octx, plan)
+        return plain(RS_OP, plan.algo)(x, weight, group, octx, plan)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         dw = ctx.route if ctx.needs_input_grad[1] else None
-        dx, dW = plain(backward.ROW, ctx.plan.algo)(dy.contiguous(), x, weight, ctx.group, ctx.octx, ctx.plan, dw)
+        dx, dW = plain(ROW, ctx.plan.algo)(dy.contiguous(), x, weight, ctx.group, ctx.octx, ctx.plan, dw)
         if dw is not None and dw.into is not None:
             dW = weight_grad(weight, dw.into, x.dtype)
         return dx, dW, None, None, None, None
@@ -128,7 +129,7 @@ class Fp8AllGatherMatmul(torch.autograd.Function):
     def forward(ctx, x_shard, weight, bias, plan, call, group, octx):
         xq = cast_shared(x_shard, "input", plan.fp8, call.scales, group)
         wq = cast(weight, "weight", plan.fp8, call.scales)
-        y, gathered = plain(ag_matmul_fp8.OP, plan.algo)(xq, wq, bias, group, octx, plan)
+        y, gathered = plain(AG_FP8, plan.algo)(xq, wq, bias, group, octx, plan)
         kept = () if gathered is None else (gathered.data,)
         ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv, *kept)
         ctx.plan, ctx.call, ctx.group, ctx.octx = plan, call, group, octx
@@ -141,7 +142,7 @@ class Fp8AllGatherMatmul(torch.autograd.Function):
         xq, wq = Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)
         dyq = cast(dy.contiguous(), "grad_output", ctx.plan.fp8, ctx.call.scales)
         dw = ctx.call.route if ctx.needs_input_grad[1] else None
-        dx, dW = plain(backward_fp8.COLUMN, ctx.plan.algo)(dyq, xq, xq._replace(data=kept[0]) if kept else None,
+        dx, dW = plain(COLUMN_FP8, ctx.plan.algo)(dyq, xq, xq._replace(data=kept[0]) if kept else None,
                                                            wq, ctx.group, ctx.octx, ctx.plan, dw)
         if dw is not None and dw.into is not None:
             dW = weight_grad(weight, dw.into, ctx.x_dtype)
@@ -172,38 +173,23 @@ def all_gather_matmul_fp8(x_shard: torch.Tensor, weight: torch.Tensor, group=Non
     return Fp8AllGatherMatmul.apply(x_shard, weight, bias, plan, call, group, ctx or context or default_context())
 
 
-def save_fp8(ctx, x, weight, plan, call, group, octx):
-    """x and weight cast once per call, each from this rank's own amax (neither is gathered); their FP8 bytes and
-    scales saved for the backward, not x. -> (xq, wq)."""
-    xq, wq = cast(x, "input", plan.fp8, call.scales), cast(weight, "weight", plan.fp8, call.scales)
-    ctx.save_for_backward(weight, xq.data, xq.scale_inv, wq.data, wq.scale_inv)
-    ctx.plan, ctx.call, ctx.group, ctx.octx, ctx.x_dtype = plan, call, group, octx, x.dtype
-    return xq, wq
-
-
-def saved_fp8(ctx):
-    """-> (weight, xq, wq) as Fp8 autograd forwards saved them (save_fp8)."""
-    weight, x8, x_inv, w8, w_inv = ctx.saved_tensors
-    return weight, Quantized(x8, x_inv, ctx.x_dtype), Quantized(w8, w_inv, weight.dtype)
-
-
 @names_operator
 class Fp8MatmulReduceScatter(torch.autograd.Function):
-    """x and w cast once per call, each from this rank's own amax (x is not gathered: matmul_rs_fp8.py), the FP8
+    """x and w cast once per call, each from this rank's own amax (x is not gathered: plain_fp8.py), the FP8
     forward; backward casts dy once with one scale for the group (its amax reduced MAX: dy is gathered; e5m2
     under hybrid) and runs the FP8 dual. Saved: the FP8 bytes and their scales, not x."""
 
     @staticmethod
     def forward(ctx, x, weight, plan, call, group, octx):
         xq, wq = save_fp8(ctx, x, weight, plan, call, group, octx)
-        return plain(matmul_rs_fp8.OP, plan.algo)(xq, wq, group, octx, plan)
+        return plain(RS_FP8, plan.algo)(xq, wq, group, octx, plan)
 
     @staticmethod
     def backward(ctx, dy):
         weight, xq, wq = saved_fp8(ctx)
         dyq = cast_shared(dy.contiguous(), "grad_output", ctx.plan.fp8, ctx.call.scales, ctx.group)
         dw = ctx.call.route if ctx.needs_input_grad[1] else None
-        dx, dW = plain(backward_fp8.ROW, ctx.plan.algo)(dyq, xq, wq, ctx.group, ctx.octx, ctx.plan, dw)
+        dx, dW = plain(ROW_FP8, ctx.plan.algo)(dyq, xq, wq, ctx.group, ctx.octx, ctx.plan, dw)
         if dw is not None and dw.into is not None:
             dW = weight_grad(weight, dw.into, ctx.x_dtype)
         return dx, dW, None, None, None, None
