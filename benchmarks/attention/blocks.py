@@ -27,7 +27,7 @@ from megatron_flashoverlap.runtime import OverlapContext
 from megatron_flashoverlap.ops import Attend, OpPlan
 from megatron_flashoverlap.ops.attention.query_split import query_split_attention
 from megatron_flashoverlap.ops.tp_sp.autograd import all_gather_matmul
-from megatron_flashoverlap.ops.attention.ulysses_a2a import heads_to_seq, seq_to_heads
+from megatron_flashoverlap.ops.attention.ulysses import heads_to_seq, seq_to_heads
 from megatron_flashoverlap.ops.attention.ulysses_fused import ulysses_fused_attention
 
 

@@ -49,7 +49,7 @@ from megatron.core.tensor_parallel import layers as megatron_layers
 from ..config import LAYERS, FlashOverlapConfig, active
 from ..config.refusals import refuse
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
-from ..ops.all_reduce.calibrate import decode_key, decode_pick
+from ..ops.all_reduce.choose import decode_key, decode_pick
 from ..ops.choose import group_layout
 from ..ops.all_reduce.select import is_decode_shaped
 from ..ops.tp_nosp.choose import inference_plan, prefill_key

@@ -6,7 +6,7 @@
         `measure()`'s paired samples (runtime/timing.py `paired`: ROUNDS kept rounds after WARMUP); announced
     announce(chooser, key, choice, group): group rank 0 logs the one line (with the budget spent so far); the
         job's rank 0 rewrites choices.write
-The sites' own measurements: the decode all-reduce (all_reduce/calibrate.py), the prefill / mixed row all-reduce
+The sites' own measurements: the decode all-reduce (all_reduce/choose.py), the prefill / mixed row all-reduce
 (tp_nosp/choose.py), the MoE exchange (moe/choose.py), Ulysses' all-to-all (attention/choose.py), a TP layer's
 training step (megatron/train_choice.py). Collective: every rank of the group settles a key in the same call.
 """

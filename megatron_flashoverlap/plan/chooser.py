@@ -22,7 +22,7 @@
                     other than auto (its training step never asks)
         2 pinned    choices.pinned: what a run wrote to choices.write, passed back (same layout, else an error)
         3 measured  paired rounds of stock and every candidate on the real group at the bucket's shape
-                    (ops/choose.py `settle`; each site's measurement: ops/all_reduce/calibrate.py,
+                    (ops/choose.py `settle`; each site's measurement: ops/all_reduce/choose.py,
                     ops/tp_nosp/choose.py, ops/moe/choose.py, ops/attention/choose.py,
                     megatron/train_choice.py), or an all-reduce calibration file
                     (all_reduce.table), while the measured seconds stay inside choices.budget_s; a row site's
@@ -105,7 +105,7 @@ def paired_pick(samples: Mapping[str, Sequence[float]], stock: str = STOCK) -> t
 
 
 def best_at(table: Mapping, nbytes: int) -> str | None:
-    """From an all-reduce calibration table (rows per message size, ops/all_reduce/calibrate.py): the algorithm
+    """From an all-reduce calibration table (rows per message size, ops/all_reduce/choose.py): the algorithm
     paired_pick takes at the measured size nearest `nbytes` (log scale), None where that is stock or `nbytes`
     lies outside the measured sizes (no extrapolation). Rows without rounds compare medians alone."""
     rows = table["rows"]

@@ -8,7 +8,7 @@
         same chunk walks with the wgrad in P-1 pieces under the last AG (schedules.ring_tail, tag 2)
     all_reduce(bytes)  reference: NCCL's choice; flash:<algo>: schedules.all_reduce_schedule, walked per rank
     ulysses(tensors)   the a2a of Ulysses attention: stock all_to_all_single per tensor; flash: one merged walk
-                       of schedules.all_to_all_produce, one tag per tensor (ops/attention/ulysses_a2a.py)
+                       of schedules.all_to_all_produce, one tag per tensor (ops/attention/ulysses.py)
     moe(...)           dispatch, the local experts, combine: stock a2a, experts, a2a; flash: schedules.expert_pipeline
     dp_ring(...)       ops/dp/wgrad_rs.py's ring alone: the weight gradient reduce-scattered shard by shard over the
                        DP group (fp32 gradients on the wire), own shard last

@@ -8,7 +8,7 @@ import time
 import torch
 
 import megatron_flashoverlap as fo
-from megatron_flashoverlap.ops.all_reduce import calibrate, select
+from megatron_flashoverlap.ops.all_reduce import choose, select
 from megatron_flashoverlap.plan.chooser import chooser_of
 from megatron_flashoverlap.runtime import OverlapContext
 from tests.support.chooser import active
@@ -23,8 +23,8 @@ def _auto(x):
 
 
 def _slowed(rank, slow):
-    """calibrate's registry lookup, with `slow` = (algo, rank, seconds): that algorithm sleeps on that rank."""
-    plain = calibrate.plain
+    """choose.py's registry lookup, with `slow` = (algo, rank, seconds): that algorithm sleeps on that rank."""
+    plain = choose.plain
 
     def lookup(op, algo):
         fn = plain(op, algo)
@@ -45,8 +45,8 @@ def startup(rank, world, local, shape, table=None, slow=None):
     lines = Lines()
     logging.getLogger("megatron_flashoverlap.ops").addHandler(lines)
     select.warn_once.clear()
-    saved = calibrate.plain
-    calibrate.plain = _slowed(rank, slow)
+    saved = choose.plain
+    choose.plain = _slowed(rank, slow)
     try:
         with active(table=table) as cfg:
             chooser = chooser_of(cfg)
@@ -60,6 +60,6 @@ def startup(rank, world, local, shape, table=None, slow=None):
                 "exact": bool(torch.equal(out, torch.full(shape, world * (world + 1) / 2))),
                 "same_again": bool(torch.equal(out, out2)), "lines": lines.lines}
     finally:
-        calibrate.plain = saved
+        choose.plain = saved
         os.environ.pop("LOCAL_WORLD_SIZE", None)
         logging.getLogger("megatron_flashoverlap.ops").removeHandler(lines)

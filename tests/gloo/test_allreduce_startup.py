@@ -1,7 +1,7 @@
 """Tier 2 (gloo processes): all_reduce(algo="auto") measures the decode all-reduce's choice on the real group.
 
 No table file: the first decode-shaped call of a token bucket times stock and every candidate in paired rounds
-(ops/all_reduce/calibrate.py decode_pick) on the group, every rank decides on the same numbers (the max over
+(ops/all_reduce/choose.py decode_pick) on the group, every rank decides on the same numbers (the max over
 ranks), group rank 0 logs one line, and that call and every later one run the pick (plan/chooser.py's rule).
 No timing assertions on which algorithm wins here: the tests check that the choice follows the measurement,
 identically on every rank, once; a candidate made slow on one rank only is never taken by any rank. A table
@@ -10,7 +10,7 @@ Sums: exact here (small integers in float32: every order of the additions gives 
 """
 import pytest
 
-from megatron_flashoverlap.ops.all_reduce.calibrate import candidates
+from megatron_flashoverlap.ops.all_reduce.choose import candidates
 from megatron_flashoverlap.ops.choose import ROUNDS
 
 

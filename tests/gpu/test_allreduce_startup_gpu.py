@@ -1,4 +1,4 @@
-"""Tier 4 (CUDA only): the decode all-reduce's measurement (ops/all_reduce/calibrate.py decode_pick) on CUDA
+"""Tier 4 (CUDA only): the decode all-reduce's measurement (ops/all_reduce/choose.py decode_pick) on CUDA
 tensors, on torch's fake process group (P = 4 as 2 nodes x 2; every transfer completes at once, so the times
 mean nothing and the test asserts none): it times every candidate of the layout with CUDA events (one decision
 with a median per candidate), and once the bucket is decided, a decode-shaped auto call runs without a host sync
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_decode_measurement_on_cuda_then_no_host_sync(monkeypatch):
     import megatron_flashoverlap as fo
     from benchmarks.gpu_check.ops import fake_group, first_sync
-    from megatron_flashoverlap.ops.all_reduce import calibrate
+    from megatron_flashoverlap.ops.all_reduce import choose
     from megatron_flashoverlap.plan.chooser import chooser_of
     from tests.support.chooser import active
 
@@ -24,5 +24,5 @@ def test_decode_measurement_on_cuda_then_no_host_sync(monkeypatch):
         fo.all_reduce(x, algo="auto", context=ctx)  # measures here: CUDA events, one sync after the last round
         (key, choice), = chooser_of(cfg).decided.items()
         assert key.word == "all_reduce/decode/4" and choice.source == "measured"
-        assert sorted(dict(choice.medians_us)) == sorted(calibrate.candidates(4, 2))
+        assert sorted(dict(choice.medians_us)) == sorted(choose.candidates(4, 2))
         assert first_sync(lambda: fo.all_reduce(x, algo="auto", context=ctx)) is None

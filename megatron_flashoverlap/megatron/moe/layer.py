@@ -24,15 +24,22 @@ copies to the host (its one sync per layer); nothing else syncs.
 Refused at build, with the fix: the flex dispatcher (DeepEP / HybridEP / NCCL-EP bring their own fused
 all-to-all kernels) and --overlap-moe-expert-parallel-comm (Megatron's 1F1B a2a overlap on two streams;
 not composed with ours). The allgather dispatcher has no all-to-all: it runs as stock (logged once).
-Where flash cannot fuse it runs "exchange", one log line per reason (fused.py: expert-TP > 1, experts
+Where flash cannot fuse it runs "exchange", one log line per reason (`fusion_blocker`: expert-TP > 1, experts
 other than SequentialMLP, the shared expert on the dispatcher's side stream, fp8/fp4, delayed expert wgrad,
 inference-optimized experts, EP = 1).
+
+The fused call (`fused_experts`): ops/moe expert_pipeline with the layer's SequentialMLP on each source block;
+rows from source s are grouped by local expert with counts[s] = num_global_tokens_per_local_expert[s] (stock's
+sort is not needed: a block is already in local-expert order), probs applied by the experts where stock applies
+them (per_token_scale after the activation, or on the input with moe_apply_probs_on_input).
 """
 from __future__ import annotations
 
 import functools
 import logging
 
+import torch
+from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -41,13 +48,12 @@ from ...config import FlashOverlapConfig, active
 from ...config.refusals import refuse
 from ...ops.all_reduce.all_reduce import resolve_local_world_size
 from ...ops.choose import group_layout
-from ...ops.moe import COMBINE, DISPATCH, expert_all_to_all
+from ...ops.moe import COMBINE, DISPATCH, LocalExperts, expert_all_to_all, expert_pipeline
 from ...ops.moe.choose import moe_key, moe_pick
 from ...ops.registry import forced
 from ...plan.chooser import chooser_of
 from ...runtime import group_info, shared_context
 from ...runtime.once import LogOnce
-from .fused import fused_experts, fusion_blocker, pipeline_inputs
 
 log = logging.getLogger(__name__)
 _LOGGED = LogOnce(log)
@@ -209,3 +215,53 @@ def flash_moe_spec(mlp_spec, flash_config: FlashOverlapConfig):
                           submodules=mlp_spec.submodules)
     raise ValueError(f"flash_moe_spec: unexpected MoE spec {type(mlp_spec).__name__}; megatron-core 0.16-0.19 give "
                      f"a functools.partial or a ModuleSpec of MoELayer")
+
+
+def fusion_blocker(layer) -> str | None:
+    """Why this MoE layer cannot run the fused pipeline (None: it can), with what to change."""
+    d, cfg = layer.token_dispatcher, layer.config
+    checks = (
+        (d.ep_size == 1, "expert_model_parallel_size = 1: no exchange to hide"),
+        (d.tp_size > 1, "expert_tensor_parallel_size > 1: the experts' own TP collectives would run inside each "
+                        "block; set --expert-tensor-parallel-size 1 to fuse"),
+        (not isinstance(layer.experts, SequentialMLP), f"{type(layer.experts).__name__} experts (grouped GEMM) "
+                                                       f"run all rows in one kernel; --moe-grouped-gemm off fuses"),
+        (bool(getattr(layer, "shared_expert_overlap", False)), "moe_shared_expert_overlap runs the shared expert "
+                                                               "inside the dispatcher on a side stream"),
+        (bool(cfg.fp8 or getattr(cfg, "fp4", None)), "fp8/fp4 experts pad and scale per call"),
+        (bool(getattr(cfg, "overlap_dispatch_backward_with_experts_wgrad", False)),
+         "overlap_dispatch_backward_with_experts_wgrad delays the experts' wgrad"),
+        (getattr(cfg, "transformer_impl", "") == "inference_optimized", "inference-optimized experts"),
+    )
+    return next((why for blocked, why in checks if blocked), None)
+
+
+def _source_counts(d) -> torch.Tensor:
+    """[ep, local experts]: rows from each source rank per local expert (host ints; one copy if on device)."""
+    if d.num_local_experts > 1 or d.drop_and_pad:
+        return d.num_global_tokens_per_local_expert.reshape(d.ep_size, d.num_local_experts).cpu()
+    return torch.as_tensor(d.output_splits).reshape(d.ep_size, 1)
+
+
+def pipeline_inputs(layer, tokens: torch.Tensor) -> tuple[LocalExperts, torch.Tensor, list]:
+    """(the layer's experts as LocalExperts, counts [P][E], input_splits [P]) for ops/moe's expert_pipeline."""
+    d = layer.token_dispatcher
+    ins = d.input_splits if d.input_splits is not None else [tokens.shape[0] // d.ep_size] * d.ep_size
+
+    def experts(x, rows_per_expert, p):
+        out, bias = layer.experts(x, torch.tensor(rows_per_expert, dtype=torch.long), p)
+        assert bias is None, "SequentialMLP adds the expert bias itself when probs are passed"
+        return out
+
+    params = [p for p in layer.experts.parameters() if p.requires_grad]
+    return LocalExperts(experts, params), _source_counts(d), ins
+
+
+def fused_experts(layer, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """The fused dispatch -> experts -> combine of one MoE layer call (module docstring)."""
+    d = layer.token_dispatcher
+    for point in ("before_permutation_2", "before_finish"):  # stock's host syncs of the split sizes
+        d.tokens_per_expert = d._maybe_dtoh_and_synchronize(point, d.tokens_per_expert)
+    d.tokens_per_expert = None
+    experts, counts, ins = pipeline_inputs(layer, tokens)
+    return expert_pipeline(tokens, probs, experts, counts, ins, d.ep_group, d.flash_ctx, algo="flash")

@@ -9,7 +9,7 @@ the order of the sums differs from stock, so results agree within rounding, not 
 
 All plain functions share one signature: (x, group, ctx, local_world_size) -> out, registered as
 "all_reduce" in ops/registry.py. algo "auto": a decode-shaped tensor [1, b, h] takes the chooser's pick
-(plan/chooser.py, the active config's; measured once per token bucket by calibrate.decode_pick, every rank
+(plan/chooser.py, the active config's; measured once per token bucket by choose.decode_pick, every rank
 of the group reaching it in the same call, as the all-reduce is collective); any other shape runs stock.
 Node layout: `local_world_size` = group ranks per node, ranks node-contiguous (rank = node * G + local,
 as Megatron's tensor-parallel groups are); default derived from the group's global ranks and
@@ -28,7 +28,7 @@ from ...config import ALL_REDUCE_ALGOS, active
 from ...plan.chooser import chooser_of
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info, names_operator
 from ..choose import group_layout
-from .calibrate import decode_key, decode_pick
+from .choose import decode_key, decode_pick
 from .select import is_decode_shaped, node_layout, warn_once
 from ..checks import peers_agree
 from ..registry import plain, register, resolve_algo
@@ -137,7 +137,7 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
     """Sum `tensor [*]` over `group`; returns a new tensor, the input is left unchanged.
 
     algo: "auto" (for decode-shaped inputs the chooser's pick, measured once per token bucket: plan/chooser.py,
-    calibrate.py; the reference otherwise), "reference"
+    choose.py; the reference otherwise), "reference"
     (torch.distributed.all_reduce), "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
     "hierarchical_hd".
     `force_reference()` makes every call the reference.

@@ -1,7 +1,7 @@
 """Where a group's ranks sit, and the decode shape: what the decode all-reduce's choice keys on.
 
 The choice itself is plan/chooser.py's (the rule, the precedence, the table object) from the measurement of
-calibrate.py; `best_at` reads a calibration table by that rule, `choices` prints a table's picks per size.
+choose.py; `best_at` reads a calibration table by that rule, `choices` prints a table's picks per size.
 
 Node layout: LOCAL_WORLD_SIZE = L ranks per node of the whole job, so global rank g sits on node g // L.
 A group's ranks, in group-rank order, are node-contiguous when each node's ranks are consecutive group
