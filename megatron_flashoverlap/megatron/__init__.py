@@ -2,11 +2,11 @@
 
     linear.py, attention.py    drop-in Megatron-Core layers (TP linears, core attentions)
     norm.py, sdpa.py           sequence-parallel norms; core attention on torch SDPA, and which one a spec builds
-    spec.py                    the layer spec and its provider (`--spec megatron_flashoverlap.spec ...`)
-    structure.py               what of Megatron's model structure the spec builds as stock, what it refuses
+    spec.py                    the layer spec and its provider (`--spec megatron_flashoverlap.spec ...`), and
+                               how stock reads --moe-layer-freq, so the spec builds the same layer kinds
     sites.py                   the GEMM sites line: what each site of each layer kind runs, and why
-    step_kind.py, buckets.py   the step kind a forward tells its row linears (train / prefill / decode / mixed);
-                               the inference token buckets the chooser decides at the first step
+    step_kind.py               the step kind a forward tells its row linears (train / prefill / decode / mixed),
+                               and the inference token buckets the chooser decides at the first step
     train_choice.py            an `auto` layer's training step: stock or flash, measured by the chooser
     probe.py                   the start-up probe: GEMMs and hops timed on the real group, for the planner
     ddp/                       DP gradient reduce-scatter inside the wgrad GEMM, on Megatron's DDP, and under

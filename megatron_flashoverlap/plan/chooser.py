@@ -27,7 +27,7 @@
                     megatron/train_choice.py), or an all-reduce calibration file
                     (all_reduce.table), while the measured seconds stay inside choices.budget_s; a row site's
                     prefill and mixed keys of a bucket share one measurement. When: a dynamic engine's first
-                    step measures every bucket the engine can meet, smallest first (megatron/buckets.py), so
+                    step measures every bucket the engine can meet, smallest first (megatron/step_kind.py), so
                     no later request waits on one; any other inference measures a bucket on first use
         4 model     nothing measured (budget spent, or inside a CUDA-graph capture): the planner's prediction
                     where its probe made one (megatron/probe.py: its decode table; a training site's pick where

@@ -113,7 +113,7 @@ def test_dynamic_engine_decode_steps_take_the_decode_all_reduce(results):
 def test_dynamic_engine_first_step_decides_every_bucket_it_can_meet(results):
     """Megatron pads a dynamic step's tokens to a multiple of round_up_tokens(1), at most max_tokens, a decode
     step to at most min(max_tokens, max_requests) (dynamic_context.py): the chooser's key of every token count
-    the engine can meet is decided before the first row-parallel call runs (megatron/buckets.py), so no later
+    the engine can meet is decided before the first row-parallel call runs (megatron/step_kind.py), so no later
     request waits on a measurement: the number of decided keys never changes from call to call, and none of
     the later generations (each prompt alone, the reversed batch) measured anything."""
     def next_pow2(n):

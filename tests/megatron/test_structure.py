@@ -44,7 +44,7 @@ def test_moe_layer_freq_gives_stocks_layer_kinds(clean_config, freq):
 
 
 def test_bad_moe_layer_freq_names_both_forms(clean_config):
-    from megatron_flashoverlap.megatron.structure import moe_layer_pattern
+    from megatron_flashoverlap.megatron.spec import moe_layer_pattern
 
     for freq in ([0, 1], [0, 2, 1], 0):
         with pytest.raises(ValueError, match=r"--moe-layer-freq 2 or --moe-layer-freq '\(\[0\]\+\[1\]\*2\)'"):

@@ -6,7 +6,7 @@ Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, b
     2  ops
     3  megatron            (the wing: the only importer of `megatron` in the package), by function, bottom up:
            0  ddp/, moe/       DP on Megatron's DDP; MoE on Megatron's MoELayer
-           1  its loose modules (the layers, spec, attention, sdpa, norm, sites, structure, models, cpu)
+           1  its loose modules (the layers, spec, attention, sdpa, norm, sites, step_kind, models, cpu)
            2  cli/             the flags, the launcher, the pretrain entry
     4  tools               (what a user runs beside training: the all-reduce calibration, the timing loop)
     5  the faces: __init__, spec, launch (re-exports; nothing inside the package imports them)
