@@ -1,6 +1,6 @@
 """The communication threads of a host-driven transport: the CPU analogue of NCCL's streams.
 
-gloo posts a point-to-point transfer in the calling thread (a 512 KiB hop blocks it ~1.5 ms at 4 gbit/s),
+gloo posts a point-to-point transfer in the calling thread (the post returns once the socket took the bytes),
 so a post from the compute thread runs serially with the GEMM slice it should overlap. Here the posts of
 each process group run on that group's worker thread, in submission order (a FIFO queue per group: the
 order of transfers to each peer within a group is the program's order, as on a stream; point-to-point

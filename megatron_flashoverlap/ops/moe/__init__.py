@@ -1,5 +1,6 @@
-"""MoE expert parallelism: the alltoall dispatcher's token exchange (all-to-all-v) as pairwise steps, and the
-fused expert pipeline (dispatch, experts per source block, combine in one walk)."""
+"""MoE expert parallelism: exchange.py (the alltoall dispatcher's token exchange, all-to-all-v, as pairwise steps),
+fused.py (the fused expert pipeline: dispatch, experts per source block, combine in one walk), choose.py (the
+exchange's measured pick)."""
 from .exchange import DISPATCH, COMBINE, expert_all_to_all
 from .fused import LocalExperts, expert_pipeline
 
