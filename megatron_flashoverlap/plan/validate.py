@@ -5,7 +5,9 @@
 Per row (kinds): op (one AG+GEMM / GEMM+RS, forward: ops.py), collective (a stock NCCL collective), gemm_collective
 (a GEMM and an independent collective, one after the other), e2e (a training step: train_step.py; tokens/s per GPU),
 reconstructed (a published range on a reconstructed layout: the decode all-reduce), unscored (hardware unknown:
-listed, never scored). The model is never fitted to these rows: every number comes from catalog.py.
+listed, never scored). A collective row's `level` says what was timed: `kernel` (NCCL's kernel alone, device time:
+priced without the torch call's own cost, links.Net.kernel) or a whole torch.distributed call (the default). The
+model is never fitted to these rows: every number comes from catalog.py.
 
 Targets, reported met or missed:
     baseline   predicted stock time within BASELINE_TOL (15 %) of the published one, on >= 10 rows
@@ -51,7 +53,8 @@ def _op(row: dict) -> tuple[float, float | None]:
 
 def _collective(row: dict) -> tuple[float, float | None]:
     env, g = _env(row)
-    coll = env.net.collective(row["op"], float(row["bytes"]), g)
+    price = env.net.kernel if row.get("level") == "kernel" else env.net.collective
+    coll = price(row["op"], float(row["bytes"]), g)
     if row["kind"] == "gemm_collective":
         coll += env.mm(int(row["m"]), int(row["k"]), int(row["n"]))
     return coll, None

@@ -62,7 +62,7 @@ def test_user_hardware_file(tmp_path):
 def test_the_catalogue_has_the_issues_hardware():
     assert {"h100", "h200", "b200", "a100", "h800"} <= set(catalog.GPUS)
     assert {"nvlink3", "nvlink4", "nvlink5", "ib_ndr", "ib_xdr", "slingshot11"} <= set(catalog.LINKS)
-    assert all(catalog.GPU_NVLINK[g] in catalog.LINKS for g in catalog.GPUS)
+    assert all(catalog.GPU_INTRA[g] in catalog.LINKS for g in catalog.GPUS)
 
 
 def test_the_planner_imports_only_stdlib_schedules_and_config():
