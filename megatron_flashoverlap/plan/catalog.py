@@ -37,6 +37,11 @@ Sources (short names used in the comments below):
              2.52 GHz x 512 FLOP per SM per clock (Ada's rate, as L40's 181 TFLOP/s = 142 x 2.49 GHz x 512) = 118.7
   [nv-l40s]  https://www.nvidia.com/en-us/data-center/l40s/ (L40S: BF16/FP16 362.05 TFLOP/s dense, FP8 733, TF32
              183, FP32 91.6; 48 GB GDDR6 864 GB/s; PCIe Gen4 x16 64 GB/s bidirectional); 142 SMs [est: public reports]
+  [vllm-ca]  vllm-project/vllm#24111 (https://github.com/vllm-project/vllm/pull/24111), 2 x H100: vLLM's one-stage
+             custom all-reduce of 0.50 MB in 0.007 ms, one GPU-initiated NVLink exchange (a flag round, the peer's
+             block read and added) with its kernel launch
+  [gin]      arXiv 2511.15076 (GPU-Initiated Networking for NCCL, the device API of NCCL 2.28): a 16.7 us round trip
+             for small messages over InfiniBand (GPUDirect Async, H100 nodes), one way 8.4 us [derived]
   [est]      an ESTIMATE, no published figure found; on GPUs the start-up probe (megatron/probe.py) replaces the GEMM
              rates and the hop costs with measured ones.
 
@@ -124,6 +129,11 @@ LINKS = {
     # HPE Slingshot 11: 200 Gb/s = 25 GB/s per NIC [slingshot]; 0.90 [est]; NCCL NET latencies [nccl]
     "slingshot11": Link("slingshot11", 25.0, 0.90, 0.90, _NVL_BASE, _NET_HOP, _P2P_NET, call_us=_CALL),
 }
+
+# One hop of a GPU-initiated schedule (a put and its signal, no NCCL send/recv call), us, by level: inside an
+# NVLink node [vllm-ca] (an upper bound: hops fused in one kernel pay its launch once), across nodes [gin]. None
+# published over PCIe.
+GPU_PUT_US = {"nvlink": 7.0, "net": 8.4}
 
 # The link inside a node each GPU comes with (its SXM board's NVLink; PCIe for the PCIe cards), and the default network.
 GPU_INTRA = {"h100": "nvlink4", "h200": "nvlink4", "h800": "nvlink4_h800", "b200": "nvlink5",
