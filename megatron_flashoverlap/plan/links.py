@@ -20,7 +20,8 @@ A stock collective, as one torch.distributed call: call_us + NCCL's kernel (`ker
     time = base + intra_steps * hop_intra + inter_steps * hop_inter + bus_bytes / (busbw * protocol factor)
 with ring bus bytes (P-1)/P * total (all-gather, reduce-scatter) or 2(P-1)/P * total (all-reduce), busbw =
 link GB/s * coll_efficiency (across nodes the lower of that and the NICs' share); LL moves at half of it,
-capped at NCCL's llMaxBw, LL128 at 0.92 of it; NCCL takes the fastest. All-reduce also has a tree (across
+capped at NCCL's llMaxBw, LL128 at 0.92 of it; across nodes a step inside a node costs at least NCCL's network
+overhead and the all-reduce's Simple ring its plateau (x1.4); NCCL takes the fastest. All-reduce also has a tree (across
 nodes: 2 log2(N) inter steps, NCCL's per-size correction of the tree's bandwidth) and, inside one node where
 the link has it, NVLink SHARP (NVLS): NCCL's 25 us, then the message's first NVLS_RAMP_BYTES at the measured
 mid-size rate and the rest at the large-message rate (catalog [azure-nccl]). All-to-all: every peer at once,
@@ -35,6 +36,7 @@ from .hardware import Cluster, Link
 
 LL, LL128, SIMPLE = range(3)
 _RING_FACTOR = {LL: 0.5, LL128: 0.92, SIMPLE: 1.0}  # [nccl] busbw factor per protocol
+_NET_OVERHEAD = (1.0, 1.0, 3.0)  # [nccl] a ring step's floor across nodes (Intel hosts), LL, LL128, Simple, us
 _LL_MAX_NET = {2: 39.0, 4: 20.4}  # [nccl] llMaxBws across nodes (Intel hosts), GB/s: 2 nodes, more
 _TREE_BASE = (6.8, 14.0)  # [nccl] tree base latency (LL, LL128), us
 _TREE_HOP = {False: (0.6, 1.25), True: (5.0, 8.5)}  # [nccl] tree hwLat (LL, LL128): NVLink, NET
@@ -124,12 +126,14 @@ class Net:
             return _LL_MAX_NET[2 if group.nodes <= 2 else 4] * 1e9
         return self.cluster.intra.ll_max_gbps * 1e9 or math.inf
 
-    def _ring(self, total: float, group: Group, steps: int, inter_steps: int) -> float:
+    def _ring(self, total: float, group: Group, steps: int, inter_steps: int, all_reduce: bool = False) -> float:
         c = self.cluster
         busbw, best = self._busbw(group), math.inf
         for p in (LL, LL128, SIMPLE):
-            hop_intra = c.intra.hop_lat_us[p] * (1.8 if group.spans and p == LL else 1.0)
+            hop_intra = max(c.intra.hop_lat_us[p], _NET_OVERHEAD[p]) if group.spans else c.intra.hop_lat_us[p]
             lat = c.intra.base_lat_us[p] + (steps - inter_steps) * hop_intra + inter_steps * c.inter.hop_lat_us[p]
+            if all_reduce and group.spans and p == SIMPLE:
+                lat *= 1.4  # [nccl] the ring's plateau across nodes (sm80 and later)
             rate = busbw * _RING_FACTOR[p]
             if p == LL:
                 rate = min(rate, self._ll_cap(group))
@@ -170,7 +174,7 @@ class Net:
         if kind in ("all_gather", "reduce_scatter"):
             return self._ring(total, group, p - 1, n - 1)
         if kind == "all_reduce":
-            best = self._ring(total, group, 2 * (p - 1), 2 * (n - 1))
+            best = self._ring(total, group, 2 * (p - 1), 2 * (n - 1), all_reduce=True)
             if group.spans:
                 best = min(best, self._tree(total, group))
             elif self.cluster.intra.nvls_efficiency > 0:
