@@ -37,6 +37,15 @@ def test_enough_published_baselines_and_no_gain_cases():
     assert all("RECONSTRUCTED" in r["note"] for r in ROWS if r["kind"] == "reconstructed")
 
 
+def test_the_rows_hold_nccls_all_reduce_on_one_nvlink_node_and_a_pcie_node():
+    """NCCL's all-reduce at 64 KiB-16 MiB on one NVLink node (the decode all-reduce's regime) and PCIe-only rows."""
+    ar = [int(r["bytes"]) for r in ROWS if r["op"] == "all_reduce" and r["kind"] == "collective"
+          and r["nodes"] == "1" and r["intra"].startswith("nvlink")]
+    assert min(ar) <= 64 * 2 ** 10 and max(ar) >= 16 * 2 ** 20
+    assert any(r["intra"].startswith("pcie") and r["kind"] == "op" for r in ROWS)
+    assert {r["level"] for r in ROWS} <= {"", "call", "kernel"}
+
+
 def test_the_command_writes_one_result_per_row(tmp_path, capsys):
     out = tmp_path / "results.csv"
     assert validate.main(["--out", str(out)]) == 0
