@@ -33,7 +33,7 @@ def cluster_of(a: argparse.Namespace, nodes: int) -> Cluster:
         gpus, links = load_hardware(a.hardware, gpus, links)
     if a.gpu not in gpus:
         raise ValueError(f"--gpu {a.gpu!r}: choose one of {sorted(gpus)} or add it with --hardware FILE")
-    intra = a.intra_node or catalog.GPU_NVLINK.get(a.gpu)
+    intra = a.intra_node or catalog.GPU_INTRA.get(a.gpu)
     for flag, name in (("--intra-node", intra), ("--inter-node", a.inter_node)):
         if name not in links:
             raise ValueError(f"{flag} {name!r}: choose one of {sorted(links)} or add it with --hardware FILE")

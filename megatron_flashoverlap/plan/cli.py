@@ -6,6 +6,7 @@
     flashoverlap-plan op --op all_gather_matmul|matmul_reduce_scatter|all_reduce --m M --k K --n N --tp P
         --gpu NAME [--nodes N] [--dtype bf16] [--bytes B] --json
     flashoverlap-plan validate [--out results.csv]       the published GPU measurements (validate.py)
+    flashoverlap-plan where                              where the flag pays on GPU clusters (where.py)
 
 The op form: M, K, N are the unsharded GEMM y[M, N] = x[M, K] W[K, N] (all-gather + GEMM: x's rows and W's
 columns over P; GEMM + reduce-scatter: K over P, the output's rows scattered), forward; --json prints
@@ -91,6 +92,9 @@ def main(argv=None) -> int:
         if argv[:1] == ["validate"]:
             from .validate import main as validate_main
             return validate_main(argv[1:])
+        if argv[:1] == ["where"]:
+            from .where import main as where_main
+            return where_main(argv[1:])
         return run_main(argv)
     except ValueError as err:
         print(f"flashoverlap-plan: error: {err}", file=sys.stderr)

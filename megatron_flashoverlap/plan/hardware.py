@@ -48,9 +48,13 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Link:
-    """One network level. gbps: GB/s per direction, per GPU (NVLink) or per NIC (IB, RoCE, Slingshot).
+    """One network level. gbps: GB/s per direction, per GPU (NVLink, PCIe) or per NIC (IB, RoCE, Slingshot).
     nccl_lat_us: NCCL's latency terms (LL, LL128, Simple): `base` once per collective, `hop` per ring step.
-    p2p_us: one hop of our executor (a send/recv post and its wait, whatever its size)."""
+    p2p_us: one hop of our executor (a send/recv post and its wait, whatever its size).
+    call_us: what one torch.distributed collective call costs beyond NCCL's kernel model (the launch and the
+    stream handoff around it). ll_max_gbps: NCCL's cap on the LL protocol's bus bandwidth inside one node (0:
+    none). nvls_efficiency: NVLink SHARP's all-reduce busbw / gbps on large messages (0: no NVLS);
+    nvls_mid_efficiency: the same over a message's first NVLS_RAMP_BYTES (links.py)."""
 
     name: str
     gbps: float
@@ -59,7 +63,10 @@ class Link:
     base_lat_us: tuple[float, float, float]
     hop_lat_us: tuple[float, float, float]
     p2p_us: float
-    nvls_efficiency: float = 0.0  # NVLink SHARP all-reduce busbw / gbps (0: none)
+    nvls_efficiency: float = 0.0
+    nvls_mid_efficiency: float = 0.0
+    call_us: float = 0.0
+    ll_max_gbps: float = 0.0
 
     def __post_init__(self):
         if self.gbps <= 0 or not 0 < self.coll_efficiency <= 1.2 or not 0 < self.p2p_efficiency <= 1:

@@ -15,12 +15,17 @@ One hop (a post of sends/receives; the executor waits on all of them together):
                                                               NVLink egress: a bidirectional ring gains no bytes/s)
          = NIC GB/s * p2p_efficiency * min(1, NICs / senders)  across nodes (senders: flows leaving the node at once)
 
-A stock collective (NCCL's own model, catalog [nccl]): for each protocol (LL, LL128, Simple)
+A stock collective, as one torch.distributed call: call_us + NCCL's kernel (`kernel`: NCCL's own model, catalog
+[nccl], as of NCCL 2.27). For each protocol (LL, LL128, Simple)
     time = base + intra_steps * hop_intra + inter_steps * hop_inter + bus_bytes / (busbw * protocol factor)
 with ring bus bytes (P-1)/P * total (all-gather, reduce-scatter) or 2(P-1)/P * total (all-reduce), busbw =
-link GB/s * coll_efficiency (across nodes the lower of that and the NICs' share); NCCL takes the fastest.
-All-reduce also has a tree (across nodes: 2 log2(N) inter steps) and, inside one node where the link has it,
-NVLink SHARP (NVLS). All-to-all: every peer at once, (P-1)/P of the buffer out of each GPU.
+link GB/s * coll_efficiency (across nodes the lower of that and the NICs' share); LL moves at half of it,
+capped at NCCL's llMaxBw, LL128 at 0.92 of it; across nodes a step inside a node costs at least NCCL's network
+overhead and the all-reduce's Simple ring its plateau (x1.4); NCCL takes the fastest. All-reduce also has a tree (across
+nodes: 2 log2(N) inter steps, NCCL's per-size correction of the tree's bandwidth) and, inside one node where
+the link has it, NVLink SHARP (NVLS): NCCL's 25 us, then the message's first NVLS_RAMP_BYTES at the measured
+mid-size rate and the rest at the large-message rate (catalog [azure-nccl]). All-to-all: every peer at once,
+(P-1)/P of the buffer out of each GPU.
 """
 from __future__ import annotations
 
@@ -30,9 +35,18 @@ from dataclasses import dataclass
 from .hardware import Cluster, Link
 
 LL, LL128, SIMPLE = range(3)
-_RING_FACTOR = {LL: 0.25, LL128: 0.92, SIMPLE: 1.0}  # [nccl] busbw factor per protocol (LL: 1/3 in one node)
-_TREE_BASE = (4.4, 4.4)  # [nccl] tree base latency (LL, LL128), us
-_TREE_HOP = {False: (0.52, 1.2), True: (5.0, 8.5)}  # [nccl] tree hwLat (LL, LL128): NVLink, NET
+_RING_FACTOR = {LL: 0.5, LL128: 0.92, SIMPLE: 1.0}  # [nccl] busbw factor per protocol
+_NET_OVERHEAD = (1.0, 1.0, 3.0)  # [nccl] a ring step's floor across nodes (Intel hosts), LL, LL128, Simple, us
+_LL_MAX_NET = {2: 39.0, 4: 20.4}  # [nccl] llMaxBws across nodes (Intel hosts), GB/s: 2 nodes, more
+_TREE_BASE = (6.8, 14.0)  # [nccl] tree base latency (LL, LL128), us
+_TREE_HOP = {False: (0.6, 1.25), True: (5.0, 8.5)}  # [nccl] tree hwLat (LL, LL128): NVLink, NET
+# [nccl] treeCorrectionFactor (LL, LL128): the tree's bandwidth by log2(bytes / 64), powers of two up to 256 MiB
+_TREE_CORRECTION = ((1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0,
+                     1.0, 1.0),
+                    (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0,
+                     1.0, 1.0))
+NVLS_US = 25.0  # [nccl] NVLS hwLat on NVLink (its base latency is 0), us
+NVLS_RAMP_BYTES = 16 * 2 ** 20  # [azure-nccl] the part of a message NVLS moves at its mid-size rate
 
 
 @dataclass(frozen=True)
@@ -106,38 +120,61 @@ class Net:
         inter = c.inter.gbps * c.inter.coll_efficiency * 1e9 * c.nics_per_node / group.colocated
         return min(intra, inter)
 
-    def _ring(self, total: float, group: Group, steps: int, inter_steps: int) -> float:
+    def _ll_cap(self, group: Group) -> float:
+        """NCCL's llMaxBw, bytes/s: the GPU generation's inside one node, the host's across nodes."""
+        if group.spans:
+            return _LL_MAX_NET[2 if group.nodes <= 2 else 4] * 1e9
+        return self.cluster.intra.ll_max_gbps * 1e9 or math.inf
+
+    def _ring(self, total: float, group: Group, steps: int, inter_steps: int, all_reduce: bool = False) -> float:
         c = self.cluster
         busbw, best = self._busbw(group), math.inf
         for p in (LL, LL128, SIMPLE):
-            hop_intra = c.intra.hop_lat_us[p] * (1.8 if group.spans and p == LL else 1.0)
+            hop_intra = max(c.intra.hop_lat_us[p], _NET_OVERHEAD[p]) if group.spans else c.intra.hop_lat_us[p]
             lat = c.intra.base_lat_us[p] + (steps - inter_steps) * hop_intra + inter_steps * c.inter.hop_lat_us[p]
-            factor = 1 / 3 if (p == LL and not group.spans and steps == group.size - 1) else _RING_FACTOR[p]
-            best = min(best, lat * 1e-6 + steps / group.size * total / (busbw * factor))
+            if all_reduce and group.spans and p == SIMPLE:
+                lat *= 1.4  # [nccl] the ring's plateau across nodes (sm80 and later)
+            rate = busbw * _RING_FACTOR[p]
+            if p == LL:
+                rate = min(rate, self._ll_cap(group))
+            best = min(best, lat * 1e-6 + steps / group.size * total / rate)
         return best
 
     def _tree(self, total: float, group: Group) -> float:
-        busbw, best = self._busbw(group) * 0.9, math.inf
-        for p, factor in ((LL, 1 / 3.8), (LL128, 7 / 9)):
+        busbw, best = self._busbw(group) * 0.92, math.inf
+        size = min(max(0, int(math.log2(max(total, 64) / 64))), len(_TREE_CORRECTION[0]) - 1)
+        for p in (LL, LL128):
+            rate = min(busbw / 3.8, self._ll_cap(group)) if p == LL else busbw * 120 / 128
             lat = _TREE_BASE[p] + 2 * ((group.per_node - 1) * _TREE_HOP[False][p]
                                        + math.log2(group.nodes) * _TREE_HOP[True][p])
-            best = min(best, lat * 1e-6 + 2 * total / (busbw * factor))
+            best = min(best, lat * 1e-6 + 2 * total / (rate * _TREE_CORRECTION[p][size]))
         return best
 
     def _nvls(self, total: float, group: Group, link: Link) -> float:
-        lat = (link.base_lat_us[SIMPLE] + link.hop_lat_us[SIMPLE]) * 1e-6
-        return lat + 2 * (group.size - 1) / group.size * total / (link.gbps * link.nvls_efficiency * 1e9)
+        """NCCL's NVLS latency, then the message's first NVLS_RAMP_BYTES at the mid-size rate, the rest at the
+        large-message rate (module docstring)."""
+        mid = min(total, NVLS_RAMP_BYTES)
+        rates = (link.nvls_mid_efficiency or link.nvls_efficiency, link.nvls_efficiency)
+        wire = mid / rates[0] + (total - mid) / rates[1]
+        return NVLS_US * 1e-6 + 2 * (group.size - 1) / group.size * wire / (link.gbps * 1e9)
 
     def collective(self, kind: str, total: float, group: Group) -> float:
-        """Seconds of stock's NCCL `kind` (all_gather / reduce_scatter: `total` = the gathered size; all_reduce:
-        the buffer; all_to_all: each rank's buffer) over `group`; 0 for a group of one."""
+        """Seconds of one torch.distributed call of stock's NCCL `kind` (all_gather / reduce_scatter: `total` =
+        the gathered size; all_reduce: the buffer; all_to_all: each rank's buffer) over `group`: the kernel and
+        the call's own cost; 0 for a group of one."""
+        if group.size == 1 or total <= 0:
+            return 0.0
+        return self.kernel(kind, total, group) + self.cluster.link(group.spans).call_us * 1e-6
+
+    def kernel(self, kind: str, total: float, group: Group) -> float:
+        """Seconds of NCCL's kernel alone (`collective` without the call's cost), by NCCL's model."""
         p, n = group.size, group.nodes
         if p == 1 or total <= 0:
             return 0.0
         if kind in ("all_gather", "reduce_scatter"):
             return self._ring(total, group, p - 1, n - 1)
         if kind == "all_reduce":
-            best = self._ring(total, group, 2 * (p - 1), 2 * (n - 1))
+            best = self._ring(total, group, 2 * (p - 1), 2 * (n - 1), all_reduce=True)
             if group.spans:
                 best = min(best, self._tree(total, group))
             elif self.cluster.intra.nvls_efficiency > 0:

@@ -86,7 +86,7 @@ def hardware(figures: dict) -> tuple[Gpu, Link, Link]:
     else:
         best = max(2.0 * m * k * n / s for m, k, n, s in figures["gemm"]) / 1e12
         gpu = Gpu("probed", {dtype: best}, hbm_gbps=1000.0, sms=100, gemm_efficiency=1.0)
-    intra0 = catalog.LINKS[catalog.GPU_NVLINK.get(key or "h100")]
+    intra0 = catalog.LINKS[catalog.GPU_INTRA.get(key or "h100")]
     inter0 = catalog.LINKS[catalog.DEFAULT_INTER]
     return (gpu, _probed_link(intra0, figures["intra"], "probed-intra"),
             _probed_link(inter0, figures.get("inter") or [], "probed-inter"))

@@ -5,10 +5,13 @@
 Per row (kinds): op (one AG+GEMM / GEMM+RS, forward: ops.py), collective (a stock NCCL collective), gemm_collective
 (a GEMM and an independent collective, one after the other), e2e (a training step: train_step.py; tokens/s per GPU),
 reconstructed (a published range on a reconstructed layout: the decode all-reduce), unscored (hardware unknown:
-listed, never scored). The model is never fitted to these rows: every number comes from catalog.py.
+listed, never scored). A collective row's `level` says what was timed: `kernel` (NCCL's kernel alone, device time:
+priced without the torch call's own cost, links.Net.kernel) or a whole torch.distributed call (the default). The
+model is never fitted to these rows: every number comes from catalog.py.
 
 Targets, reported met or missed:
-    baseline   predicted stock time within BASELINE_TOL (15 %) of the published one, on >= 10 rows
+    baseline   predicted stock time within BASELINE_TOL (15 %) of the published one, on >= BASELINE_SHARE (90 %) of
+               the scored rows
     gain       where the published overlap has our structure (`structure` = ours) and paid: the predicted gain of
                flash (every site flash for e2e rows) within GAIN_TOL (5) points of the published gain
     no gain    where the published overlap of our structure did not pay: the predicted gain below GAIN_TOL too
@@ -31,7 +34,7 @@ from .price import Env
 from .train_step import plan_step
 
 TABLE = Path(__file__).with_name("validation") / "published.csv"
-BASELINE_TOL, GAIN_TOL = 0.15, 5.0
+BASELINE_TOL, BASELINE_SHARE, GAIN_TOL = 0.15, 0.90, 5.0
 SCALE = {"ms": 1e3, "us": 1e6}
 
 
@@ -51,7 +54,8 @@ def _op(row: dict) -> tuple[float, float | None]:
 
 def _collective(row: dict) -> tuple[float, float | None]:
     env, g = _env(row)
-    coll = env.net.collective(row["op"], float(row["bytes"]), g)
+    price = env.net.kernel if row.get("level") == "kernel" else env.net.collective
+    coll = price(row["op"], float(row["bytes"]), g)
     if row["kind"] == "gemm_collective":
         coll += env.mm(int(row["m"]), int(row["k"]), int(row["n"]))
     return coll, None
@@ -111,7 +115,9 @@ def summary(results: list[dict]) -> list[str]:
     gains = [r for r in results if r.get("target") == "gain within 5 points"]
     none = [r for r in results if r.get("target") == "no gain predicted"]
     n_ok = sum(r["baseline_ok"] for r in base)
-    lines = [f"baseline within 15 %: {n_ok} of {len(base)} rows (target >= 10): {'MET' if n_ok >= 10 else 'MISSED'}",
+    met = n_ok >= BASELINE_SHARE * len(base)
+    lines = [f"baseline within 15 %: {n_ok} of {len(base)} rows ({n_ok / len(base) * 100:.1f} %, target >= 90 %): "
+             f"{'MET' if met else 'MISSED'}",
              f"gain within 5 points: {sum(r['gain_ok'] for r in gains)} of {len(gains)} rows"
              f"{' (all)' if gains and all(r['gain_ok'] for r in gains) else ''}",
              f"no-gain cases predicted as no gain: {sum(r['gain_ok'] for r in none)} of {len(none)} rows"]

@@ -77,11 +77,11 @@ def test_main_form_text_says_prediction_and_why(capsys):
     assert set(lines) == {"qkv", "proj", "fc1", "fc2"} and all("exposed" in v for v in lines.values())
 
 
-@pytest.mark.parametrize("gpu, algo", [("h800", "flash"), ("a100", "slicing")])
-def test_emit_config_loads_with_the_flag_loader(capsys, tmp_path, gpu, algo):
+@pytest.mark.parametrize("gpu, micro, algo", [("h800", "4", "flash"), ("a100", "1", "slicing")])
+def test_emit_config_loads_with_the_flag_loader(capsys, tmp_path, gpu, micro, algo):
     path = tmp_path / "plan.yaml"
     rc, out, _ = run(capsys, *GPT, "--tensor-model-parallel-size", "8", "--sequence-parallel", "--gpu", gpu,
-                     "--json", "--emit-config", str(path))
+                     "--micro-batch-size", micro, "--json", "--emit-config", str(path))
     data, cfg = json.loads(out), load_config(path)
     assert rc == 0
     assert algo in {e["choice"].split(":")[0] for e in data["sites"].values()}  # the case exercises that knob

@@ -157,3 +157,17 @@ def test_groups_are_placed_in_megatrons_rank_order():
     assert place(8, 2, c) == Group(8, 4, 2)  # 2 apart: 4 per node, 2 groups per node
     with pytest.raises(ValueError, match="does not tile"):
         place(3, 4, c)  # 4 apart: 2 per node, but 3 members
+
+
+def test_a_stock_call_is_the_kernel_plus_the_call_and_nvls_moves_its_first_bytes_at_the_mid_rate():
+    # one node of 4, 100 GB/s, NCCL's ring at 0.1 of it (so NVLS wins), NVLS at 0.5 of the link over the first
+    # R = links.NVLS_RAMP_BYTES and at 1.0 after; a message of 2R: 25 us + 2 (P-1)/P x (R / 0.5 + R / 1.0) / 100 GB/s
+    from megatron_flashoverlap.plan import links
+    from megatron_flashoverlap.plan.links import Net
+    lk = Link("l", 100.0, 0.1, 0.1, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 1.0, nvls_efficiency=1.0,
+              nvls_mid_efficiency=0.5, call_us=2.0)
+    net, g, r = Net(Cluster(GPU, lk, lk, 4, 1)), Group(4, 4), links.NVLS_RAMP_BYTES
+    assert close(net.kernel("all_reduce", 2 * r, g), 25e-6 + 1.5 * (r / 0.5 + r) / 100e9)
+    assert close(net.collective("all_reduce", 2 * r, g), net.kernel("all_reduce", 2 * r, g) + 2e-6)
+    assert close(net.kernel("all_reduce", r, g), 25e-6 + 1.5 * (r / 0.5) / 100e9)  # within the ramp: mid rate
+    assert net.collective("all_reduce", 2 * r, Group(1, 1)) == 0.0  # a group of one calls nothing

@@ -37,6 +37,15 @@ def test_enough_published_baselines_and_no_gain_cases():
     assert all("RECONSTRUCTED" in r["note"] for r in ROWS if r["kind"] == "reconstructed")
 
 
+def test_the_rows_hold_nccls_all_reduce_on_one_nvlink_node_and_a_pcie_node():
+    """NCCL's all-reduce at 64 KiB-16 MiB on one NVLink node (the decode all-reduce's regime) and PCIe-only rows."""
+    ar = [int(r["bytes"]) for r in ROWS if r["op"] == "all_reduce" and r["kind"] == "collective"
+          and r["nodes"] == "1" and r["intra"].startswith("nvlink")]
+    assert min(ar) <= 64 * 2 ** 10 and max(ar) >= 16 * 2 ** 20
+    assert any(r["intra"].startswith("pcie") and r["kind"] == "op" for r in ROWS)
+    assert {r["level"] for r in ROWS} <= {"", "call", "kernel"}
+
+
 def test_the_command_writes_one_result_per_row(tmp_path, capsys):
     out = tmp_path / "results.csv"
     assert validate.main(["--out", str(out)]) == 0
@@ -62,7 +71,7 @@ def test_user_hardware_file(tmp_path):
 def test_the_catalogue_has_the_issues_hardware():
     assert {"h100", "h200", "b200", "a100", "h800"} <= set(catalog.GPUS)
     assert {"nvlink3", "nvlink4", "nvlink5", "ib_ndr", "ib_xdr", "slingshot11"} <= set(catalog.LINKS)
-    assert all(catalog.GPU_NVLINK[g] in catalog.LINKS for g in catalog.GPUS)
+    assert all(catalog.GPU_INTRA[g] in catalog.LINKS for g in catalog.GPUS)
 
 
 def test_the_planner_imports_only_stdlib_schedules_and_config():
