@@ -5,7 +5,7 @@
         [--emit-config plan.yaml] [--timeline layer.png]
     flashoverlap-plan op --op all_gather_matmul|matmul_reduce_scatter|all_reduce --m M --k K --n N --tp P
         --gpu NAME [--nodes N] [--dtype bf16] [--bytes B] --json
-    flashoverlap-plan validate [--out results.csv]       the published GPU measurements (validate.py)
+    flashoverlap-plan validate [--out results.csv]       the published GPU measurements (published.py)
     flashoverlap-plan where                              where the flag pays on GPU clusters (where.py)
 
 The op form: M, K, N are the unsharded GEMM y[M, N] = x[M, K] W[K, N] (all-gather + GEMM: x's rows and W's
@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 
-from . import args as A
+from . import flags as A
 from .links import Group
 from .price import Env
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         if argv[:1] == ["op"]:
             return run_op(argv[1:])
         if argv[:1] == ["validate"]:
-            from .validate import main as validate_main
+            from .published import main as validate_main
             return validate_main(argv[1:])
         if argv[:1] == ["where"]:
             from .where import main as where_main

@@ -1,7 +1,7 @@
 """The plan as text (one line per choice, saying why) and as numbers (JSON). Every figure is a PREDICTION."""
 from __future__ import annotations
 
-from .layer import Site
+from .layer_times import Site
 from .price import Env
 from .train_step import StepTimes
 

@@ -1,4 +1,5 @@
-"""A training step, stock Megatron beside --flash-overlap, from one layer's times (layer.py) and the DP sync (dp.py).
+"""A training step, stock Megatron beside --flash-overlap,
+from one layer's times (layer_times.py) and the DP sync (dp.py).
 
     stage      one pipeline stage's micro-batch: layers/pp layers, the output layer (logits; as stock in both),
                and the pipeline send/receive of the activation and its gradient (exposed)
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from . import dp as DP
 from . import ops
 from .collectives import all_reduce, dp_ring
-from .layer import LayerTimes, layer
+from .layer_times import LayerTimes, layer
 from .links import place
 from .model import Layout, Model, check
 from .ops import OpTimes

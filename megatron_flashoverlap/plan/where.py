@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 
 from . import catalog
-from .args import cluster_of, main_parser, model_of, sizes
+from .flags import cluster_of, main_parser, model_of, sizes
 from .collectives import all_reduce
 from .links import place
 from .price import Env

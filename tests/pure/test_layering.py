@@ -2,7 +2,7 @@
 
 Tier: pure (parses the source with `ast`; nothing is imported or run). Floors, bottom up:
     0  config, schedules
-    1  runtime, plan       (plan: the planner; it imports no third party: test_plan_validate.py)
+    1  runtime, plan       (plan: the planner; it imports no third party: test_plan_published.py)
     2  ops
     3  megatron            (the wing: the only importer of `megatron` in the package), by function, bottom up:
            0  ddp/, moe/       DP on Megatron's DDP; MoE on Megatron's MoELayer

@@ -43,3 +43,32 @@ def test_the_figure_check_sees_what_it_looks_for():
            'x = "12 ms"  # 3.2x faster than stock\n')
     assert [f for _, f in figures(src)] == ["1.5 ms", "issue 25", "item 4b", "2026-12-02", "3.2x faster"]
     assert figures('"""The legend: x [s/P, b, h], 16 rows, fp8 max 448."""\n') == []
+
+
+# A module name used in two places of the package means one thing in both; these are the names that do (every
+# other name is used once). name -> its one meaning.
+SHARED = {
+    "__init__": "a package's face",
+    "__main__": "a package's `python -m` entry",
+    "plain": "an operator family's plain functions, one per algorithm (ops/<family>/)",
+    "plain_fp8": "their FP8 twins",
+    "autograd": "an operator family's autograd Functions and public wrappers",
+    "choose": "a site's measured pick, the chooser's measured tier (ops/choose.py: the steps they share)",
+    "alltoall": "the all-to-all, on the floor the folder names (its schedule; its runtime walk)",
+    "fp8": "FP8, on the floor the folder names (the recipe math; Megatron's FP8 layer state)",
+}
+# the top-level entry points are faces of the wing's modules of the same name
+FACES = ("spec", "launch", "generate", "serve", "pretrain_gpt")
+
+
+def test_no_module_name_means_two_things():
+    places = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        places.setdefault(path.stem, []).append(path.relative_to(PACKAGE).as_posix())
+    twice = {name: where for name, where in places.items() if len(where) > 1}
+    unexplained = {name: where for name, where in twice.items() if name not in SHARED and name not in FACES}
+    assert not unexplained, f"rename one, or give the one meaning in SHARED: {unexplained}"
+    for name in FACES:  # a face imports its namesake in the wing and defines nothing of its own
+        face = (PACKAGE / f"{name}.py").read_text()
+        assert f"from .megatron." in face and f".{name} import" in face, name
+        assert "\ndef " not in face and "\nclass " not in face, name

@@ -2,7 +2,7 @@
 bytes, reduce-scatter partials and everything else in bf16, the casts priced, the core attention in bf16."""
 import math
 
-from megatron_flashoverlap.plan import catalog, layer, ops
+from megatron_flashoverlap.plan import catalog, layer_times as layer, ops
 from megatron_flashoverlap.plan.hardware import Cluster
 from megatron_flashoverlap.plan.links import place
 from megatron_flashoverlap.plan.model import Layout, Model

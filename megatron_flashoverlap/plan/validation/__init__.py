@@ -1,1 +1,1 @@
-"""Published GPU measurements the planner is checked against (published.csv; plan/validate.py runs them)."""
+"""Published GPU measurements the planner is checked against (published.csv; plan/published.py runs them)."""

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from megatron_flashoverlap.plan import catalog, validate
+from megatron_flashoverlap.plan import catalog, published as validate
 from megatron_flashoverlap.plan.hardware import Gpu, load_hardware
 
 PLAN = pathlib.Path(validate.__file__).parent

@@ -25,7 +25,7 @@ import shlex
 from pathlib import Path
 
 from . import catalog
-from .args import main_parser, model_of, sizes
+from .flags import main_parser, model_of, sizes
 from .collectives import all_reduce
 from .hardware import Cluster
 from .links import Group
