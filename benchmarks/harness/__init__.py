@@ -11,6 +11,7 @@
     timing.py        block, compute alone (torch's fake group), comm alone: one row per method and mode
     megatron_rows.py the real Megatron MLP and DDP rows (the harness's Megatron importer)
     line_rate_rs.py  stock's reduce-scatters on gloo at line rate (gloo's own moves an all-reduce's bytes)
+    wire.py          what a call sends: dtype and bytes of every c10d send (`Sends`)
     progress.py      one progress line on stderr
     cli.py           every run.py's parser (the checkout note), default --out, --render
 

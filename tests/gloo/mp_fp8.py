@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 import megatron_flashoverlap as fo
+from benchmarks.harness.wire import Sends
 from tests.gloo.mp_ops import _raises
-from tests.gloo.mp_wire import Sends
 from tests.support.fp8_recipe import E4M3, E5M2, recipe_backward, recipe_cast, recipe_forward, recipe_row, scaled
 
 BF16, F32 = torch.bfloat16, torch.float32

@@ -1,32 +1,16 @@
-"""Worker-side bodies of tests/gloo/test_wire_dtype.py: the bf16 error of each wire dtype, and the bytes sent.
-
-`Sends` is a TorchDispatchMode that records the tensors handed to c10d's send op (what goes on the wire)
-and then runs the real op: it observes torch.distributed, it does not replace it.
+"""Worker-side bodies of tests/gloo/test_wire_dtype.py: the bf16 error of each wire dtype, and the bytes sent
+(counted by benchmarks/harness/wire.py `Sends`, which the FP8 wire benchmark counts with too).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import megatron_flashoverlap as fo
+from benchmarks.harness.wire import Sends
 
 BF16 = torch.bfloat16
-
-
-class Sends(TorchDispatchMode):
-    """Records (dtype, bytes) of every tensor passed to c10d.send while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.sent: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func).startswith("c10d.send"):
-            for t in args[0]:  # send(tensors, group, dst, tag)
-                self.sent.append((str(t.dtype), t.numel() * t.element_size()))
-        return func(*args, **(kwargs or {}))
 
 
 def _stock_rs(partial: torch.Tensor, world: int) -> torch.Tensor:

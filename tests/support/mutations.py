@@ -249,6 +249,15 @@ def _flash_overlap_flag_ignored() -> list:
                     lambda args: args)  # DEFECT
 
 
+def _fp8_dequantized_twice() -> list:
+    """Every FP8 GEMM dequantizes with twice the input's scale_inv (a margin of 1 taken off the dequantization, not
+    the cast): each FP8 product comes out 2x."""
+    from megatron_flashoverlap.runtime import scaled_mm as sm
+    real = sm.scaled_mm
+    return _replace("megatron_flashoverlap.runtime.scaled_mm", "scaled_mm",
+                    lambda a, b, sa, sb, dtype, bias=None, out=None: real(a, b, sa * 2, sb, dtype, bias, out))  # DEFECT
+
+
 _S = "tests/pure/test_schedules.py::"
 _O = "tests/gloo/test_ops.py::"
 _U = "tests/gloo/test_attention_ulysses.py::"
@@ -307,6 +316,10 @@ MUTATIONS: dict[str, Mutation] = {
         "the launcher parses --flash-overlap and ignores it (stock's layers built)",
         ("tests/megatron/test_pretrain.py::test_launcher_runs_an_unmodified_pretrain_script_on_cpu",),
         _flash_overlap_flag_ignored),
+    "fp8_dequantized_twice": Mutation(
+        "every FP8 GEMM's product 2x its value (the input's scale_inv doubled)",
+        tuple(f"tests/megatron/test_flag_matrix.py::test_flash_overlap_logs_stocks_loss_at_every_iteration[{r}]"
+              for r in ("fp8-tensorwise", "fp8-delayed")), _fp8_dequantized_twice),
     "ulysses_extra_parameter": Mutation(
         "UlyssesDotProductAttention registers a parameter the stock core attention has not",
         (_G + "test_gpt_cp2_default_causal_mask_and_gqa",), _ulysses_extra_parameter),
