@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from benchmarks.harness.estimator import LEVEL, speedup
 from megatron_flashoverlap.ops.all_reduce.select import best_at
+from megatron_flashoverlap.schedules import ALL_REDUCE_SCHEDULES
 
-OURS = ("ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
+OURS = ALL_REDUCE_SCHEDULES  # every exchange word, in the table's column order
 
 
 def stock_us(row: dict) -> float:
@@ -59,9 +60,9 @@ def markdown(tables: list[dict]) -> str:
     for t in tables:
         lines += [f"**{_title(t)}** ({t['dtype']}, median of {t['iters']} rounds, ms; {t['note']}; auto vs stock: "
                   f"ratio of medians [{LEVEL:.0%} bootstrap interval over rounds])", "",
-                  "| size | stock | ring | recursive doubling | hierarchical | hierarchical pipelined | hierarchical hd "
+                  f"| size | stock | {' | '.join(a.replace('_', ' ') for a in OURS)} "
                   "| best ours (vs stock) | auto ran | auto vs stock |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---" * (len(OURS) + 5) + "|"]
         lines += [_row(t, r) for r in t["rows"]]
         lines.append("")
     return "\n".join(lines)

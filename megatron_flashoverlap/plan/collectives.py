@@ -101,7 +101,7 @@ def _exchange_prices(env: Env, g: Group, r: int, block: float, pair: bool) -> Pr
 
 def _all_reduce_algo(env: Env, g: Group, nbytes: float, algo: str) -> float:
     p = g.size
-    hier = algo.startswith("hierarchical")  # the three hierarchical words: the node layout matters
+    hier = S.ALL_REDUCE[algo].two_level  # the node layout matters
     local = g.per_node if hier else None
     ranks = [0] if algo == "ring" else (range(0, p, g.per_node) if hier else range(p))
     worst = 0.0

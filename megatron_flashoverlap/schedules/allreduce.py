@@ -39,6 +39,9 @@ back down (Rabenseifner/Thakur). Two extra latency terms, any count works.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from .ring import _check
 from .step import Schedule, Slice, Step, Transfer
 
@@ -204,20 +207,49 @@ def all_reduce_recursive_doubling(rank: int, world_size: int, *, tag: int = 0) -
     return all_reduce_hierarchical(rank, world_size, 1, tag=tag, name="all_reduce_recursive_doubling")
 
 
-ALL_REDUCE_SCHEDULES = ("ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd")
+@dataclass(frozen=True)
+class AllReduceWord:
+    """One all-reduce algorithm word: its builder and what the rest of the package needs to know of it.
+
+    build(rank, world_size, local_world_size, *, tag) -> Schedule   (local_world_size: G, the ranks per node)
+    two_level   it reads the node layout (G), so a caller must know it; the flat words ignore G
+    distinct(P, G) -> bool   the layouts where it differs from every other word, so `auto` measures it there
+    summary     one line: what it sends, for the operator's docstring and the docs"""
+
+    build: Callable[..., Schedule]
+    two_level: bool
+    distinct: Callable[[int, int], bool]
+    summary: str
+
+
+def _flat(build):
+    return lambda rank, world_size, local_world_size, *, tag=0: build(rank, world_size, tag=tag)
+
+
+def _two_level(world: int, local: int) -> bool:
+    return 1 < local < world
+
+
+# The one table of all-reduce words: a new schedule is a builder above and a row here (docs/design.md).
+ALL_REDUCE = {
+    "ring": AllReduceWord(_flat(all_reduce_ring), False, lambda p, g: True,
+                          "RS + AG over P blocks: 2(P-1) steps of n/P"),
+    "recursive_doubling": AllReduceWord(_flat(all_reduce_recursive_doubling), False, lambda p, g: True,
+                                        "log2(P') whole-message exchanges (+2 to fold a non-power-of-two P)"),
+    "hierarchical": AllReduceWord(all_reduce_hierarchical, True, _two_level,
+                                  "intra-node RS, inter-node recursive doubling on n/G, intra-node AG"),
+    "hierarchical_pipelined": AllReduceWord(all_reduce_hierarchical_pipelined, True, _two_level,
+                                            "hierarchical on K pieces of n/K, staggered by a step"),
+    "hierarchical_hd": AllReduceWord(all_reduce_hierarchical_hd, True, lambda p, g: _two_level(p, g) and p // g > 2,
+                                     "intra-node RS, inter-node halving-doubling on n/G, intra-node AG"),
+}
+ALL_REDUCE_SCHEDULES = tuple(ALL_REDUCE)
 
 
 def all_reduce_schedule(algo: str, rank: int, world_size: int, local_world_size: int | None = None,
                         *, tag: int = 0) -> Schedule:
-    """The schedule of `algo` (one of ALL_REDUCE_SCHEDULES); `local_world_size` only matters for the hierarchical ones."""
-    if algo == "ring":
-        return all_reduce_ring(rank, world_size, tag=tag)
-    if algo == "recursive_doubling":
-        return all_reduce_recursive_doubling(rank, world_size, tag=tag)
-    if algo == "hierarchical":
-        return all_reduce_hierarchical(rank, world_size, local_world_size or world_size, tag=tag)
-    if algo == "hierarchical_pipelined":
-        return all_reduce_hierarchical_pipelined(rank, world_size, local_world_size or world_size, tag=tag)
-    if algo == "hierarchical_hd":
-        return all_reduce_hierarchical_hd(rank, world_size, local_world_size or world_size, tag=tag)
-    raise ValueError(f"unknown all-reduce schedule {algo!r}; choose one of {ALL_REDUCE_SCHEDULES}")
+    """The schedule of `algo` (a key of ALL_REDUCE); `local_world_size` (default: one node) only matters to the
+    two-level words."""
+    if algo not in ALL_REDUCE:
+        raise ValueError(f"unknown all-reduce schedule {algo!r}; choose one of {ALL_REDUCE_SCHEDULES}")
+    return ALL_REDUCE[algo].build(rank, world_size, local_world_size or world_size, tag=tag)

@@ -6,9 +6,10 @@ Against stock the bound doubles (both sides round). Every rank must hold bitwise
 """
 import pytest
 
+from megatron_flashoverlap.schedules import ALL_REDUCE_SCHEDULES
 from tests.support.pool import WorkerError
 
-ALGOS = ["reference", "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined", "hierarchical_hd"]
+ALGOS = ["reference", *ALL_REDUCE_SCHEDULES]  # every word of the table: a new schedule is run here too
 SMALL = [1, 2, 3, 7, 100, 1001, 4099]  # incl. sizes below and not divisible by the rank count
 MB = 1 << 20
 

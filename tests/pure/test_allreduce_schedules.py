@@ -4,7 +4,7 @@ import math
 import pytest
 
 from megatron_flashoverlap.schedules import (
-    ScheduleError, Slice, Step, Transfer, all_reduce_hierarchical, all_reduce_recursive_doubling, all_reduce_ring,
+    ALL_REDUCE, ScheduleError, Slice, Step, Transfer, all_reduce_hierarchical, all_reduce_recursive_doubling, all_reduce_ring,
     all_reduce_schedule, grid, validate,
 )
 
@@ -21,6 +21,13 @@ def _all(p, g):
 def test_hierarchical_validates(p, g):
     # validate: every send matched, no deadlock, every rank ends with every block = each rank's part once
     validate(_all(p, g))
+
+
+@pytest.mark.parametrize("word", sorted(ALL_REDUCE))
+@pytest.mark.parametrize("p,g", LAYOUTS)
+def test_every_word_of_the_table_validates_through_all_reduce_schedule(word, p, g):
+    # a new row of schedules.ALL_REDUCE is checked here without a test of its own
+    validate([all_reduce_schedule(word, r, p, g) for r in range(p)])
 
 
 @pytest.mark.parametrize("p", range(1, 9))

@@ -5,6 +5,7 @@ import pytest
 import megatron_flashoverlap  # noqa: F401  (importing the package fills the tables)
 from megatron_flashoverlap import config
 from megatron_flashoverlap.ops import registry
+from megatron_flashoverlap.schedules import ALL_REDUCE_SCHEDULES
 
 TABLE_OF = {  # public operator -> the registry tables its algorithms run
     "all_gather_matmul": ("all_gather_matmul", "all_gather_matmul.backward", "all_gather_matmul.fp8",
@@ -26,6 +27,7 @@ def test_every_public_operator_has_its_words():
     assert set(registry.ALLOWED) == set(TABLE_OF)
     assert registry.ALLOWED["all_gather_matmul"] is config.ALGOS  # the words are config's, not a copy
     assert registry.ALLOWED["all_reduce"] is config.ALL_REDUCE_ALGOS
+    assert config.ALL_REDUCE_ALGOS == ("auto", "reference", *ALL_REDUCE_SCHEDULES)  # the words a user writes
     assert registry.ALLOWED["ulysses_attention"] is config.ULYSSES_ALGOS
 
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ...config import ALL_REDUCE_ALGOS, active
 from ...plan.chooser import chooser_of
+from ...schedules import ALL_REDUCE
 from ...runtime import OverlapContext, default_context, exchange, global_rank, group_info, names_operator
 from ..choose import group_layout
 from .choose import decode_key, decode_pick
@@ -74,37 +75,22 @@ def all_reduce_reference(x, group, ctx, local_world_size=None):
     return out
 
 
-@register(OP, "ring")
-def all_reduce_ring(x, group, ctx, local_world_size=None):
-    """RS + AG over P blocks: 2(P-1) steps of n/P."""
-    return exchange(x, "ring", group, ctx)
+def _scheduled(word: str):
+    """The plain function of an exchange word (schedules.ALL_REDUCE): its schedule on the executor; a two-level
+    word gets the node layout (resolve_local_world_size)."""
+    two_level = ALL_REDUCE[word].two_level
+
+    def run(x, group, ctx, local_world_size=None):
+        if not two_level:
+            return exchange(x, word, group, ctx)
+        g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
+        return exchange(x, word, group, ctx, local_world_size=g)
+    run.__name__, run.__doc__ = f"all_reduce_{word}", ALL_REDUCE[word].summary
+    return run
 
 
-@register(OP, "recursive_doubling")
-def all_reduce_recursive_doubling(x, group, ctx, local_world_size=None):
-    """log2(P') whole-message exchanges (+2 to fold a non-power-of-two P)."""
-    return exchange(x, "recursive_doubling", group, ctx)
-
-
-@register(OP, "hierarchical")
-def all_reduce_hierarchical(x, group, ctx, local_world_size=None):
-    """Intra-node RS, inter-node recursive doubling on n/G, intra-node AG."""
-    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
-    return exchange(x, "hierarchical", group, ctx, local_world_size=g)
-
-
-@register(OP, "hierarchical_hd")
-def all_reduce_hierarchical_hd(x, group, ctx, local_world_size=None):
-    """Intra-node RS, inter-node halving-doubling on n/G (2(N'-1)/N' n/G bytes), intra-node AG."""
-    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
-    return exchange(x, "hierarchical_hd", group, ctx, local_world_size=g)
-
-
-@register(OP, "hierarchical_pipelined")
-def all_reduce_hierarchical_pipelined(x, group, ctx, local_world_size=None):
-    """hierarchical on K pieces of n/K, staggered by a step: piece k crosses nodes while k+1 is reduce-scattered."""
-    g = resolve_local_world_size(group_info(group)[1], local_world_size, group)
-    return exchange(x, "hierarchical_pipelined", group, ctx, local_world_size=g)
+for _word in ALL_REDUCE:
+    register(OP, _word)(_scheduled(_word))
 
 
 @names_operator
@@ -137,9 +123,8 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
     """Sum `tensor [*]` over `group`; returns a new tensor, the input is left unchanged.
 
     algo: "auto" (for decode-shaped inputs the chooser's pick, measured once per token bucket: plan/chooser.py,
-    choose.py; the reference otherwise), "reference"
-    (torch.distributed.all_reduce), "ring", "recursive_doubling", "hierarchical", "hierarchical_pipelined",
-    "hierarchical_hd".
+    choose.py; the reference otherwise), "reference" (torch.distributed.all_reduce), or a word of
+    schedules.ALL_REDUCE (ring, recursive_doubling, hierarchical, hierarchical_pipelined, hierarchical_hd).
     `force_reference()` makes every call the reference.
     """
     algo = resolve_algo(OP, algo)
@@ -150,7 +135,7 @@ def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_wo
         return tensor.clone()
     ctx = context or default_context()
     # the node layout matters to hierarchical and to the table lookup of auto only
-    two_level = algo.startswith("hierarchical")
+    two_level = algo in ALL_REDUCE and ALL_REDUCE[algo].two_level
     g = resolve_local_world_size(world, local_world_size, group, strict=two_level) \
         if algo == "auto" or two_level else world
     if algo == "auto":

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ...plan.chooser import DECODE_SITE, Chooser, Key, bucket
 from ...runtime.timing import paired
+from ...schedules import ALL_REDUCE
 from ..choose import ROUNDS, WARMUP, settle
 from ..registry import plain
 
@@ -21,13 +22,9 @@ OP = "all_reduce"
 
 
 def candidates(world: int, local_world_size: int) -> tuple[str, ...]:
-    """The reference and our algorithms distinct on this layout (hierarchical is the ring on one node and
-    recursive doubling with one rank per node, so it is measured only where 1 < G < P; halving-doubling across
-    nodes only where there are more than two: at two it is recursive doubling with one more step)."""
-    two_level = 1 < local_world_size < world
-    hd = ("hierarchical_hd",) if two_level and world // local_world_size > 2 else ()
-    return ("reference", "ring", "recursive_doubling") + (("hierarchical", "hierarchical_pipelined") + hd
-                                                          if two_level else ())
+    """The reference and the words distinct on this layout (schedules.ALL_REDUCE `distinct`: e.g. hierarchical is
+    the ring on one node and recursive doubling with one rank per node, so it is measured only where 1 < G < P)."""
+    return ("reference",) + tuple(w for w, word in ALL_REDUCE.items() if word.distinct(world, local_world_size))
 
 
 def _samples(x, algos, group, ctx, g, rounds, warmup) -> dict[str, list[float]]:
