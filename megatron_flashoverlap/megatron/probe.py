@@ -9,9 +9,9 @@ rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves
                              dp.fuse from it), hand the predicted picks and decode table to the chooser's model
                              tier; log the figures once (INFO) and the choices once (WARNING, as every decision
                              line). Anything else: cfg unchanged (hops.py, megatron/ddp/auto_fuse.py, the measured tier).
-    measure(shapes, gpus_per_node, group=None, hop_bytes=HOP_BYTES, stock_bytes=()) -> figures
+    measure(shapes, gpus_per_node, group=None, hop_bytes=HOP_BYTES, stock_bytes=(), rounds=3) -> figures
                                                             (plan/probe_plan.py: Figures)
-        GEMMs: each shape, median of 3 calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
+        GEMMs: each shape, median of `rounds` calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
                between CUDA events, on any other backend in fp32 on the host clock
         hops:  every rank exchanges `bytes` with a partner at once, posted and waited as the executor posts a
                step (runtime/transport.link), a barrier before each call: intra = the neighbour in its node
@@ -48,10 +48,10 @@ STOCK = ("all_gather", "all_reduce")  # the stock collectives the probe can time
 ROUNDS = 3
 
 
-def _median(call) -> float:
-    """The median of ROUNDS calls of `call` (one measured call -> its seconds) after a warm-up call (kernels
+def _median(call, rounds: int = ROUNDS) -> float:
+    """The median of `rounds` calls of `call` (one measured call -> its seconds) after a warm-up call (kernels
     chosen, connections made)."""
-    return statistics.median(interleaved({"call": call}, ROUNDS, warmup=1)["call"])
+    return statistics.median(interleaved({"call": call}, rounds, warmup=1)["call"])
 
 
 class _Clock:
@@ -66,12 +66,12 @@ class _Clock:
         self.seconds = cuda_timed if cuda else (lambda fn: timed(fn, barrier=False))
 
 
-def _gemm_seconds(shapes, clock: _Clock) -> list[float]:
+def _gemm_seconds(shapes, clock: _Clock, rounds: int = ROUNDS) -> list[float]:
     out = []
     for m, k, n in shapes:
         a = torch.randn(m, k, device=clock.device, dtype=clock.dtype)
         b = torch.randn(k, n, device=clock.device, dtype=clock.dtype)
-        out.append(_median(lambda: clock.seconds(lambda: torch.matmul(a, b))))
+        out.append(_median(lambda: clock.seconds(lambda: torch.matmul(a, b)), rounds))
     return out
 
 
@@ -88,10 +88,10 @@ def _exchange(peer: int | None, nbytes: int, group, clock: _Clock) -> float:
     return clock.seconds(lambda: lk.wait(lk.post(0, [send], [peer], [recv], [peer]), "probe", None, None))
 
 
-def _hop_seconds(peer: int | None, group, clock: _Clock, sizes=HOP_BYTES) -> list[float]:
+def _hop_seconds(peer: int | None, group, clock: _Clock, sizes=HOP_BYTES, rounds: int = ROUNDS) -> list[float]:
     out = []
     for nbytes in sizes:
-        out.append(_median(lambda: _exchange(peer, nbytes, group, clock)))
+        out.append(_median(lambda: _exchange(peer, nbytes, group, clock), rounds))
     return out
 
 
@@ -107,16 +107,16 @@ def _stock(kind: str, nbytes: int, group, clock: _Clock) -> float:
     return clock.seconds(lambda: dist.all_reduce(x, group=group))
 
 
-def _stock_seconds(sizes, group, clock: _Clock) -> list[float]:
-    return [_median(lambda: _stock(kind, nbytes, group, clock)) for kind in STOCK for nbytes in sizes]
+def _stock_seconds(sizes, group, clock: _Clock, rounds: int) -> list[float]:
+    return [_median(lambda: _stock(kind, nbytes, group, clock), rounds) for kind in STOCK for nbytes in sizes]
 
 
-def measure(shapes, gpus_per_node: int, group=None, hop_bytes=HOP_BYTES, stock_bytes=()) -> dict:
+def measure(shapes, gpus_per_node: int, group=None, hop_bytes=HOP_BYTES, stock_bytes=(), rounds: int = ROUNDS) -> dict:
     """The probe's figures, identical on every rank (module docstring)."""
     rank, world, clock = dist.get_rank(group), dist.get_world_size(group), _Clock(group)
     intra, inter = partners(rank, world, gpus_per_node)
-    times = (_gemm_seconds(shapes, clock) + _hop_seconds(intra, group, clock, hop_bytes)
-             + _hop_seconds(inter, group, clock, hop_bytes) + _stock_seconds(stock_bytes, group, clock))
+    times = (_gemm_seconds(shapes, clock, rounds) + _hop_seconds(intra, group, clock, hop_bytes, rounds)
+             + _hop_seconds(inter, group, clock, hop_bytes, rounds) + _stock_seconds(stock_bytes, group, clock, rounds))
     t = torch.tensor(times, dtype=torch.float64, device=clock.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     times = t.tolist()
