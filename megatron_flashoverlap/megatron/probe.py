@@ -14,8 +14,9 @@ rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves
         GEMMs: each shape, median of `rounds` calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
                between CUDA events, on any other backend in fp32 on the host clock
         hops:  every rank exchanges `bytes` with a partner at once, posted and waited as the executor posts a
-               step (runtime/transport.link), a barrier before each call: intra = the neighbour in its node
-               (rank ^ 1), inter = the same local rank on the paired node (ranks without a pair report nothing)
+               step (runtime/transport.link), HOP_STEPS exchanges back to back after a barrier, per exchange:
+               intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired node
+               (ranks without a pair report nothing)
         stock: where `stock_bytes` names sizes, the group's own all-gather (bytes per rank) and all-reduce
                (bytes) timed the same way, every rank at once: the call-level price of what stock runs
                ("stock": {"all_gather": [[bytes, s]], "all_reduce": [[bytes, s]]})
@@ -44,6 +45,7 @@ _FIGURES = LogOnce(log, logging.INFO)  # the figures, once per process
 _CHOSE = LogOnce(log)  # the choices: a decision line, as the chooser's
 _REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
+HOP_STEPS = 4  # exchanges per timed hop figure, back to back as a walk's steps (_exchange)
 STOCK = ("all_gather", "all_reduce")  # the stock collectives the probe can time (measure's stock_bytes)
 ROUNDS = 3
 
@@ -76,16 +78,21 @@ def _gemm_seconds(shapes, clock: _Clock, rounds: int = ROUNDS) -> list[float]:
 
 
 def _exchange(peer: int | None, nbytes: int, group, clock: _Clock) -> float:
-    """Seconds of one exchange of `nbytes` with group rank `peer` (0 without a peer), after a barrier: one post
-    and its wait through the group's transport (runtime/transport.link), as the executor posts a step (gloo:
-    on the communication thread; NCCL: batch_isend_irecv)."""
+    """Seconds of one exchange of `nbytes` with group rank `peer` (0 without a peer): HOP_STEPS exchanges back to
+    back after a barrier, each one post and its wait through the group's transport (runtime/transport.link) as
+    the executor posts a step (gloo: on the communication thread; NCCL: batch_isend_irecv), per exchange. A walk's
+    steps follow one another: the first exchange after a barrier finds every rank awake, the later ones do not."""
     dist.barrier(group=group)
     if peer is None:
         return 0.0
     send = torch.empty(nbytes, dtype=torch.uint8, device=clock.device)
     recv = torch.empty_like(send)
     lk = link(group, clock.device)
-    return clock.seconds(lambda: lk.wait(lk.post(0, [send], [peer], [recv], [peer]), "probe", None, None))
+
+    def walk():
+        for _ in range(HOP_STEPS):
+            lk.wait(lk.post(0, [send], [peer], [recv], [peer]), "probe", None, None)
+    return clock.seconds(walk) / HOP_STEPS
 
 
 def _hop_seconds(peer: int | None, group, clock: _Clock, sizes=HOP_BYTES, rounds: int = ROUNDS) -> list[float]:
