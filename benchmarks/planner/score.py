@@ -1,0 +1,86 @@
+"""The one-window scores: each point's predicted time against its measured median, and the predicted winner of
+every pair of methods against the measured one where the measured interval excludes a tie.
+
+    errors(points, preds, which="before") -> rows {"window", "point", "mode", "method", "predicted", "measured",
+                                                  "error", "drift", "spread"}
+        error   predicted / measured median - 1 (the prediction from the calibration `which`: "before", the
+                primary, or "after")
+        drift   the prediction from the calibration after the point / the one before - 1: how far the machine
+                moved across the point (noise, not the model)
+        spread  (max - min) / min of the point's rounds
+    checks(points, preds, which="before") -> per (point, mode) and pair of methods (a listed before b): the
+        measured verdict from harness/estimator.speedup(samples a, samples b) ("b faster": its 90 % interval
+        lies above 1.0, "a faster": below, else "tie"), the predicted one, agree (None for a measured tie)
+    summary(rows, checks) -> {"n", "median_abs", "max_abs", "within_25", "agree", "disagree", "ties"}
+    TARGETS: the issue's: median abs error <= 10 %, none beyond 25 %, the winner right at >= 95 % of the
+        pairs that are not a measured tie; met(summary) -> {target: bool}
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+
+from benchmarks.harness.estimator import speedup
+
+TARGETS = {"median_abs": 0.10, "max_abs": 0.25, "winners": 0.95}
+
+
+def point_label(win: dict, pt: dict, i: int) -> str:
+    """'tbf 1gbit / mlp s=1024 #1': the window, the point's kind and size, its pass."""
+    size = {"mlp": "s={seq}", "mlp_nosp": "s={seq}", "moe": "tokens={tokens}", "all_reduce": "P={world}"}
+    return f"{win['name']} / {pt['kind']} {size[pt['kind']].format(world=win['world'], **pt)} #{i}"
+
+
+def _runs(windows: list, preds: list):
+    """(window, point, label, prediction) over every point of every window, in run order; the label counts the
+    point's passes."""
+    for win, wpred in zip(windows, preds):
+        seen: dict = {}
+        for pt, pr in zip(win["points"], wpred):
+            key = (pt["kind"], pt.get("seq"), pt.get("tokens"))
+            seen[key] = seen.get(key, 0) + 1
+            yield win, pt, point_label(win, pt, seen[key]), pr
+
+
+def errors(windows: list, preds: list, which: str = "before") -> list[dict]:
+    rows = []
+    for win, pt, label, pr in _runs(windows, preds):
+        for m, modes in pt["samples"].items():
+            for mode, s in modes.items():
+                med, p = statistics.median(s), pr[which][m][mode]
+                rows.append({"window": win["name"], "point": label, "mode": mode, "method": m, "predicted": p,
+                             "measured": med, "error": p / med - 1.0,
+                             "drift": pr["after"][m][mode] / pr["before"][m][mode] - 1.0,
+                             "spread": (max(s) - min(s)) / min(s)})
+    return rows
+
+
+def checks(windows: list, preds: list, which: str = "before") -> list[dict]:
+    out = []
+    for win, pt, label, pr in _runs(windows, preds):
+        methods = list(pt["samples"])
+        for mode in pt["samples"][methods[0]]:
+            for a, b in itertools.combinations(methods, 2):
+                s = speedup(pt["samples"][a][mode], pt["samples"][b][mode])
+                measured = f"{b} faster" if s["win"] else (f"{a} faster" if s["loss"] else "tie")
+                p = pr[which]
+                predicted = f"{b} faster" if p[b][mode] < p[a][mode] else f"{a} faster"
+                out.append({"window": win["name"], "point": label, "mode": mode, "pair": f"{b} vs {a}",
+                            "ratio": s["ratio"], "ci": s["ci"], "measured": measured, "predicted": predicted,
+                            "agree": None if measured == "tie" else measured == predicted})
+    return out
+
+
+def summary(rows: list[dict], checks_: list[dict]) -> dict:
+    errs = [abs(r["error"]) for r in rows]
+    scored = [c for c in checks_ if c["agree"] is not None]
+    agree = sum(c["agree"] for c in scored)
+    return {"n": len(errs), "median_abs": statistics.median(errs) if errs else float("nan"),
+            "max_abs": max(errs, default=float("nan")), "within_25": sum(e <= 0.25 for e in errs),
+            "agree": agree, "disagree": len(scored) - agree, "ties": len(checks_) - len(scored)}
+
+
+def met(s: dict) -> dict:
+    scored = s["agree"] + s["disagree"]
+    return {"median_abs": s["median_abs"] <= TARGETS["median_abs"], "max_abs": s["max_abs"] <= TARGETS["max_abs"],
+            "winners": scored > 0 and s["agree"] / scored >= TARGETS["winners"]}
