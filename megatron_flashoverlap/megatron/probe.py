@@ -13,10 +13,9 @@ rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves
                                                             (plan/probe_plan.py: Figures)
         GEMMs: each shape, median of `rounds` calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
                between CUDA events, on any other backend in fp32 on the host clock
-        hops:  every rank exchanges `bytes` with a partner at once, posted and waited as the executor posts a
-               step (runtime/transport.link), HOP_STEPS exchanges back to back after a barrier, per exchange:
-               intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired node
-               (ranks without a pair report nothing)
+        hops:  every rank exchanges `bytes` with a partner at once: one walk of the executor of HOP_STEPS steps
+               after a barrier, each step one exchange, per step: intra = the neighbour in its node (rank ^ 1),
+               inter = the same local rank on the paired node (ranks without a pair report nothing)
         stock: where `stock_bytes` names sizes, the group's own all-gather (bytes per rank) and all-reduce
                (bytes) timed the same way, every rank at once: the call-level price of what stock runs
                ("stock": {"all_gather": [[bytes, s]], "all_reduce": [[bytes, s]]})
@@ -33,8 +32,10 @@ import torch.distributed as dist
 
 from ..config import activate
 from ..plan.chooser import chooser_of
+from ..runtime.context import OverlapContext
+from ..runtime.executor import execute
 from ..runtime.group import all_gather_into
-from ..runtime.transport import link
+from ..schedules import Slice, Step, Transfer
 from ..runtime.timing import cuda_timed, interleaved, timed
 from ..runtime.once import LogOnce
 from ..plan.probe_plan import apply, choose, partners, probe_shapes
@@ -45,7 +46,7 @@ _FIGURES = LogOnce(log, logging.INFO)  # the figures, once per process
 _CHOSE = LogOnce(log)  # the choices: a decision line, as the chooser's
 _REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
-HOP_STEPS = 4  # exchanges per timed hop figure, back to back as a walk's steps (_exchange)
+HOP_STEPS = 4  # steps of the executor walk a hop figure times (_exchange)
 STOCK = ("all_gather", "all_reduce")  # the stock collectives the probe can time (measure's stock_bytes)
 ROUNDS = 3
 
@@ -77,22 +78,40 @@ def _gemm_seconds(shapes, clock: _Clock, rounds: int = ROUNDS) -> list[float]:
     return out
 
 
+class _Pair:
+    """The probe walk's handler: one send and one receive buffer, nothing to compute, nothing done on arrival
+    (the planner prices an arrival's add or copy apart)."""
+
+    def __init__(self, send: torch.Tensor, recv: torch.Tensor):
+        self.out, self.inc = send, recv
+
+    def send(self, x):
+        return self.out
+
+    def recv(self, x):
+        return self.inc
+
+    def compute(self, x) -> None:
+        pass
+
+    def arrived(self, t) -> None:
+        pass
+
+
 def _exchange(peer: int | None, nbytes: int, group, clock: _Clock) -> float:
-    """Seconds of one exchange of `nbytes` with group rank `peer` (0 without a peer): HOP_STEPS exchanges back to
-    back after a barrier, each one post and its wait through the group's transport (runtime/transport.link) as
-    the executor posts a step (gloo: on the communication thread; NCCL: batch_isend_irecv), per exchange. A walk's
-    steps follow one another: the first exchange after a barrier finds every rank awake, the later ones do not."""
+    """Seconds of one exchange of `nbytes` with group rank `peer` (0 without a peer): one walk of the executor
+    (runtime/executor.py) of HOP_STEPS steps after a barrier, each step one exchange with `peer`, per step. The
+    executor's own walk, because its per-step host work (the transport's post and wait, the step's bookkeeping)
+    is part of every hop the planner prices; several steps, because a walk's steps follow one another (the first
+    one after a barrier finds every rank awake)."""
     dist.barrier(group=group)
     if peer is None:
         return 0.0
     send = torch.empty(nbytes, dtype=torch.uint8, device=clock.device)
-    recv = torch.empty_like(send)
-    lk = link(group, clock.device)
-
-    def walk():
-        for _ in range(HOP_STEPS):
-            lk.wait(lk.post(0, [send], [peer], [recv], [peer]), "probe", None, None)
-    return clock.seconds(walk) / HOP_STEPS
+    pair, ctx = _Pair(send, torch.empty_like(send)), OverlapContext(check_peers=False)
+    one = Slice(0, 0, 0)
+    steps = tuple(Step(sends=(Transfer(peer, one),), recvs=(Transfer(peer, one),)) for _ in range(HOP_STEPS))
+    return clock.seconds(lambda: execute(steps, group, {0: pair}, ctx)) / HOP_STEPS
 
 
 def _hop_seconds(peer: int | None, group, clock: _Clock, sizes=HOP_BYTES, rounds: int = ROUNDS) -> list[float]:
