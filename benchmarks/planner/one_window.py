@@ -14,7 +14,7 @@ import time
 from benchmarks.harness.netns import shaped_namespace
 from benchmarks.harness.topology import add_nodes, build_shim, node_env, shape_inter_node
 from benchmarks.planner import settings as S
-from benchmarks.planner.measure import HTB_BURST, rank0, slow_bytes
+from benchmarks.planner.measure import rank0, slow_bytes
 from benchmarks.planner.window_predict import probe_config
 
 TARGET = "benchmarks.planner.window:main"
@@ -33,13 +33,13 @@ def run_window(spec: tuple, rounds: int, passes: int, timeout: float) -> dict:
     cfg, local = window_config(spec, rounds, passes)
     t0 = time.monotonic()
     if link == "tbf":
-        with shaped_namespace(rate) as ns:
+        with shaped_namespace(rate, burst=S.BURST) as ns:
             res = rank0(world, cfg, ns, timeout, TARGET)
     else:
         with shaped_namespace(None) as ns, tempfile.TemporaryDirectory() as tmp:
             shim = build_shim(tmp)
             add_nodes(ns, world // local)
-            shape_inter_node(ns, world // local, rate, HTB_BURST)
+            shape_inter_node(ns, world // local, rate, S.BURST)
             res = rank0(world, cfg, ns, timeout, TARGET, env={"LD_PRELOAD": shim}, rank_env=node_env(local))
     return {"name": name, "link": link, "rate": rate, "world": world, "gpus_per_node": local,
             "seconds": round(time.monotonic() - t0, 1), **res}

@@ -1,14 +1,15 @@
 """The one-window scores: each point's predicted time against its measured median, and the predicted winner of
 every pair of methods against the measured one where the measured interval excludes a tie.
 
-    errors(points, preds, which="before") -> rows {"window", "point", "mode", "method", "predicted", "measured",
-                                                  "error", "drift", "spread"}
-        error   predicted / measured median - 1 (the prediction from the calibration `which`: "before", the
-                primary, or "after")
+    errors(points, preds, which="bracket") -> rows {"window", "point", "mode", "method", "predicted", "measured",
+                                                   "error", "before", "after", "drift", "spread"}
+        error   predicted / measured median - 1; the prediction `which`: "bracket" (the primary: the mean of the
+                predictions from the calibration just before the point and the one just after it, which bracket
+                the machine's state while the point ran), "before" or "after" alone
         drift   the prediction from the calibration after the point / the one before - 1: how far the machine
                 moved across the point (noise, not the model)
         spread  (max - min) / min of the point's rounds
-    checks(points, preds, which="before") -> per (point, mode) and pair of methods (a listed before b): the
+    checks(points, preds, which="bracket") -> per (point, mode) and pair of methods (a listed before b): the
         measured verdict from harness/estimator.speedup(samples a, samples b) ("b faster": its 90 % interval
         lies above 1.0, "a faster": below, else "tie"), the predicted one, agree (None for a measured tie)
     summary(rows, checks) -> {"n", "median_abs", "max_abs", "within_25", "agree", "disagree", "ties"}
@@ -42,28 +43,37 @@ def _runs(windows: list, preds: list):
             yield win, pt, point_label(win, pt, seen[key]), pr
 
 
-def errors(windows: list, preds: list, which: str = "before") -> list[dict]:
+def prediction(pr: dict, which: str) -> dict:
+    """{method: {mode: seconds}} of one point: the calibration `which`, or "bracket": the mean of before and after."""
+    if which != "bracket":
+        return pr[which]
+    b, a = pr["before"], pr["after"]
+    return {m: {mode: (b[m][mode] + a[m][mode]) / 2 for mode in b[m]} for m in b}
+
+
+def errors(windows: list, preds: list, which: str = "bracket") -> list[dict]:
     rows = []
     for win, pt, label, pr in _runs(windows, preds):
+        mine = prediction(pr, which)
         for m, modes in pt["samples"].items():
             for mode, s in modes.items():
-                med, p = statistics.median(s), pr[which][m][mode]
+                med, p = statistics.median(s), mine[m][mode]
+                before, after = pr["before"][m][mode], pr["after"][m][mode]
                 rows.append({"window": win["name"], "point": label, "mode": mode, "method": m, "predicted": p,
-                             "measured": med, "error": p / med - 1.0,
-                             "drift": pr["after"][m][mode] / pr["before"][m][mode] - 1.0,
+                             "measured": med, "error": p / med - 1.0, "before": before, "after": after,
+                             "drift": after / before - 1.0,
                              "spread": (max(s) - min(s)) / min(s)})
     return rows
 
 
-def checks(windows: list, preds: list, which: str = "before") -> list[dict]:
+def checks(windows: list, preds: list, which: str = "bracket") -> list[dict]:
     out = []
     for win, pt, label, pr in _runs(windows, preds):
-        methods = list(pt["samples"])
+        methods, p = list(pt["samples"]), prediction(pr, which)
         for mode in pt["samples"][methods[0]]:
             for a, b in itertools.combinations(methods, 2):
                 s = speedup(pt["samples"][a][mode], pt["samples"][b][mode])
                 measured = f"{b} faster" if s["win"] else (f"{a} faster" if s["loss"] else "tie")
-                p = pr[which]
                 predicted = f"{b} faster" if p[b][mode] < p[a][mode] else f"{a} faster"
                 out.append({"window": win["name"], "point": label, "mode": mode, "pair": f"{b} vs {a}",
                             "ratio": s["ratio"], "ci": s["ci"], "measured": measured, "predicted": predicted,

@@ -71,6 +71,7 @@ WINDOW_MOE = {"kind": "moe", **{k: MOE[k] for k in ("tokens", "hidden", "ffn", "
               "methods": MOE["methods"]}
 WINDOW_AR = {"kind": "all_reduce", "local": 2, "dtype": "bfloat16", "sizes": (16384, 131072, 1 << 20, 8 << 20),
              "methods": TOPOLOGY["methods"]}
+BURST = "80kb"  # the windows' tbf / htb bucket: the least above lo's 64 KiB packets (harness/netns.py shape_lo)
 TBF_PROBE = (65536, 262144, 1 << 20, 4 << 20)  # hop and stock-collective sizes of a tbf window's probe
 HTB_PROBE = (8192, 65536, 524288, 4 << 20)  # the two-level window's: half the measured all-reduce sizes
 WINDOWS = (  # (name, link: "tbf" | "htb", rate, ranks, points, probe sizes)

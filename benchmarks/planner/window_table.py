@@ -76,12 +76,12 @@ def _probe_spread(cals: list) -> list[float]:
 
 
 def _point_lines(rows: list) -> list[str]:
-    out = ["| point | mode | method | predicted ms (before) | predicted ms (after) | measured ms | rounds spread | "
-           "error |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| point | mode | method | predicted ms (before, after) | measured ms | rounds spread | error |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
-        after = r["predicted"] * (1 + r["drift"])
-        out.append(f"| {r['point']} | {r['mode']} | {r['method']} | {r['predicted'] * 1e3:.2f} | {after * 1e3:.2f} | "
-                   f"{r['measured'] * 1e3:.2f} | {r['spread'] * 100:.0f} % | {_pct(r['error'])} |")
+        out.append(f"| {r['point']} | {r['mode']} | {r['method']} | {r['predicted'] * 1e3:.2f} "
+                   f"({r['before'] * 1e3:.2f}, {r['after'] * 1e3:.2f}) | {r['measured'] * 1e3:.2f} | "
+                   f"{r['spread'] * 100:.0f} % | {_pct(r['error'])} |")
     return out
 
 
@@ -98,16 +98,18 @@ def _check_lines(checks: list) -> list[str]:
 def render(raw: dict, name: str = "window.json") -> str:
     preds = [predict_window(w) for w in raw["windows"]]
     rows, checks = C.errors(raw["windows"], preds), C.checks(raw["windows"], preds)
-    after_rows, after_checks = C.errors(raw["windows"], preds, "after"), C.checks(raw["windows"], preds, "after")
     lines = ["# Planner on the CPU proxy, one window: predicted vs measured in the same run", "",
              f"Run: `{COMMAND.format(**raw)}` ({raw['seconds']:.0f} s); this file again from its raw data: "
              f"`{AGAIN.format(name=name)}`", "",
              "Every predicted figure is a PREDICTION of megatron_flashoverlap.plan on the proxy built from the "
-             "chooser's start-up probe (megatron/probe.py) taken just before the point; every measured one is the "
-             "point's median over its rounds.", "",
-             "## Scores (each point from the calibration just before it)", ""]
+             "chooser's start-up probe (megatron/probe.py): the mean of the predictions from the calibration just "
+             "before the point and the one just after it; every measured one is the point's median over its "
+             "rounds.", "",
+             "## Scores", ""]
     lines += summary_lines(rows, checks)
-    lines += ["", "## Scores from the calibration just after each point", ""] + summary_lines(after_rows, after_checks)
+    for which in ("before", "after"):
+        lines += ["", f"## Scores from the calibration just {which} each point alone", ""]
+        lines += summary_lines(C.errors(raw["windows"], preds, which), C.checks(raw["windows"], preds, which))
     lines += ["", "## Noise of the window", ""] + _noise_lines(raw, rows)
     lines += ["", "## Not in the window", ""] + [f"- {k}: {v}" for k, v in S.WINDOW_NOT_MODELLED.items()]
     lines += ["", "## Every point", ""] + _point_lines(rows)

@@ -23,7 +23,7 @@ PRED = [[{"before": {"stock": {"fwd": 1.05}, "flash": {"fwd": 0.4}, "twin": {"fw
 
 
 def test_errors_are_predicted_over_measured_median_with_drift_and_spread():
-    rows = {r["method"]: r for r in C.errors([WINDOW], PRED)}
+    rows = {r["method"]: r for r in C.errors([WINDOW], PRED, "before")}
     assert rows["stock"]["error"] == pytest.approx(0.05)  # 1.05 / 1.0 - 1
     assert rows["flash"]["error"] == pytest.approx(-0.2)  # 0.4 / 0.5 - 1
     assert rows["stock"]["drift"] == pytest.approx(0.1)  # after 1.155 / before 1.05 - 1
@@ -31,6 +31,8 @@ def test_errors_are_predicted_over_measured_median_with_drift_and_spread():
     assert rows["stock"]["point"] == "w / mlp s=8 #1"
     after = {r["method"]: r for r in C.errors([WINDOW], PRED, "after")}
     assert after["stock"]["error"] == pytest.approx(0.155)
+    bracket = {r["method"]: r for r in C.errors([WINDOW], PRED)}  # the default: (1.05 + 1.155) / 2 = 1.1025
+    assert bracket["stock"]["error"] == pytest.approx(0.1025) and bracket["stock"]["before"] == 1.05
 
 
 def test_checks_score_every_pair_and_leave_measured_ties_unscored():
@@ -41,11 +43,11 @@ def test_checks_score_every_pair_and_leave_measured_ties_unscored():
     # twin (measured 1.0) is slower than flash (0.5) beyond doubt; predicted 0.9 vs 0.4: flash faster
     assert checks["twin vs flash"]["measured"] == "flash faster" and checks["twin vs flash"]["agree"] is True
     wrong = [[{**PRED[0][0], "before": {"stock": {"fwd": 0.3}, "flash": {"fwd": 0.4}, "twin": {"fwd": 0.9}}}]]
-    assert {c["pair"]: c["agree"] for c in C.checks([WINDOW], wrong)}["flash vs stock"] is False
+    assert {c["pair"]: c["agree"] for c in C.checks([WINDOW], wrong, "before")}["flash vs stock"] is False
 
 
 def test_summary_and_targets():
-    s = C.summary(C.errors([WINDOW], PRED), C.checks([WINDOW], PRED))
+    s = C.summary(C.errors([WINDOW], PRED, "before"), C.checks([WINDOW], PRED, "before"))
     # |errors|: stock 0.05, flash 0.2, twin |0.9 / 1.0 - 1| = 0.1 -> median 0.1, max 0.2, all within 25 %
     assert s["n"] == 3 and s["median_abs"] == pytest.approx(0.1) and s["max_abs"] == pytest.approx(0.2)
     assert (s["within_25"], s["agree"], s["disagree"], s["ties"]) == (3, 2, 0, 1)
