@@ -9,9 +9,10 @@ every pair of methods against the measured one where the measured interval exclu
         drift   the prediction from the calibration after the point / the one before - 1: how far the machine
                 moved across the point (noise, not the model)
         spread  (max - min) / min of the point's rounds
-    checks(points, preds, which="bracket") -> per (point, mode) and pair of methods (a listed before b): the
-        measured verdict from harness/estimator.speedup(samples a, samples b) ("b faster": its 90 % interval
-        lies above 1.0, "a faster": below, else "tie"), the predicted one, agree (None for a measured tie)
+    checks(points, preds, which="bracket", measured=None) -> per (point, mode) and pair of methods (a listed
+        before b): the measured verdict from harness/estimator.speedup(samples a, samples b) ("b faster": its
+        90 % interval lies above 1.0, "a faster": below, else "tie"; `verdicts(points)`, made once for every
+        prediction), the predicted one, agree (None for a measured tie)
     summary(rows, checks) -> {"n", "median_abs", "max_abs", "within_25", "agree", "disagree", "ties"}
     TARGETS: the issue's: median abs error <= 10 %, none beyond 25 %, the winner right at >= 95 % of the
         pairs that are not a measured tie; met(summary) -> {target: bool}
@@ -66,18 +67,31 @@ def errors(windows: list, preds: list, which: str = "bracket") -> list[dict]:
     return rows
 
 
-def checks(windows: list, preds: list, which: str = "bracket") -> list[dict]:
+def verdicts(windows: list) -> list[dict]:
+    """Per (point, mode) and pair of methods (a listed before b), in checks' order: the measured speedup of b over a
+    (harness/estimator.speedup) and its verdict; what `checks` scores, measured once for every prediction."""
     out = []
-    for win, pt, label, pr in _runs(windows, preds):
-        methods, p = list(pt["samples"]), prediction(pr, which)
+    for win, pt, label, _ in _runs(windows, [[None] * len(w["points"]) for w in windows]):
+        methods = list(pt["samples"])
         for mode in pt["samples"][methods[0]]:
             for a, b in itertools.combinations(methods, 2):
                 s = speedup(pt["samples"][a][mode], pt["samples"][b][mode])
                 measured = f"{b} faster" if s["win"] else (f"{a} faster" if s["loss"] else "tie")
-                predicted = f"{b} faster" if p[b][mode] < p[a][mode] else f"{a} faster"
-                out.append({"window": win["name"], "point": label, "mode": mode, "pair": f"{b} vs {a}",
-                            "ratio": s["ratio"], "ci": s["ci"], "measured": measured, "predicted": predicted,
-                            "agree": None if measured == "tie" else measured == predicted})
+                out.append({"window": win["name"], "point": label, "mode": mode, "pair": (a, b), "ratio": s["ratio"],
+                            "ci": s["ci"], "measured": measured})
+    return out
+
+
+def checks(windows: list, preds: list, which: str = "bracket", measured: list | None = None) -> list[dict]:
+    """The winner checks (module docstring); measured: `verdicts(windows)`, when already made."""
+    measured = verdicts(windows) if measured is None else measured
+    mine = {label: prediction(pr, which) for _, _, label, pr in _runs(windows, preds)}
+    out = []
+    for v in measured:
+        (a, b), p, mode = v["pair"], mine[v["point"]], v["mode"]
+        predicted = f"{b} faster" if p[b][mode] < p[a][mode] else f"{a} faster"
+        out.append({**v, "pair": f"{b} vs {a}", "predicted": predicted,
+                    "agree": None if v["measured"] == "tie" else v["measured"] == predicted})
     return out
 
 

@@ -97,7 +97,8 @@ def _check_lines(checks: list) -> list[str]:
 
 def render(raw: dict, name: str = "window.json") -> str:
     preds = [predict_window(w) for w in raw["windows"]]
-    rows, checks = C.errors(raw["windows"], preds), C.checks(raw["windows"], preds)
+    measured = C.verdicts(raw["windows"])
+    rows, checks = C.errors(raw["windows"], preds), C.checks(raw["windows"], preds, measured=measured)
     lines = ["# Planner on the CPU proxy, one window: predicted vs measured in the same run", "",
              f"Run: `{COMMAND.format(**raw)}` ({raw['seconds']:.0f} s); this file again from its raw data: "
              f"`{AGAIN.format(name=name)}`", "",
@@ -109,7 +110,8 @@ def render(raw: dict, name: str = "window.json") -> str:
     lines += summary_lines(rows, checks)
     for which in ("before", "after"):
         lines += ["", f"## Scores from the calibration just {which} each point alone", ""]
-        lines += summary_lines(C.errors(raw["windows"], preds, which), C.checks(raw["windows"], preds, which))
+        lines += summary_lines(C.errors(raw["windows"], preds, which),
+                               C.checks(raw["windows"], preds, which, measured))
     lines += ["", "## Noise of the window", ""] + _noise_lines(raw, rows)
     lines += ["", "## Not in the window", ""] + [f"- {k}: {v}" for k, v in S.WINDOW_NOT_MODELLED.items()]
     lines += ["", "## Every point", ""] + _point_lines(rows)
