@@ -5,13 +5,16 @@ Tier: pure (reads files; the planner prices the committed calibrations in-proces
 values in the scoring tests are worked out in the comments from the samples they give.
 """
 import ast
+import json
 import pathlib
 
 import pytest
 
 from benchmarks.planner import score as C
+from benchmarks.planner.window_table import render
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA = ROOT / "benchmarks" / "planner" / "data"
 
 STOCK = [1.0, 1.0, 1.0, 1.0, 1.2]  # median 1.0, spread (1.2 - 1.0) / 1.0 = 20 %
 WINDOW = {"name": "w", "world": 2, "points": [{"kind": "mlp", "seq": 8, "samples": {
@@ -65,3 +68,10 @@ def test_window_predictions_never_read_a_measured_sample():
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "samples" not in src and "open" not in names
     assert not any(m and ("score" in m or "compare" in m) for m in mods)
+
+
+@pytest.mark.newest_only  # the numbers do not depend on the Megatron version: one lane checks them
+def test_committed_window_is_what_its_raw_data_gives():
+    raw = json.loads((DATA / "window.json").read_text())
+    assert render(raw, "window.json") == (DATA / "window.md").read_text(), (
+        "python benchmarks/planner/run.py --one-window --compare --window benchmarks/planner/data/window.json")
