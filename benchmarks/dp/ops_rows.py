@@ -17,38 +17,17 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from megatron_flashoverlap.ops import OpPlan
 from megatron_flashoverlap.ops.dp.wgrad_rs import DPBucket, matmul_wgrad_reduce_scatter
-from megatron_flashoverlap.ops.tp_nosp.autograd import matmul_all_reduce, matmul_allreduce_dgrad
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.harness import timing
-from benchmarks.harness.blocks import BLOCKS, Block, Method, Shape
+from benchmarks.harness.blocks import Method, NoSPMlpBlock, Shape
 from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
 
 TP_METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2),
               Method("slicing k=4", "slicing", 4), Method("flash C=2", "flash", 2), Method("flash C=4", "flash", 4),
               Method("flash_bidir C=2", "flash_bidir", 2))
 DP_METHODS = (Method("stock", "reference"), Method("flash", "flash"), Method("flash_bidir", "flash_bidir"))
-
-
-class NoSPMlpBlock(Block):
-    """x [s, b, h] replicated -> column (n/P) -> gelu -> row -> y [s, b, h] replicated."""
-
-    kind = "mlp_nosp"
-
-    def input(self, seed: int = 1) -> torch.Tensor:
-        s = self.shape
-        return torch.randn(s.seq, s.batch, s.hidden, generator=torch.Generator().manual_seed(seed))
-
-    def forward(self, x, group, method: Method, ctx, spans=None):
-        kw = dict(plan=OpPlan(method.algo, method.chunks), context=ctx)
-        a = F.gelu(matmul_allreduce_dgrad(x, self.w_in, group, **kw))
-        return matmul_all_reduce(a, self.w_out, group, **kw)
-
-
-BLOCKS[NoSPMlpBlock.kind] = NoSPMlpBlock  # the harness's Runner builds blocks by kind
 
 
 def _dp_variants(cfg: dict, fake) -> dict:

@@ -7,6 +7,9 @@
     attention:  qkv  [s, b, 3w] = AG(x) @ wqkv^T         (w = local heads * head_dim)
                 core o [s, b, w] = softmax(q k^T / sqrt(d)) v   per local head (no comm)
                 proj y [s/P, b, h] = RS(o @ wo^T)
+    MLP, TP without SP (mlp_nosp):  x [s, b, h] replicated
+                fc1  y1 [s, b, w] = x @ w1^T              (column; backward: AR(dgrad), matmul_allreduce_dgrad)
+                fc2  y  [s, b, h] = AR(gelu(y1) @ w2^T)   (row, matmul_all_reduce)
 
 `w` is the per-rank inner width (ffn/P or heads/P * head_dim). The same block with w = 1 moves exactly
 the same bytes with GEMMs shrunk to O(bytes moved): that is how `comm alone` is measured.
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from megatron_flashoverlap.ops import OpPlan, all_gather_matmul, matmul_reduce_scatter
+from megatron_flashoverlap.ops import (OpPlan, all_gather_matmul, matmul_all_reduce, matmul_allreduce_dgrad,
+                                       matmul_reduce_scatter)
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,23 @@ class AttentionBlock(Block):
         return o.permute(2, 0, 1, 3).reshape(s, b, -1)  # [b, heads, s, d] -> [s, b, w]
 
 
-BLOCKS = {"mlp": MlpBlock, "attn": AttentionBlock}
+class NoSPMlpBlock(Block):
+    """x [s, b, h] replicated -> column (n/P) -> gelu -> row -> y [s, b, h] replicated (module docstring); a
+    method's `chunks` is the slicing k or the flash C sequence chunks."""
+
+    kind = "mlp_nosp"
+
+    def input(self, seed: int = 1) -> torch.Tensor:
+        s = self.shape
+        return torch.randn(s.seq, s.batch, s.hidden, generator=torch.Generator().manual_seed(seed))
+
+    def forward(self, x, group, method: Method, ctx, spans=None):
+        kw = dict(plan=OpPlan(method.algo, method.chunks), context=ctx)
+        a = F.gelu(matmul_allreduce_dgrad(x, self.w_in, group, **kw))
+        return matmul_all_reduce(a, self.w_out, group, **kw)
+
+
+BLOCKS = {"mlp": MlpBlock, "attn": AttentionBlock, NoSPMlpBlock.kind: NoSPMlpBlock}
 
 
 def make_block(kind: str, shape: Shape, world: int, seed: int = 0) -> Block:

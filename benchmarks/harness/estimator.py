@@ -22,6 +22,8 @@ import random
 import statistics
 from typing import Callable, Sequence
 
+import numpy as np
+
 LEVEL = 0.90
 RESAMPLES = 2000
 SEED = 0
@@ -52,6 +54,18 @@ def _resampled_rounds(n: int, resamples: int, seed: int) -> tuple[tuple[int, ...
     return tuple(tuple(rng.randrange(n) for _ in range(n)) for _ in range(resamples))
 
 
+def _medians(rows: np.ndarray) -> np.ndarray:
+    """statistics.median of every row of [resamples, n] (the middle value, or the mean of the two middle ones)."""
+    s, n = np.sort(rows, axis=1), rows.shape[1]
+    return s[:, n // 2] if n % 2 else (s[:, n // 2 - 1] + s[:, n // 2]) / 2
+
+
+@functools.lru_cache(maxsize=16)
+def _rounds_array(n: int, resamples: int, seed: int) -> np.ndarray:
+    """_resampled_rounds as one [resamples, n] index array."""
+    return np.asarray(_resampled_rounds(n, resamples, seed))
+
+
 def bootstrap(stat: Callable[..., float], *lists: Sequence[float], level: float = LEVEL,
               resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float]:
     """(lo, hi): the central `level` percentile interval of stat(*lists) over round-index resamples."""
@@ -70,9 +84,16 @@ def estimate(block: Sequence[float], compute: Sequence[float], comm: Sequence[fl
     return out
 
 
-def speedup(base: Sequence[float], other: Sequence[float], **kw) -> dict:
-    """median(base) / median(other) with its bootstrap interval; win / loss where it excludes 1.0."""
-    def ratio(a, b):
-        return statistics.median(a) / statistics.median(b)
-    lo, hi = bootstrap(ratio, base, other, **kw)
-    return {"ratio": ratio(base, other), "ci": (lo, hi), "win": lo > 1.0, "loss": hi < 1.0}
+def speedup(base: Sequence[float], other: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
+            seed: int = SEED) -> dict:
+    """median(base) / median(other) with its bootstrap interval; win / loss where it excludes 1.0. The interval is
+    `bootstrap`'s over the ratio of medians, the resamples' medians taken in one numpy call per list (the same
+    values: a median is the middle sample, or the mean of the two middle ones)."""
+    n = _check(base, other)
+    idx = _rounds_array(n, resamples, seed)  # [resamples, n]
+    ratios = _medians(np.asarray(base, dtype=float)[idx]) / _medians(np.asarray(other, dtype=float)[idx])
+    vals = np.sort(ratios).tolist()
+    tail = (1.0 - level) / 2
+    lo, hi = vals[int(tail * (resamples - 1))], vals[int((1.0 - tail) * (resamples - 1) + 0.5)]
+    ratio = statistics.median(base) / statistics.median(other)
+    return {"ratio": ratio, "ci": (lo, hi), "win": lo > 1.0, "loss": hi < 1.0}

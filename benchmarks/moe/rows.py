@@ -25,13 +25,12 @@ Weights: one seed for every layer (stock and ours start equal); tokens differ pe
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from megatron_flashoverlap.config import MOE_SITE_ALGOS
 from benchmarks.harness import timing
-from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
+from benchmarks.harness.moe_layer import call as _call, layer as _layer
+from megatron_flashoverlap.runtime.timing import interleaved, rank_max
 
 MODES = ("fwd", "fwd+bwd")
 
@@ -40,26 +39,6 @@ def methods() -> tuple[str, ...]:
     """The rows: Megatron stock first, then ours for every moe.algo the config knows (auto: the default, stock or
     flash as its first training forward measures them; the measurement falls in the warm-up round)."""
     return ("stock", *MOE_SITE_ALGOS)
-
-
-def _layer(cfg: dict, world: int, method: str, ffn: int, flash_config=None):
-    """The MoE layer (decoder.layers[0].mlp) of a 1-layer MoE GPT from stock's or our spec, expert ffn `ffn`."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    from megatron_flashoverlap.config import from_dict
-    from megatron_flashoverlap.megatron import models as tm
-    from megatron_flashoverlap.megatron.spec import get_gpt_layer_flashoverlap_spec
-
-    config = tm.tiny_config(1, False, num_layers=1, hidden=cfg["hidden"], heads=4, ffn=cfg["ffn"],
-                            num_moe_experts=cfg["experts"], moe_router_topk=cfg["topk"],
-                            moe_token_dispatcher_type="alltoall", expert_model_parallel_size=world,
-                            moe_ffn_hidden_size=ffn, add_bias_linear=False, moe_aux_loss_coeff=0.0)
-    if method == "stock":
-        spec = get_gpt_layer_local_spec(num_experts=cfg["experts"])
-    else:
-        spec = get_gpt_layer_flashoverlap_spec(num_experts=cfg["experts"], flash_config=flash_config or
-                                               from_dict({"moe": {"algo": method}}))
-    return tm.build_gpt(config, spec).decoder.layers[0].mlp
 
 
 def _pair(cfg: dict, world: int, method: str) -> tuple:
@@ -72,23 +51,6 @@ def _pair(cfg: dict, world: int, method: str) -> tuple:
     with torch.no_grad():
         thin.router.weight.copy_(full.router.weight)
     return full, thin
-
-
-@contextlib.contextmanager
-def _free_exchange(layer, fake):
-    """The layer's EP exchanges on `fake` (transfers complete at once) for the duration of the block."""
-    disp = layer.token_dispatcher
-    real, disp.ep_group = disp.ep_group, fake
-    try:
-        yield
-    finally:
-        disp.ep_group = real
-
-
-def _call(layer, x: torch.Tensor, mode: str, fake=None) -> float:
-    """Seconds of one forward (+ backward) of `layer` on x [tokens, 1, h] (fresh leaf; grads dropped)."""
-    with _free_exchange(layer, fake) if fake is not None else contextlib.nullcontext():
-        return pass_seconds(lambda t: layer(t)[0], x, mode, params=list(layer.parameters()))
 
 
 def variants(pairs: dict, x: torch.Tensor, fake) -> dict:

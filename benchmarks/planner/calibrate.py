@@ -5,7 +5,7 @@ spread (min, max over rounds).
 
     gemm        {"m,k,n": s}      y[m, n] = x[m, k] @ w[k, n] in fp32, every rank computing at once
     gelu        {"rows,width": s} F.gelu forward, and forward + backward ("bwd" key)
-    add         {"elements": s}   one in-place add (an arrived partial into its sum)
+    add         {"elements": s}   one in-place add (an arrived partial into its sum), fp32 (or the dtype asked)
     hop         {"bytes": s}      one walk of our Flash-AG ring (runtime.gather_and_consume, nothing consumed):
                                   P-1 hops of `bytes` each through the executor, every rank sending at once
     allgather   {"bytes": s}      stock's gloo all-gather of `bytes` per rank (runtime.all_gather_into)
@@ -29,7 +29,7 @@ def _stats(samples: dict) -> dict:
             for k, v in samples.items()}
 
 
-def _measure(variants: dict, rounds: int) -> dict:
+def figures_of(variants: dict, rounds: int) -> dict:
     return _stats(rank_max(interleaved(variants, rounds, rotate=True)))
 
 
@@ -55,10 +55,10 @@ def gelu_variants(shapes) -> dict:
     return out
 
 
-def add_variants(sizes) -> dict:
+def add_variants(sizes, dtype=torch.float32) -> dict:
     out = {}
     for n in sizes:
-        a, b = torch.randn(n), torch.randn(n)
+        a, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
         out[str(n)] = (lambda a=a, b=b: timed(lambda: a.add_(b)))
     return out
 
@@ -95,15 +95,15 @@ def main(rank: int, world: int, cfg: dict) -> dict:
     rounds, out = cfg.get("rounds", 3), {"world": world}
     with torch.no_grad():
         if cfg.get("gemm"):
-            out["gemm"] = _measure(gemm_variants(cfg["gemm"]), rounds)
+            out["gemm"] = figures_of(gemm_variants(cfg["gemm"]), rounds)
         if cfg.get("add"):
-            out["add"] = _measure(add_variants(cfg["add"]), rounds)
+            out["add"] = figures_of(add_variants(cfg["add"]), rounds)
     if cfg.get("gelu"):
-        out["gelu"] = _measure(gelu_variants(cfg["gelu"]), rounds)
+        out["gelu"] = figures_of(gelu_variants(cfg["gelu"]), rounds)
     if cfg.get("link"):
         ctx = OverlapContext(check_peers=False)
-        out["link"] = _measure(link_variants(cfg["link"], world, ctx), rounds)
+        out["link"] = figures_of(link_variants(cfg["link"], world, ctx), rounds)
     if cfg.get("slowdown"):
         with torch.no_grad():
-            out["slowdown"] = _measure(slowdown_variants(*cfg["slowdown"], world), rounds)
+            out["slowdown"] = figures_of(slowdown_variants(*cfg["slowdown"], world), rounds)
     return out

@@ -24,17 +24,17 @@ SLOW_GEMM = (1024, 1024, 1024)
 HTB_BURST = "256kb"  # benchmarks/topology/run.py's default
 
 
-def _ranks(world: int, cfg: dict, ns=None, timeout: float = 3600.0, **kw) -> dict:
+def rank0(world: int, cfg: dict, ns=None, timeout: float = 3600.0, target: str = TARGET, **kw) -> dict:
     """Rank 0's figures; a run whose ranks failed is run once more, said on stderr (a rank has aborted at exit,
     "terminate called without an active exception", in 2 of about 30 runs: not diagnosed)."""
     try:
-        return run_ranks(TARGET, world, args=(cfg,), ns=ns, timeout=timeout, **kw)[0]
+        return run_ranks(target, world, args=(cfg,), ns=ns, timeout=timeout, **kw)[0]
     except RuntimeError as err:
-        print(f"calibration run failed, running it once more: {err}", file=sys.stderr)
-    return run_ranks(TARGET, world, args=(cfg,), ns=ns, timeout=timeout, **kw)[0]
+        print(f"run of {target} failed, running it once more: {err}", file=sys.stderr)
+    return run_ranks(target, world, args=(cfg,), ns=ns, timeout=timeout, **kw)[0]
 
 
-def _slow_bytes(rate: str) -> int:
+def slow_bytes(rate: str) -> int:
     """About 60 ms of the link at `rate` (each direction gets half of a tbf on lo)."""
     return int(parse_rate(rate) / 8 / 2 * 0.06) // 4 * 4
 
@@ -45,17 +45,17 @@ def calibrate(rounds: int, rates=S.RATES, timeout: float = 3600.0, log=print) ->
         log(f"compute, {world} ranks: {len(need[f'gemm_{world}'])} GEMM shapes")
         cfg = {"rounds": rounds, "gemm": need[f"gemm_{world}"], "add": ADDS,
                "gelu": need["gelu"] if world == 2 else []}
-        out[f"compute_{world}"] = _ranks(world, cfg, timeout=timeout)
+        out[f"compute_{world}"] = rank0(world, cfg, timeout=timeout)
     for rate in rates:
         for world in (2, 4) if rate in {r for _, r in S.MOE["points"]} else (2,):
             log(f"link, tbf {rate}, {world} ranks")
             with shaped_namespace(rate) as ns:
                 cfg = {"rounds": rounds, "link": TBF_SIZES,
-                       "slowdown": [SLOW_GEMM, _slow_bytes(rate)] if world == 2 else None}
-                out[f"link_{rate}_{world}"] = _ranks(world, cfg, ns, timeout)
+                       "slowdown": [SLOW_GEMM, slow_bytes(rate)] if world == 2 else None}
+                out[f"link_{rate}_{world}"] = rank0(world, cfg, ns, timeout)
     log("link, unshaped namespace loopback, 2 ranks")
     with shaped_namespace(None) as ns:
-        out["link_unshaped_2"] = _ranks(2, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout)
+        out["link_unshaped_2"] = rank0(2, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout)
     with shaped_namespace(None) as ns, tempfile.TemporaryDirectory() as tmp:
         shim = build_shim(tmp)
         nodes = max(p // local for p, local in S.TOPOLOGY["layouts"])
@@ -63,7 +63,7 @@ def calibrate(rounds: int, rates=S.RATES, timeout: float = 3600.0, log=print) ->
         for world, local in S.TOPOLOGY["layouts"]:
             log(f"link, htb {S.TOPOLOGY['rate']} per node, {world} ranks, {local} per node")
             shape_inter_node(ns, world // local, S.TOPOLOGY["rate"], HTB_BURST)
-            out[f"link_htb_{world}"] = _ranks(world, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout,
+            out[f"link_htb_{world}"] = rank0(world, {"rounds": rounds, "link": TOPO_SIZES}, ns, timeout,
                                               env={"LD_PRELOAD": shim}, rank_env=node_env(local))
     return out
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from megatron_flashoverlap.plan import collectives as CL
 from megatron_flashoverlap.plan import ops
 from megatron_flashoverlap.plan.gemm import GemmModel, TableGemm
-from megatron_flashoverlap.plan.hardware import Cluster, Link
+from megatron_flashoverlap.plan.hardware import Cluster
 from megatron_flashoverlap.plan.links import Group
 from megatron_flashoverlap.plan.price import Env
-from megatron_flashoverlap.plan.proxy import Fit, ProxyNet, fit, proxy_gpu
+from megatron_flashoverlap.plan.proxy import Fit, ProxyNet, fit, link_of, proxy_gpu
 
 from benchmarks.planner import settings as S
 
@@ -37,12 +37,6 @@ def _fits(section: dict, p: int) -> dict:
             "allreduce": _fit(section, "allreduce")}
 
 
-def _link(name: str, f: Fit) -> Link:
-    gbps = 1.0 / max(f.per_byte, 1e-15) / 1e9
-    us = f.alpha * 1e6
-    return Link(name, gbps, 1.0, 1.0, (us, us, us), (0.0, 0.0, 0.0), us)
-
-
 def _gemm_rows(cal: dict, world: int) -> dict:
     return {tuple(int(v) for v in k.split(",")): _fig(s) for k, s in cal[f"compute_{world}"]["gemm"].items()}
 
@@ -61,7 +55,7 @@ def shared_env(cal: dict, rate: str, p: int) -> Env:
     compute slowdown beside a transfer from the P = 2 run at that rate."""
     fits = _fits(cal[f"link_{rate}_{p}"]["link"], p)
     gpu = proxy_gpu(_add_fit(cal, p))
-    link = _link(f"tbf {rate}", fits["hop"])
+    link = link_of(f"tbf {rate}", fits["hop"])
     cluster = Cluster(gpu, link, link, gpus_per_node=p, nodes=1, nics_per_node=1,
                       slowdown=_slowdown(cal[f"link_{rate}_2"]))
     return Env(cluster, "fp32", TableGemm(gpu, "fp32", _gemm_rows(cal, p)), ProxyNet(cluster, fits))
@@ -73,26 +67,24 @@ def two_level_env(cal: dict, p: int, local: int) -> Env:
     fits = _fits(cal[f"link_htb_{p}"]["link"], p)
     intra = _fit(cal["link_unshaped_2"]["link"], "hop")
     gpu = proxy_gpu(_add_fit(cal, 2))
-    cluster = Cluster(gpu, _link("loopback", Fit(fits["hop"].alpha, intra.per_byte)), _link("htb", fits["hop"]),
+    cluster = Cluster(gpu, link_of("loopback", Fit(fits["hop"].alpha, intra.per_byte)), link_of("htb", fits["hop"]),
                       gpus_per_node=local, nodes=p // local, nics_per_node=1, slowdown=0.0)
     return Env(cluster, "bf16", TableGemm(gpu, "bf16", _gemm_rows(cal, 2)), ProxyNet(cluster, fits, shared=False))
 
 
-def _gelu(cal_or_none, rows: int, width: int, bwd: bool, record: set | None) -> float:
-    if record is not None:
-        record.add((rows, width))
-        return 0.0
-    key = f"{rows},{width}" + (",bwd" if bwd else "")
-    return _fig(cal_or_none["compute_2"]["gelu"][key])
+def _gelu(cal: dict):
+    """gelu(rows, width, bwd) -> seconds of F.gelu's forward (its backward: bwd) from the calibration."""
+    return lambda rows, width, bwd: _fig(cal["compute_2"]["gelu"][f"{rows},{width}" + (",bwd" if bwd else "")])
 
 
-def mlp_block(env: Env, seq: int, hidden: int, width: int, cal=None, record=None) -> dict:
-    """{mode: {variant: s}} of the benchmarks' MLP block (benchmarks/harness/blocks.py) on P ranks."""
+def mlp_block(env: Env, seq: int, hidden: int, width: int, gelu) -> dict:
+    """{mode: {variant: s}} of the benchmarks' MLP block (benchmarks/harness/blocks.py) on P ranks; gelu(rows,
+    width, bwd) prices its activation."""
     g = Group(env.cluster.world, env.cluster.world)
     n = width * g.size
     fwd = [ops.column_fwd(env, g, seq, hidden, n), ops.row_fwd(env, g, seq, n, hidden)]
     bwd = [ops.row_bwd(env, g, seq, n, hidden), ops.column_bwd(env, g, seq, hidden, n)]
-    gf, gb = _gelu(cal, seq, width, False, record), _gelu(cal, seq, width, True, record)
+    gf, gb = gelu(seq, width, False), gelu(seq, width, True)
     keys = set.intersection(*(set(o.times) for o in fwd + bwd))
     out = {"fwd": {v: sum(o.times[v] for o in fwd) + gf for v in keys}}
     out["fwd+bwd"] = {v: out["fwd"][v] + sum(o.times[v] for o in bwd) + gb for v in keys}
@@ -104,7 +96,7 @@ def predict_overlap(cal: dict) -> dict:
     for raw, rate, seqs, hidden, width, methods in S.OVERLAP:
         env = shared_env(cal, rate, 2)
         for seq in seqs:
-            block = mlp_block(env, seq, hidden, width, cal)
+            block = mlp_block(env, seq, hidden, width, _gelu(cal))
             for mode in S.MODES:
                 out[f"overlap|{rate}|{seq}|{mode}|{raw}"] = {m: block[mode][S.VARIANT[m]] for m in methods}
     return out
@@ -145,7 +137,9 @@ def predict_all(cal: dict, stat: str = "lo") -> dict:
         STAT = previous
 
 
-class _Recorder(GemmModel):
+class ShapeRecorder(GemmModel):
+    """A GEMM model that records every (m, k, n) it is asked to price (and prices each 1 ms)."""
+
     def __init__(self, gpu):
         super().__init__(gpu, "fp32")
         self.seen = set()
@@ -164,14 +158,14 @@ def shapes() -> dict:
     gelu: set = set()
     for p in (2, 4):
         gpu = proxy_gpu(dummy)
-        link = _link("dummy", dummy)
+        link = link_of("dummy", dummy)
         cluster = Cluster(gpu, link, link, p, 1, 1, 0.0)
-        rec = _Recorder(gpu)
+        rec = ShapeRecorder(gpu)
         env = Env(cluster, "fp32", rec, ProxyNet(cluster, fits))
         if p == 2:
             for _, _, seqs, hidden, width, _ in S.OVERLAP:
                 for seq in seqs:
-                    mlp_block(env, seq, hidden, width, record=gelu)
+                    mlp_block(env, seq, hidden, width, lambda r, w, b: gelu.add((r, w)) or 0.0)
         m = S.MOE
         for q, _ in m["points"]:
             if q == p:

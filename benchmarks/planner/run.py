@@ -5,6 +5,8 @@ point of the committed benchmark tables from their settings alone, compare with 
     python benchmarks/planner/run.py --calibrate --rounds 5           # only: out/planner/calibration.json
     python benchmarks/planner/run.py --predict --calibration FILE     # only: predictions.json from FILE
     python benchmarks/planner/run.py --compare --predictions FILE     # only: comparison.md from FILE
+    nice -n -10 python benchmarks/planner/run.py --one-window         # probe, points, probe, ... in one run
+    python benchmarks/planner/run.py --one-window --compare --window FILE   # only: window.md from FILE
 
 calibrate  benchmarks/planner/measure.py (what runs where) and calibrate.py (what each rank times: the GEMM
            table by shape, GELU, adds, our executor's hop and gloo's all-gather / all-reduce per size on
@@ -14,6 +16,10 @@ predict    benchmarks/planner/predict.py: megatron_flashoverlap.plan priced with
            benchmarks/planner/settings.py; no measured block time is read
 compare    benchmarks/planner/compare.py: per point and method predicted vs measured, median and max
            absolute error, and the predicted winner against the measured one where its interval excludes a tie
+one window one_window.py / window.py: per window (settings.WINDOWS: a tbf or htb link) one launch of ranks that
+           calibrates with the chooser's start-up probe (megatron/probe.py), measures a point, calibrates again,
+           ...; window_predict.py prices each point from the calibration beside it, score.py scores, into
+           window.json (every sample and calibration) and window.md (window_table.py)
 """
 from __future__ import annotations
 
@@ -43,6 +49,10 @@ def _args(argv):
     p.add_argument("--rates", default=",".join(S.RATES))
     p.add_argument("--calibration", default=None, help="calibration JSON (default: --out's)")
     p.add_argument("--predictions", default=None, help="predictions JSON (default: --out's)")
+    p.add_argument("--one-window", action="store_true", help="the one-window run (module docstring)")
+    p.add_argument("--passes", type=int, default=2, help="one window: passes over each window's points")
+    p.add_argument("--only", nargs="*", help="one window: the windows to run, by name (default: all)")
+    p.add_argument("--window", default=None, help="one window: the raw JSON to render (default: --out's)")
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--out", default=out_dir("planner"))
     return p.parse_args(argv)
@@ -55,8 +65,30 @@ def _dump(path: str, obj) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+def _one_window(a) -> int:
+    path = a.window or os.path.join(a.out, "window.json")
+    if not a.compare:
+        reason = why_not_shaped()
+        if reason:
+            print(f"planner: {reason}", file=sys.stderr)
+            return 2
+        from benchmarks.planner.one_window import one_window
+        _dump(path, one_window(a.rounds, a.passes, a.timeout, only=a.only))
+    from benchmarks.planner.window_table import render as render_window
+    with open(path) as f:
+        text = render_window(json.load(f), os.path.basename(path))
+    md = os.path.splitext(path)[0] + ".md" if a.window else os.path.join(a.out, "window.md")
+    os.makedirs(os.path.dirname(md), exist_ok=True)
+    with open(md, "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
 def main(argv=None) -> int:
     a = _args(argv)
+    if a.one_window:
+        return _one_window(a)
     steps = [s for s in ("calibrate", "predict", "compare") if getattr(a, s)] or ["calibrate", "predict", "compare"]
     cal_path = a.calibration or os.path.join(a.out, "calibration.json")
     pred_path = a.predictions or os.path.join(a.out, "predictions.json")

@@ -55,3 +55,30 @@ NOT_MODELLED = {
     "host_overhead": "per-call host cost (Python calls), not a time the model prices",
     "gpu_check": "GPU-only runs",
 }
+
+# The one-window run (run.py --one-window, window.py): every window is one launch of ranks on one link; inside
+# it the chooser's probe calibrates, then each point is measured and the probe calibrates again, `passes` times
+# over the window's points. A point's settings are the committed tables' (the overlap sweep's MLP shape, the
+# dp benchmark's TP-without-SP block, the MoE table's layer, the topology table's sizes x 2 off its own probe
+# sizes), so the one-window scores speak of the same operators the tables do.
+WINDOW_MLP = {"kind": "mlp", "seq": 1024, "hidden": 256, "width": 512, "methods": ALL_TP}
+NOSP_METHODS = {"stock": ("reference", None), "slicing k=2": ("slicing", 2), "slicing k=4": ("slicing", 4),
+                "flash C=2": ("flash", 2), "flash C=4": ("flash", 4)}  # benchmarks/dp's tp-nosp rows
+NOSP_VARIANT = {"stock": "reference", "slicing k=2": "slicing:2", "slicing k=4": "slicing:4", "flash C=2": "flash:2",
+                "flash C=4": "flash:4"}
+WINDOW_NOSP = {"kind": "mlp_nosp", "seq": 1024, "hidden": 256, "width": 512, "methods": tuple(NOSP_METHODS)}
+WINDOW_MOE = {"kind": "moe", **{k: MOE[k] for k in ("tokens", "hidden", "ffn", "experts", "topk")},
+              "methods": MOE["methods"]}
+WINDOW_AR = {"kind": "all_reduce", "local": 2, "dtype": "bfloat16", "sizes": (16384, 131072, 1 << 20, 8 << 20),
+             "methods": TOPOLOGY["methods"]}
+BURST = "80kb"  # the windows' tbf / htb bucket: the least above lo's 64 KiB packets (harness/netns.py shape_lo)
+TBF_PROBE = (65536, 262144, 1 << 20, 4 << 20)  # hop and stock-collective sizes of a tbf window's probe
+HTB_PROBE = (8192, 65536, 524288, 4 << 20)  # the two-level window's: half the measured all-reduce sizes
+WINDOWS = (  # (name, link: "tbf" | "htb", rate, ranks, points, probe sizes)
+    ("tbf 1gbit", "tbf", "1gbit", 2, (WINDOW_MLP, WINDOW_NOSP, WINDOW_MOE), TBF_PROBE),
+    ("tbf 4gbit", "tbf", "4gbit", 2, (WINDOW_MLP,), TBF_PROBE),
+    ("htb 1gbit, 2 nodes x 2", "htb", "1gbit", 4, (WINDOW_AR,), HTB_PROBE),
+)
+WINDOW_NOT_MODELLED = {
+    "pretrain": NOT_MODELLED["pretrain"],
+}

@@ -10,12 +10,16 @@ rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves
                              tier; log the figures once (INFO) and the choices once (WARNING, as every decision
                              line). Anything else: cfg unchanged (ops/tp_sp/plain.py hop_chunks_for,
                              megatron/ddp/auto_fuse.py, the measured tier).
-    measure(shapes, gpus_per_node, group=None) -> figures   (plan/probe_plan.py: Figures)
-        GEMMs: each shape, median of 3 calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
+    measure(shapes, gpus_per_node, group=None, hop_bytes=HOP_BYTES, stock_bytes=(), rounds=3) -> figures
+                                                            (plan/probe_plan.py: Figures)
+        GEMMs: each shape, median of `rounds` calls after a warm-up (runtime/timing.interleaved): on NCCL in bf16
                between CUDA events, on any other backend in fp32 on the host clock
-        hops:  every rank exchanges `bytes` with a partner at once (batch_isend_irecv), a barrier before each
-               call: intra = the neighbour in its node (rank ^ 1), inter = the same local rank on the paired
-               node (ranks without a pair report nothing)
+        hops:  every rank exchanges `bytes` with a partner at once: one walk of the executor of HOP_STEPS steps
+               after a barrier, each step one exchange, per step: intra = the neighbour in its node (rank ^ 1),
+               inter = the same local rank on the paired node (ranks without a pair report nothing)
+        stock: where `stock_bytes` names sizes, the group's own all-gather (bytes per rank) and all-reduce
+               (bytes) timed the same way, every rank at once: the call-level price of what stock runs
+               ("stock": {"all_gather": [[bytes, s]], "all_reduce": [[bytes, s]]})
         identical on every rank: each figure is all-reduced with MAX over the group
 """
 from __future__ import annotations
@@ -29,6 +33,10 @@ import torch.distributed as dist
 
 from ..config import activate
 from ..plan.chooser import chooser_of
+from ..runtime.context import OverlapContext
+from ..runtime.executor import execute
+from ..runtime.group import all_gather_into
+from ..schedules import Slice, Step, Transfer
 from ..runtime.timing import cuda_timed, interleaved, timed
 from ..runtime.once import LogOnce
 from ..plan.probe_plan import apply, choose, partners, probe_shapes
@@ -39,13 +47,15 @@ _FIGURES = LogOnce(log, logging.INFO)  # the figures, once per process
 _CHOSE = LogOnce(log)  # the choices: a decision line, as the chooser's
 _REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
+HOP_STEPS = 4  # steps of the executor walk a hop figure times (_exchange)
+STOCK = ("all_gather", "all_reduce")  # the stock collectives the probe can time (measure's stock_bytes)
 ROUNDS = 3
 
 
-def _median(call) -> float:
-    """The median of ROUNDS calls of `call` (one measured call -> its seconds) after a warm-up call (kernels
+def _median(call, rounds: int = ROUNDS) -> float:
+    """The median of `rounds` calls of `call` (one measured call -> its seconds) after a warm-up call (kernels
     chosen, connections made)."""
-    return statistics.median(interleaved({"call": call}, ROUNDS, warmup=1)["call"])
+    return statistics.median(interleaved({"call": call}, rounds, warmup=1)["call"])
 
 
 class _Clock:
@@ -60,51 +70,93 @@ class _Clock:
         self.seconds = cuda_timed if cuda else (lambda fn: timed(fn, barrier=False))
 
 
-def _gemm_seconds(shapes, clock: _Clock) -> list[float]:
+def _gemm_seconds(shapes, clock: _Clock, rounds: int = ROUNDS) -> list[float]:
     out = []
     for m, k, n in shapes:
         a = torch.randn(m, k, device=clock.device, dtype=clock.dtype)
         b = torch.randn(k, n, device=clock.device, dtype=clock.dtype)
-        out.append(_median(lambda: clock.seconds(lambda: torch.matmul(a, b))))
+        out.append(_median(lambda: clock.seconds(lambda: torch.matmul(a, b)), rounds))
     return out
 
 
+class _Pair:
+    """The probe walk's handler: one send and one receive buffer, nothing to compute, nothing done on arrival
+    (the planner prices an arrival's add or copy apart)."""
+
+    def __init__(self, send: torch.Tensor, recv: torch.Tensor):
+        self.out, self.inc = send, recv
+
+    def send(self, x):
+        return self.out
+
+    def recv(self, x):
+        return self.inc
+
+    def compute(self, x) -> None:
+        pass
+
+    def arrived(self, t) -> None:
+        pass
+
+
 def _exchange(peer: int | None, nbytes: int, group, clock: _Clock) -> float:
-    """Seconds of one exchange of `nbytes` with `peer` (0 without a peer), after a barrier."""
+    """Seconds of one exchange of `nbytes` with group rank `peer` (0 without a peer): one walk of the executor
+    (runtime/executor.py) of HOP_STEPS steps after a barrier, each step one exchange with `peer`, per step. The
+    executor's own walk, because its per-step host work (the transport's post and wait, the step's bookkeeping)
+    is part of every hop the planner prices; several steps, because a walk's steps follow one another (the first
+    one after a barrier finds every rank awake)."""
     dist.barrier(group=group)
     if peer is None:
         return 0.0
     send = torch.empty(nbytes, dtype=torch.uint8, device=clock.device)
-    recv = torch.empty_like(send)
-
-    def run():
-        ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-    return clock.seconds(run)
+    pair, ctx = _Pair(send, torch.empty_like(send)), OverlapContext(check_peers=False)
+    one = Slice(0, 0, 0)
+    steps = tuple(Step(sends=(Transfer(peer, one),), recvs=(Transfer(peer, one),)) for _ in range(HOP_STEPS))
+    return clock.seconds(lambda: execute(steps, group, {0: pair}, ctx)) / HOP_STEPS
 
 
-def _hop_seconds(peer: int | None, group, clock: _Clock) -> list[float]:
+def _hop_seconds(peer: int | None, group, clock: _Clock, sizes=HOP_BYTES, rounds: int = ROUNDS) -> list[float]:
     out = []
-    for nbytes in HOP_BYTES:
-        out.append(_median(lambda: _exchange(peer, nbytes, group, clock)))
+    for nbytes in sizes:
+        out.append(_median(lambda: _exchange(peer, nbytes, group, clock), rounds))
     return out
 
 
-def measure(shapes, gpus_per_node: int, group=None) -> dict:
+def _stock(kind: str, nbytes: int, group, clock: _Clock) -> float:
+    """Seconds of one stock `kind` call (all_gather: `nbytes` per rank; all_reduce: of `nbytes`), after a
+    barrier; the reduced buffer is a fresh copy each call (outside the clock)."""
+    x = torch.ones(max(1, nbytes // torch.empty((), dtype=clock.dtype).element_size()), dtype=clock.dtype,
+                   device=clock.device)
+    out = torch.empty(dist.get_world_size(group) * x.numel(), dtype=clock.dtype, device=clock.device)
+    dist.barrier(group=group)
+    if kind == "all_gather":
+        return clock.seconds(lambda: all_gather_into(out, x, group))
+    return clock.seconds(lambda: dist.all_reduce(x, group=group))
+
+
+def _stock_seconds(sizes, group, clock: _Clock, rounds: int) -> list[float]:
+    return [_median(lambda: _stock(kind, nbytes, group, clock), rounds) for kind in STOCK for nbytes in sizes]
+
+
+def measure(shapes, gpus_per_node: int, group=None, hop_bytes=HOP_BYTES, stock_bytes=(), rounds: int = ROUNDS) -> dict:
     """The probe's figures, identical on every rank (module docstring)."""
     rank, world, clock = dist.get_rank(group), dist.get_world_size(group), _Clock(group)
     intra, inter = partners(rank, world, gpus_per_node)
-    times = _gemm_seconds(shapes, clock) + _hop_seconds(intra, group, clock) + _hop_seconds(inter, group, clock)
+    times = (_gemm_seconds(shapes, clock, rounds) + _hop_seconds(intra, group, clock, hop_bytes, rounds)
+             + _hop_seconds(inter, group, clock, hop_bytes, rounds) + _stock_seconds(stock_bytes, group, clock, rounds))
     t = torch.tensor(times, dtype=torch.float64, device=clock.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     times = t.tolist()
-    n, h = len(shapes), len(HOP_BYTES)
-    hops = (lambda xs: [[b, s] for b, s in zip(HOP_BYTES, xs) if s > 0])
-    return {"device": clock.name, "backend": clock.backend, "dtype": clock.word, "gpus_per_node": gpus_per_node,
-            "nodes": max(1, world // gpus_per_node),
-            "gemm": [[*s, x] for s, x in zip(shapes, times[:n])],
-            "intra": hops(times[n:n + h]), "inter": hops(times[n + h:])}
+    n, h, c = len(shapes), len(hop_bytes), len(stock_bytes)
+    rows = (lambda sizes, xs: [[b, s] for b, s in zip(sizes, xs) if s > 0])
+    out = {"device": clock.name, "backend": clock.backend, "dtype": clock.word, "gpus_per_node": gpus_per_node,
+           "nodes": max(1, world // gpus_per_node),
+           "gemm": [[*s, x] for s, x in zip(shapes, times[:n])],
+           "intra": rows(hop_bytes, times[n:n + h]), "inter": rows(hop_bytes, times[n + h:n + 2 * h])}
+    if c:
+        tail = times[n + 2 * h:]
+        out["stock"] = {kind: rows(stock_bytes, tail[i * c:(i + 1) * c]) for i, kind in enumerate(STOCK)}
+    return out
 
 
 def model_layout(args) -> tuple[Model, Layout]:

@@ -11,8 +11,21 @@
                     all_to_all (buffer) = allgather(buffer / P)   (the same bytes leave each rank)
                     reduce_scatter = the benchmarks' line-rate ring: (P - 1) of our hops of one chunk
                     all_reduce (n) = allreduce(n)
-    proxy_gpu(add_fit)          a Gpu whose elementwise kernels cost the measured add (kernel_us = alpha,
-                                hbm = 3 * 4 bytes per element / per_byte); its GEMMs come from gemm.TableGemm
+    proxy_gpu(add_fit, element_bytes)   a Gpu whose elementwise kernels cost the measured add (kernel_us =
+                                alpha, hbm = 3 * element bytes / per_byte); its GEMMs come from gemm.TableGemm
+    link_fit(points)            a shaped link's hop from the probe's sizes: the sustained rate of the two largest,
+                                the fixed cost of the smallest (tbf / htb pass a burst at memory speed after idle)
+    link_of(name, fit, flows)   a Link whose hop is the fit: p2p_us = alpha, rate = flows / per_byte (the fit
+                                measured `flows` flows sharing the link at once)
+    probed_env(figures, add_fit, slowdown, element_bytes)   the proxy priced from the chooser's start-up probe
+                                (megatron/probe.py `measure` with stock_bytes: GEMM table, hops, stock's
+                                collectives), measured on the group it prices:
+        one node     every rank on one shaped queue: ProxyNet(shared), hop = the fit of the probe's "intra"
+                     exchanges (every rank exchanging at once, as a ring step)
+        two levels   ProxyNet(shared=False): Net.hop on an intra link fitted to "intra" and an inter link
+                     fitted to "inter" (every local rank crossing at once: the node's rate = G flows' worth)
+        stock        all_gather / all_to_all / all_reduce from the probe's "stock" rows, reduce_scatter the
+                     line-rate ring of our hops (the benchmarks' stock reduce-scatter)
 Pure: no torch. The fits carry no GPU meaning; they price the proxy only.
 """
 from __future__ import annotations
@@ -20,8 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .hardware import Cluster, Gpu
+from .gemm import TableGemm
+from .hardware import Cluster, Gpu, Link
 from .links import Group, Net
+from .price import Env
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,19 @@ def fit(points: Sequence[tuple[float, float]]) -> Fit:
     sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, pts))
     slope = max(0.0, sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, pts)) / sxx) if sxx > 0 else 0.0
     return Fit(max(0.0, my - slope * mx), slope)
+
+
+def link_fit(points: Sequence[tuple[float, float]]) -> Fit:
+    """A shaped link's line from a probe's (bytes, seconds), at least three sizes: per_byte = the marginal cost
+    between the two largest sizes (the sustained rate), alpha = the least time among the smaller sizes (the fixed
+    cost of one call). Not a line through every size: tbf and htb pass a bucket of `burst` bytes at memory speed
+    after idle, so an isolated small exchange shows no rate at all, while a walk's back-to-back hops drain the
+    bucket and pay the rate; the least of the small times is the one a load spike did not inflate."""
+    pts = sorted((float(x), float(y)) for x, y in points if y > 0)
+    if len(pts) < 3:
+        raise ValueError("link_fit needs at least three (bytes, seconds > 0) points")
+    (x1, y1), (x2, y2) = pts[-2:]
+    return Fit(min(y for _, y in pts[:-2]), max(0.0, (y2 - y1) / (x2 - x1)))
 
 
 class ProxyNet(Net):
@@ -77,12 +105,47 @@ class ProxyNet(Net):
         raise ValueError(f"unknown collective {kind!r}")
 
 
-def proxy_gpu(add: Fit, name: str = "cpu-proxy") -> Gpu:
-    """A Gpu whose elementwise kernels cost the measured fp32 add (module docstring); its GEMM rates are
-    placeholders: a TableGemm prices every GEMM from measurements."""
+def proxy_gpu(add: Fit, name: str = "cpu-proxy", element_bytes: int = 4) -> Gpu:
+    """A Gpu whose elementwise kernels cost the measured add of `element_bytes` elements (module docstring);
+    its GEMM rates are placeholders: a TableGemm prices every GEMM from measurements."""
     per_element = max(add.per_byte, 1e-15)  # add.per_byte: seconds per element of the add
-    return Gpu(name, {"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, hbm_gbps=12.0 / per_element / 1e9, sms=1,
-               gemm_efficiency=1.0, kernel_us=add.alpha * 1e6, hbm_efficiency=1.0)
+    return Gpu(name, {"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, hbm_gbps=3.0 * element_bytes / per_element / 1e9,
+               sms=1, gemm_efficiency=1.0, kernel_us=add.alpha * 1e6, hbm_efficiency=1.0)
 
 
-__all__ = ["Fit", "ProxyNet", "fit", "proxy_gpu"]
+def link_of(name: str, f: Fit, flows: int = 1) -> Link:
+    """A Link whose one hop costs f (module docstring)."""
+    gbps = flows / max(f.per_byte, 1e-15) / 1e9
+    us = f.alpha * 1e6
+    return Link(name, gbps, 1.0, 1.0, (us, us, us), (0.0, 0.0, 0.0), us)
+
+
+def _rows_fit(rows) -> Fit:
+    return link_fit([(b, s) for b, s in rows])
+
+
+def probed_env(figures: dict, add: Fit, slowdown: float = 0.0, element_bytes: int = 4) -> Env:
+    """The proxy from the probe's figures (module docstring); dtype: the probe's ("fp32" on gloo) unless the
+    elements priced are 2 bytes ("bf16")."""
+    if "stock" not in figures:
+        raise ValueError("probed_env needs the probe's stock collectives: measure(..., stock_bytes=sizes)")
+    g, nodes = int(figures["gpus_per_node"]), int(figures["nodes"])
+    gpu = proxy_gpu(add, element_bytes=element_bytes)
+    intra = _rows_fit(figures["intra"])
+    fits = {"allgather": _rows_fit(figures["stock"]["all_gather"]),
+            "allreduce": _rows_fit(figures["stock"]["all_reduce"])}
+    if nodes == 1:
+        link = link_of("probed", intra)
+        cluster = Cluster(gpu, link, link, g, 1, 1, slowdown)
+        net = ProxyNet(cluster, {"hop": intra, **fits})
+    else:
+        inter = _rows_fit(figures["inter"])
+        cluster = Cluster(gpu, link_of("probed-intra", intra), link_of("probed-inter", inter, g), g, nodes, 1,
+                          slowdown)
+        net = ProxyNet(cluster, {"hop": inter, **fits}, shared=False)
+    dtype = "bf16" if element_bytes == 2 else "fp32"
+    rows = {(int(m), int(k), int(n)): float(s) for m, k, n, s in figures["gemm"]}
+    return Env(cluster, dtype, TableGemm(gpu, dtype, rows) if rows else None, net)
+
+
+__all__ = ["Fit", "ProxyNet", "fit", "link_fit", "link_of", "probed_env", "proxy_gpu"]

@@ -8,7 +8,7 @@ from megatron_flashoverlap.plan.gemm import TableGemm
 from megatron_flashoverlap.plan.hardware import Cluster, Link
 from megatron_flashoverlap.plan.links import Group
 from megatron_flashoverlap.plan.price import Env
-from megatron_flashoverlap.plan.proxy import Fit, ProxyNet, fit, proxy_gpu
+from megatron_flashoverlap.plan.proxy import Fit, ProxyNet, fit, link_fit, probed_env, proxy_gpu
 
 HOP, AG, AR = Fit(1e-3, 1e-8), Fit(2e-3, 2e-8), Fit(3e-3, 3e-8)
 FITS = {"hop": HOP, "allgather": AG, "allreduce": AR}
@@ -55,3 +55,39 @@ def test_proxy_gpu_prices_an_add_as_measured():
     env = Env(Cluster(gpu, link, link, 2, 1, 1, 0.0), "fp32", TableGemm(gpu, "fp32", {(1, 1, 1): 1.0}),
               _net(2))
     assert env.add(1e6) == pytest.approx(2e-5 + 1e6 * 1e-9)  # Env.add: one fp32 add of 1e6 elements
+
+
+def test_link_fit_takes_the_sustained_rate_and_the_smallest_fixed_cost():
+    # a shaped link: the two small sizes pass inside the burst (no rate), the two large ones pay it
+    f = link_fit([(2000, 1e-3), (1000, 2e-3), (10000, 5e-3), (20000, 9e-3)])
+    assert f.per_byte == pytest.approx((9e-3 - 5e-3) / (20000 - 10000))  # 4e-7 s per byte
+    assert f.alpha == pytest.approx(1e-3)  # the least of the smaller sizes' times
+    with pytest.raises(ValueError, match="three"):
+        link_fit([(1, 1.0), (2, 2.0)])
+
+
+def _figures(nodes: int) -> dict:
+    rows = [[1000, 1e-3], [10000, 2e-3], [20000, 3e-3]]  # link_fit: alpha 1e-3, 1e-7 s per byte
+    stock = [[1000, 2e-3], [10000, 4e-3], [20000, 6e-3]]  # alpha 2e-3, 2e-7 s per byte
+    return {"device": "host CPU (gloo)", "backend": "gloo", "dtype": "fp32", "gpus_per_node": 2, "nodes": nodes,
+            "gemm": [[8, 8, 8, 1e-4]], "intra": rows, "inter": rows if nodes > 1 else [],
+            "stock": {"all_gather": stock, "all_reduce": stock}}
+
+
+def test_probed_env_on_one_node_prices_the_probed_exchange_and_stock():
+    env = probed_env(_figures(1), Fit(1e-5, 1e-9))
+    g = Group(2, 2)
+    assert env.net.hop(5e4, 5e4, False) == pytest.approx(1e-3 + 5e4 * 1e-7)  # the exchange's line
+    assert env.net.collective("all_reduce", 5e4, g) == pytest.approx(2e-3 + 5e4 * 2e-7)
+    assert env.mm(8, 8, 8) == pytest.approx(1e-4)  # the probe's GEMM row
+
+
+def test_probed_env_on_two_levels_gives_the_node_link_every_local_rank_shared_in_the_probe():
+    env = probed_env(_figures(2), Fit(1e-5, 1e-9))
+    # the probe's inter exchange ran with both local ranks crossing at once, 1e-7 s per byte per flow: the
+    # node's link moves twice that; two flows (a pairwise step) get 1e-7 each, one flow alone (a ring step) 5e-8
+    assert env.net.hop(5e4, 5e4, True, senders=2) == pytest.approx(1e-3 + 5e4 * 1e-7)
+    assert env.net.hop(5e4, 5e4, True, senders=1) == pytest.approx(1e-3 + 5e4 * 5e-8)
+    assert env.net.hop(5e4, 5e4, False) == pytest.approx(1e-3 + 5e4 * 1e-7)  # intra: as probed
+    with pytest.raises(ValueError, match="stock"):
+        probed_env({k: v for k, v in _figures(1).items() if k != "stock"}, Fit(1e-5, 1e-9))
