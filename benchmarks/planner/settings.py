@@ -46,8 +46,8 @@ RATES = ("250mbit", "1gbit", "2gbit", "4gbit")
 
 NOT_MODELLED = {
     "pretrain": "a whole Megatron GPT step on CPU: the planner prices attention, norms, the embedding, the "
-                "optimizer and Megatron's host work with GPU constants (layer.ATTN_EFF, NORM_PASSES, "
-                "step.OPT_BYTES) that have no calibrated CPU counterpart here",
+                "optimizer and Megatron's host work with GPU constants (layer_times.ATTN_EFF, NORM_PASSES, "
+                "train_step.OPT_BYTES) that have no calibrated CPU counterpart here",
     "dp": "the same whole GPT step (its exposed DP time is a difference of two such steps), plus the DP worker "
           "thread placement ('worker' arm), which the model has no notion of",
     "attention": "query-split and Ulysses attention blocks: the attention core's CPU time (SDPA, causal) has no "
