@@ -16,4 +16,8 @@ def figures(rank, world):
     shapes = probe_shapes(model, layout)
     got = measure(shapes, gpus_per_node=world)
     c = choose(got, model, layout)
-    return got, [list(s) for s in shapes], {"sites": sorted(c.sites), "table": c.decode_table["tables"][0]}
+    # the clock measures work: a GEMM of 2^15 x the FLOPs of another (the model's shapes are too close in size
+    # for their times to order reliably on a shared host)
+    work = measure([(16, 16, 16), (512, 512, 512)], gpus_per_node=world, hop_bytes=(1 << 16,))["gemm"]
+    return got, [list(s) for s in shapes], {"sites": sorted(c.sites), "table": c.decode_table["tables"][0],
+                                            "work": work}

@@ -16,9 +16,8 @@ def test_the_probe_measures_on_gloo_and_every_rank_gets_the_same_figures(pools):
     assert [r[:3] for r in fig0["gemm"]] == shapes and all(r[3] > 0 for r in fig0["gemm"])
     assert [b for b, _ in fig0["intra"]] == list(HOPS) and all(s > 0 for _, s in fig0["intra"])
     assert fig0["inter"] == []  # one node: no inter-node partner
-    big = max(fig0["gemm"], key=lambda r: r[0] * r[1] * r[2])
-    small = min(fig0["gemm"], key=lambda r: r[0] * r[1] * r[2])
-    assert big[3] > small[3], (big, small)  # the clock measures work, not a constant
+    small, big = chose["work"]
+    assert big[3] > 10 * small[3], (big, small)  # the clock measures work, not a constant
     assert fig0["intra"][-1][1] > fig0["intra"][0][1]  # 16 MiB takes longer than 64 KiB
     assert chose["sites"] == ["fc1", "fc2", "proj", "qkv"]
     assert chose["table"]["backend"] == "gloo" and chose["table"]["world_size"] == 2  # the model tier's key
