@@ -239,9 +239,11 @@ ALL_REDUCE = {
     "hierarchical": AllReduceWord(all_reduce_hierarchical, True, _two_level,
                                   "intra-node RS, inter-node recursive doubling on n/G, intra-node AG"),
     "hierarchical_pipelined": AllReduceWord(all_reduce_hierarchical_pipelined, True, _two_level,
-                                            "hierarchical on K pieces of n/K, staggered by a step"),
+                                            "hierarchical on K pieces of n/K, staggered by a step: piece k "
+                                            "crosses nodes while k+1 is reduce-scattered"),
     "hierarchical_hd": AllReduceWord(all_reduce_hierarchical_hd, True, lambda p, g: _two_level(p, g) and p // g > 2,
-                                     "intra-node RS, inter-node halving-doubling on n/G, intra-node AG"),
+                                     "intra-node RS, inter-node halving-doubling on n/G (2(N'-1)/N' n/G "
+                                     "bytes), intra-node AG"),
 }
 ALL_REDUCE_SCHEDULES = tuple(ALL_REDUCE)
 
