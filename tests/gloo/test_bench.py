@@ -138,7 +138,8 @@ def test_run_ranks_timeout_kills_every_rank(tmp_path):
     from benchmarks.harness.launch import run_ranks
 
     with pytest.raises(TimeoutError, match="larger timeout"):
-        run_ranks("tests.gloo.mp_bench:ranks_sleep", 2, args=(str(tmp_path),), timeout=25)
+        # 12 s: about twice a 2-rank start-up here (the other run_ranks tests: 6 s each, start to end)
+        run_ranks("tests.gloo.mp_bench:ranks_sleep", 2, args=(str(tmp_path),), timeout=12)
     pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
     assert len(pids) == 2  # both ranks were up before the timeout
     for pid in pids:

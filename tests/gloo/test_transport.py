@@ -1,6 +1,8 @@
 """Tier 2 (2 gloo processes): the transport each backend gets, dead peers named at post and at wait time
 (never a hang: every job runs under the pool's timeout), a steady state of point-to-point traffic only,
 and the context's buffer cap over many sequence lengths."""
+import concurrent.futures
+
 import pytest
 
 from tests.support import Pool
@@ -24,8 +26,17 @@ def _on_own_pool(body: str, timeout: float) -> dict:
 
 
 @pytest.fixture(scope="module")
-def dead():
-    return _on_own_pool("dead_peers", 180)
+def own_pools():
+    """{body: future of rank 0's result}: the two cases that wait out deadlines run side by side, each on its own
+    pool (they mostly sleep)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        yield {body: pool.submit(_on_own_pool, body, limit) for body, limit in
+               (("dead_peers", 180), ("group_timeouts", 120))}
+
+
+@pytest.fixture(scope="module")
+def dead(own_pools):
+    return own_pools["dead_peers"].result()
 
 
 def test_peer_gone_before_post_names_rank_and_step(dead):
@@ -50,8 +61,8 @@ def test_absent_peer_times_out_with_its_rank(dead):
 
 
 @pytest.fixture(scope="module")
-def timeouts():
-    return _on_own_pool("group_timeouts", 120)
+def timeouts(own_pools):
+    return own_pools["group_timeouts"].result()
 
 
 def test_our_waits_end_at_the_groups_own_timeout_as_stocks_do(timeouts):

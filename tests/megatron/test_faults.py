@@ -3,7 +3,8 @@ the tiny GPT on 2 CPU ranks over gloo, --flash-overlap) within the configured ti
 raises PeerTimeoutError naming the operator, the ring step, the group, the stopped peer's global rank and the
 limit, and exits non-zero.
 
-Tier: Megatron on gloo, one job per case (newest lane: the entry needs megatron.training). The fault:
+Tier: Megatron on gloo, one job per case, the four started side by side (newest lane: the entry needs
+megatron.training). The fault:
 tests/support/fault/sitecustomize.py makes rank 1 SIGSTOP itself (what `kill -STOP` does) before its FAULT_CALL-th
 post inside one of our operators. The bound: FLASHOVERLAP_TIMEOUT_S = 5 (smaller than the group's own timeout,
 Megatron's --distributed-timeout-minutes, 10 min by default, so ours applies; tests/gloo/test_transport.py shows
@@ -20,6 +21,7 @@ rank 0 usually fails first in a stock collective on the connection our timed wai
 closure"): its error carries the note naming our PeerTimeoutError. Every process a test started is gone when
 it ends (psutil: killed by id where it did not exit).
 """
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -118,38 +120,59 @@ def _check_launcher(text: str, where: str) -> None:
 
 
 
-@pytest.mark.newest_only
-def test_a_peer_stopped_in_a_forward_ring_ends_the_launched_job(tmp_path):
-    seconds, rc, text = _run("AllGatherMatmul.forward", 8, TP_SP, True, tmp_path / "fwd.log")
-    _check(seconds, rc, text, "AllGatherMatmul.forward", TP_GROUP)
-    _check_launcher(text, "AllGatherMatmul.forward")
-
-
-@pytest.mark.newest_only
-def test_a_peer_stopped_in_a_backward_ring_ends_the_launched_job(tmp_path):
-    seconds, rc, text = _run("MatmulReduceScatter.backward", 8, TP_SP, True, tmp_path / "bwd.log")
-    _check(seconds, rc, text, "MatmulReduceScatter.backward", TP_GROUP)
-    _check_launcher(text, "MatmulReduceScatter.backward")
-
-
 def _dp_args(tmp_path: Path) -> list:
     yaml = tmp_path / "dp_all.yaml"
     yaml.write_text("dp: {fuse: all}\n")
     return [*DP_FUSED, "--flash-overlap-config", str(yaml)]
 
 
+# the four jobs: (where the fault is, its post, the job's flags, under the launcher); they run side by side (each
+# mostly waits: the bound, the launcher's grace), so the module costs about one job's wall time, not four
+CASES = {"forward": ("AllGatherMatmul.forward", 8, "tp", True),
+         "backward": ("MatmulReduceScatter.backward", 8, "tp", True),
+         "dp": ("matmul_wgrad_reduce_scatter", 12, "dp", True),
+         "dp-by-hand": ("matmul_wgrad_reduce_scatter", 12, "dp", False)}
+
+
+@pytest.fixture(scope="module")
+def ended(tmp_path_factory):
+    """{case: future of (seconds from the fault to the end, exit code, log text)}: every case's job started at
+    once on first use."""
+    tmp, futures = tmp_path_factory.mktemp("faults"), {}
+    with concurrent.futures.ThreadPoolExecutor(len(CASES)) as pool:
+        for name, (where, call, args, torchrun) in CASES.items():
+            (tmp / name).mkdir()
+            flags = TP_SP if args == "tp" else _dp_args(tmp / name)
+            futures[name] = pool.submit(_run, where, call, flags, torchrun, tmp / f"{name}.log")
+        yield futures
+
+
 @pytest.mark.newest_only
-def test_a_peer_stopped_in_the_fused_dp_ring_ends_the_launched_job(tmp_path):
-    seconds, rc, text = _run("matmul_wgrad_reduce_scatter", 12, _dp_args(tmp_path), True, tmp_path / "dp.log")
+def test_a_peer_stopped_in_a_forward_ring_ends_the_launched_job(ended):
+    seconds, rc, text = ended["forward"].result()
+    _check(seconds, rc, text, "AllGatherMatmul.forward", TP_GROUP)
+    _check_launcher(text, "AllGatherMatmul.forward")
+
+
+@pytest.mark.newest_only
+def test_a_peer_stopped_in_a_backward_ring_ends_the_launched_job(ended):
+    seconds, rc, text = ended["backward"].result()
+    _check(seconds, rc, text, "MatmulReduceScatter.backward", TP_GROUP)
+    _check_launcher(text, "MatmulReduceScatter.backward")
+
+
+@pytest.mark.newest_only
+def test_a_peer_stopped_in_the_fused_dp_ring_ends_the_launched_job(ended):
+    seconds, rc, text = ended["dp"].result()
     assert "DP reduce-scatter inside the wgrad GEMM of 8 weight(s)" in text, text[-3000:]  # the fused path runs
     _check(seconds, rc, text, "matmul_wgrad_reduce_scatter", DP_GROUP)
     _check_launcher(text, "matmul_wgrad_reduce_scatter")
 
 
 @pytest.mark.newest_only
-def test_a_peer_stopped_in_the_fused_dp_ring_ends_rank_0_started_by_hand(tmp_path):
+def test_a_peer_stopped_in_the_fused_dp_ring_ends_rank_0_started_by_hand(ended):
     """No launcher (srun's start): rank 0 itself exits at the deadline, naming the peer."""
-    seconds, rc, text = _run("matmul_wgrad_reduce_scatter", 12, _dp_args(tmp_path), False, tmp_path / "dp.log")
+    seconds, rc, text = ended["dp-by-hand"].result()
     _check(seconds, rc, text, "matmul_wgrad_reduce_scatter", DP_GROUP)
     assert rc == 1 and "flashoverlap-launch" not in text
 

@@ -13,6 +13,7 @@ log-probs are compared to the bit (same weights, same core attention; each TP al
 meets, every process it started is gone when it ends (psutil: the launcher's descendants, killed by id where the
 SIGTERM did not stop them).
 """
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -42,6 +43,7 @@ CKPT = SAVE.argv[SAVE.argv.index("--save") + 1]
 PROMPTS = [[1, 5, 9, 17, 3], [4] * 11, list(range(20, 47)), [7, 7]]
 TOKENS = 6
 START_S, REQUEST_S, STOP_S = 300, 120, 60  # seconds: torchrun + Megatron + the coordinator; one request; SIGTERM
+ARMS = ("stock", "flash")
 SITES = "GEMM sites: dense[1-2]: qkv=auto (all-reduce, no SP)"  # the flag alone: auto
 
 
@@ -151,7 +153,8 @@ def answers(response: dict) -> list:
 def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanly(pretrain, tmp_path):
     pretrain(SAVE.name).check()
     ckpt = CKPT.replace("{tmp}", str(pretrain.tmp))
-    runs = {arm: serve_once(arm, ckpt, tmp_path) for arm in ("stock", "flash")}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the two servers side by side: each mostly waits
+        runs = dict(zip(ARMS, pool.map(lambda arm: serve_once(arm, ckpt, tmp_path), ARMS)))
     for arm, run in runs.items():
         got = answers(run["response"])
         assert [p for p, *_ in got] == PROMPTS, arm
@@ -166,17 +169,13 @@ def test_the_http_server_answers_identically_with_flash_overlap_and_stops_cleanl
     assert SITES in runs["flash"]["log"]  # ours ran
 
 
-@pytest.mark.newest_only
-@pytest.mark.pretrain(SAVE)
-def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(pretrain, tmp_path):
-    """The engines and Megatron's coordinator already run when the frontend cannot bind: rank 0 stops them, then
-    raises; the launcher exits non-zero well before torchrun's own teardown (30 s) would have to kill anything."""
-    pretrain(SAVE.name).check()
-    log = tmp_path / "serve-taken.log"
+def _taken_port(ckpt: str, tmp: Path) -> dict:
+    """Start a server on a port already listening; -> {"rc", "log", "alive", "left"} once it ended."""
+    log = tmp / "serve-taken.log"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        proc = start("stock", CKPT.replace("{tmp}", str(pretrain.tmp)), taken.getsockname()[1], log)
+        proc = start("stock", ckpt, taken.getsockname()[1], log)
         try:
             family, deadline = [], time.monotonic() + START_S
             while proc.poll() is None and time.monotonic() < deadline:
@@ -187,11 +186,8 @@ def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(pretr
             rc = proc.poll()
         finally:
             _, left = stop(proc)
-    text = log.read_text()
-    assert rc not in (None, 0), f"the server did not fail on a taken port (exit {rc}):\n{text[-3000:]}"
-    assert "OSError: [Errno 98] Address already in use" in text and "Unable to shutdown" not in text, text[-3000:]
     _, alive = psutil.wait_procs(family, timeout=10)
-    assert not alive and not left, (alive, left)
+    return {"rc": rc, "log": log.read_text(), "alive": alive, "left": left}
 
 
 def _rank(launcher: psutil.Process, rank: str) -> psutil.Process:
@@ -210,19 +206,12 @@ CAUSES = {"0": "the inference engine stopped: rank 0 (pid {pid}) ended",  # seen
           "1": "the inference engine on rank 0 stopped on an error (RuntimeError"}  # rank 0's engine lost its peer
 
 
-@pytest.mark.newest_only
-@pytest.mark.pretrain(SAVE)
-@pytest.mark.parametrize("victim", ["0", "1"])
-def test_a_killed_rank_fails_the_request_in_flight_with_a_503_naming_it_and_ends_the_job(pretrain, tmp_path, victim):
-    """kill -9 of a rank mid-request. Rank 0: its HTTP frontend sees its parent gone and answers 503 naming it, then
-    the launcher (a subreaper) kills the frontend and Megatron's coordinator it adopted (they used to outlive rank 0,
-    /health answering 200 and every request hanging). Rank 1: rank 0's engine fails on the lost peer; rank 0 has
-    its frontend answer 503 naming that error, stops it and exits 1. Either way: the request in flight gets the
-    503 (not a closed connection), /health stops answering 200 within 10 s, the launcher exits non-zero, and no
-    process is left."""
-    pretrain(SAVE.name).check()
-    port, log = free_port(), tmp_path / f"serve-kill{victim}.log"
-    url, proc = f"http://127.0.0.1:{port}", start("stock", CKPT.replace("{tmp}", str(pretrain.tmp)), port, log)
+def _killed(victim: str, ckpt: str, tmp: Path) -> dict:
+    """Serve, send IN_FLIGHT, kill -9 rank `victim` 0.3 s later; -> what the request, /health and the launcher
+    did: {"outcome": {"request": (status, message), "health_s", "exit_s"}, "rc", "rank0", "log", "alive",
+    "left"}."""
+    port, log = free_port(), tmp / f"serve-kill{victim}.log"
+    url, proc = f"http://127.0.0.1:{port}", start("stock", ckpt, port, log)
     family, outcome = [], {}
     try:
         wait_ready(proc, url, log)
@@ -256,11 +245,48 @@ def test_a_killed_rank_fails_the_request_in_flight_with_a_503_naming_it_and_ends
     finally:
         _, left = stop(proc)
     _, alive = psutil.wait_procs(family, timeout=10)
-    text = log.read_text()
+    return {"outcome": outcome, "rc": rc, "rank0": rank0, "log": log.read_text(), "alive": alive, "left": left}
+
+
+@pytest.fixture(scope="module")
+def failed(pretrain, tmp_path_factory):
+    """{"taken" | "kill0" | "kill1": future of the run's record}: the three failing servers run side by side
+    (each mostly waits on a start-up, a deadline or a stop)."""
+    pretrain(SAVE.name).check()
+    ckpt, tmp = CKPT.replace("{tmp}", str(pretrain.tmp)), tmp_path_factory.mktemp("serve-failed")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        yield {"taken": pool.submit(_taken_port, ckpt, tmp), "kill0": pool.submit(_killed, "0", ckpt, tmp),
+               "kill1": pool.submit(_killed, "1", ckpt, tmp)}
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(SAVE)
+def test_a_taken_port_fails_the_start_with_its_error_and_leaves_no_process(failed):
+    """The engines and Megatron's coordinator already run when the frontend cannot bind: rank 0 stops them, then
+    raises; the launcher exits non-zero well before torchrun's own teardown (30 s) would have to kill anything."""
+    run = failed["taken"].result()
+    rc, text = run["rc"], run["log"]
+    assert rc not in (None, 0), f"the server did not fail on a taken port (exit {rc}):\n{text[-3000:]}"
+    assert "OSError: [Errno 98] Address already in use" in text and "Unable to shutdown" not in text, text[-3000:]
+    assert not run["alive"] and not run["left"], (run["alive"], run["left"])
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(SAVE)
+@pytest.mark.parametrize("victim", ["0", "1"])
+def test_a_killed_rank_fails_the_request_in_flight_with_a_503_naming_it_and_ends_the_job(failed, victim):
+    """kill -9 of a rank mid-request. Rank 0: its HTTP frontend sees its parent gone and answers 503 naming it, then
+    the launcher (a subreaper) kills the frontend and Megatron's coordinator it adopted (they used to outlive rank 0,
+    /health answering 200 and every request hanging). Rank 1: rank 0's engine fails on the lost peer; rank 0 has
+    its frontend answer 503 naming that error, stops it and exits 1. Either way: the request in flight gets the
+    503 (not a closed connection), /health stops answering 200 within 10 s, the launcher exits non-zero, and no
+    process is left."""
+    run = failed[f"kill{victim}"].result()
+    outcome, text, rc = run["outcome"], run["log"], run["rc"]
     status, message = outcome.get("request", (None, "no answer"))
-    assert status == 503 and CAUSES[victim].format(pid=rank0) in message, (outcome, text[-3000:])
+    assert status == 503 and CAUSES[victim].format(pid=run["rank0"]) in message, (outcome, text[-3000:])
     assert outcome.get("health_s") is not None, (outcome, text[-3000:])
     assert rc not in (0, None), (outcome, rc)  # within STOP_S: not torchrun's grace for an orderly stop
     if victim == "0":
         assert "a rank ended leaving processes" in text, text[-3000:]
-    assert not alive and not left, (alive, left)
+    assert not run["alive"] and not run["left"], (run["alive"], run["left"])
