@@ -13,11 +13,10 @@ OLD := .venv-oldest
 
 # uv (pinned, pip-installed into each environment) installs the pinned requirements: the newest lane's CUDA build
 # of torch took pip 104 s to download and unpack; uv builds both environments in 44 s, bytecode compiled. A wheel
-# folder pip is told of (PIP_FIND_LINKS, as on
-# machines that keep the CPU build of torch for Python 3.11) is handed to uv too, so both resolve the same files.
-# --compile-bytecode: pip writes the .pyc files at install, uv only when asked; without them every process (each
-# rank of each test) compiles torch and Megatron from source where PYTHONDONTWRITEBYTECODE is set (the suite ran
-# 1206 s instead of about 800).
+# folder pip is told of (PIP_FIND_LINKS, as on machines that keep the CPU build of torch for Python 3.11) is handed
+# to uv too, so both resolve the same files. --compile-bytecode: pip writes the .pyc files at install, uv only when
+# asked; without them every process (each rank of each test) compiles torch and Megatron from source where
+# PYTHONDONTWRITEBYTECODE is set (the suite ran 1206 s instead of about 800).
 UV := uv==0.13.9
 FIND_LINKS = $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
