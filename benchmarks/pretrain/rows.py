@@ -2,7 +2,8 @@
 
     ARMS                              arm -> (entry flags after the model's, link: "rate" | "unshaped")
     model_argv(cfg) -> [megatron args]    TP=2 + SP GPT on mock data, --log-interval 1, timers level 2
-    parse_log(text) -> {"iters": {i: ms}, "loss": {i: lm loss}, "timers": {i: {name: max ms}}, "sites"}
+    parse_log(text) -> {"iters": {i: ms}, "loss": {i: lm loss}, "timers": {i: {name: max ms}}, "sites",
+                        "picks": {choice key: pick}}    picks: the chooser's "flash-overlap chose" lines
     run_stat(parsed, warmup) -> seconds     the run's statistic: the median iteration after `warmup`
     summarize(runs, cfg) -> {"arms": {arm: {...}}, "loss": ..., "comm": ...}    the estimator over rounds
     table(summary) / loss_table(summary) / breakdown_table(summary) -> markdown
@@ -48,6 +49,7 @@ FAST = "stock@unshaped"
 ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|"
                   r".*?lm loss: ([0-9.eE+-]+)")
 TIMER = re.compile(r"^\s+([\w./-]+) \.+: \(([0-9.]+), ([0-9.]+)\)\s*$")
+CHOSE = re.compile(r"flash-overlap chose (\S+) for (\S+) ")  # plan/chooser.py line(): pick, key word
 PHASES = ("forward-backward", "forward-compute", "backward-compute", "all-grads-sync", "optimizer")
 
 
@@ -79,8 +81,9 @@ def keep_yaml() -> str:
 
 
 def parse_log(text: str) -> dict:
-    """One rank's output -> iterations, losses, the timers printed after each iteration, the sites line."""
-    out: dict = {"iters": {}, "loss": {}, "timers": {}, "sites": None}
+    """One rank's output -> iterations, losses, the timers printed after each iteration, the sites line, the
+    chooser's decisions."""
+    out: dict = {"iters": {}, "loss": {}, "timers": {}, "sites": None, "picks": {}}
     current = 0  # timers before the first iteration line (set-up) belong to iteration 0
     for line in text.splitlines():
         m = ITER.search(line)
@@ -93,18 +96,22 @@ def parse_log(text: str) -> dict:
             out["timers"].setdefault(current, {})[t.group(1)] = float(t.group(3))
         elif line.startswith("GEMM sites: "):
             out["sites"] = line[len("GEMM sites: "):].strip()
+        elif (c := CHOSE.search(line)) is not None:
+            out["picks"][c.group(2)] = c.group(1)
     return out
 
 
 def merge(ranks: list[dict]) -> dict:
-    """Per-rank parses -> one: the iteration / timer lines come from the last rank, the sites from rank 0."""
-    out: dict = {"iters": {}, "loss": {}, "timers": {}, "sites": None}
+    """Per-rank parses -> one: the iteration / timer lines come from the last rank, the sites from rank 0, the
+    picks from the first rank that logged them (every rank takes the same)."""
+    out: dict = {"iters": {}, "loss": {}, "timers": {}, "sites": None, "picks": {}}
     for r in ranks:
         if r is None:
             continue
         for key in ("iters", "loss", "timers"):
             out[key].update({int(i): v for i, v in r[key].items()})
         out["sites"] = out["sites"] or r["sites"]
+        out["picks"] = out["picks"] or r.get("picks", {})
     return out
 
 

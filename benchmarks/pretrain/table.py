@@ -39,8 +39,29 @@ def _arm(runs: list[dict], warmup: int, base: list[float] | None) -> dict:
     names = [n for n in PHASES if all(n in r for r in per_round)]
     return {"samples": samples, "median": statistics.median(samples),
             "vs_stock": speedup(base, samples) if base is not None else None,
-            "sites": runs[0]["sites"] or "stock",
+            "sites": runs[0]["sites"] or "stock", "picks": _picks(runs),
             "phases": {n: statistics.median(r[n] for r in per_round) for n in names}}
+
+
+def _picks(runs: list[dict]) -> dict:
+    """{choice key: {pick: runs}} over an arm's runs (empty where none chose: samples from before picks were
+    kept, or no auto site)."""
+    out: dict = {}
+    for run in runs:
+        for key, pick in run.get("picks", {}).items():
+            out.setdefault(key, {})[pick] = out.get(key, {}).get(pick, 0) + 1
+    return out
+
+
+def picks_line(s: dict) -> str:
+    """What each auto arm's chooser picked per key over the rounds, e.g. `auto: qkv/train/1024 flash 5; ...`."""
+    lines = []
+    for arm, a in s["arms"].items():
+        if a.get("picks"):
+            body = "; ".join(f"{key} " + ", ".join(f"{p} {n}" for p, n in sorted(counts.items()))
+                             for key, counts in sorted(a["picks"].items()))
+            lines.append(f"- {arm}, the chooser's picks over {len(a['samples'])} runs: {body}")
+    return "\n".join(lines)
 
 
 def _comm(arms: dict) -> dict | None:
@@ -76,6 +97,8 @@ def table(s: dict, rate: str) -> str:
         link = rate if ARMS[arm][1] == "rate" else "unshaped"
         rows.append(f"| {arm} | {link} | {a['median'] * 1e3:.0f} ({min(ms):.0f}-{max(ms):.0f}) | {len(ms)} | "
                     f"{_vs(a['vs_stock'])} | {s['max_loss_diff'][arm]:.1e} | {a['sites']} |")
+    if picks_line(s):
+        rows += ["", picks_line(s)]
     if s["comm"]:
         c = s["comm"]
         rows += ["", f"Communication share of stock's iteration at {rate}: 1 - stock@unshaped / stock = "

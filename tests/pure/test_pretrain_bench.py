@@ -88,6 +88,29 @@ def test_tables_show_every_arm_and_the_verdict():
     assert loss_table(s).splitlines()[2] == "| 1 | 5.000000 | 5.000000 | 5.000000 |"
 
 
+def _chose(pick: str, word: str) -> str:
+    """plan/chooser.py's decision line as the logging module prints it."""
+    return (f"WARNING:megatron_flashoverlap.ops.choose:flash-overlap chose {pick} for {word} (2 ranks, 1 per node, "
+            f"gloo, float32; w 3072x1024 x 1024): measured, {pick} faster than stock in 5/5 paired rounds "
+            f"[reference 11000 us, flash 9000 us]")
+
+
+def test_the_choosers_picks_are_counted_per_key_over_the_runs():
+    def auto(qkv: str) -> dict:
+        rank0 = parse_log(f"GEMM sites: qkv=auto, fc1=auto\n{_chose(qkv, 'qkv/train/1024')}\n"
+                          f"{_chose('flash', 'fc1/train/1024')}\n")
+        return merge([rank0, parse_log(_log([9000, 1000, 1000, 1000], [5.0, 4.0, 3.0, 2.0], [1.0] * 4))])
+    assert auto("reference")["picks"] == {"qkv/train/1024": "reference", "fc1/train/1024": "flash"}
+    stock = [_run([9000, 2000, 2000, 2000])] * 3
+    s = summarize({"stock": stock, "auto": [auto("flash"), auto("reference"), auto("flash")]}, warmup=1)
+    assert s["arms"]["auto"]["picks"] == {"qkv/train/1024": {"flash": 2, "reference": 1},
+                                          "fc1/train/1024": {"flash": 3}}
+    assert s["arms"]["stock"]["picks"] == {}  # no auto site: no line for it
+    assert ("- auto, the chooser's picks over 3 runs: fc1/train/1024 flash 3; qkv/train/1024 flash 2, reference 1"
+            in table(s, "1gbit"))
+    assert "- stock," not in table(s, "1gbit")
+
+
 def test_summarize_refuses_no_stock_and_mismatched_iterations():
     with pytest.raises(ValueError, match="keep it in --arms"):
         summarize({"flash": [_run([1, 2, 3, 4])]}, warmup=1)
