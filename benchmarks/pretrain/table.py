@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import collections
 import statistics
 
 from benchmarks.harness.estimator import speedup
@@ -46,15 +47,16 @@ def _arm(runs: list[dict], warmup: int, base: list[float] | None) -> dict:
 def _picks(runs: list[dict]) -> dict:
     """{choice key: {pick: runs}} over an arm's runs (empty where none chose: samples from before picks were
     kept, or no auto site)."""
-    out: dict = {}
+    out: dict = collections.defaultdict(collections.Counter)
     for run in runs:
         for key, pick in run.get("picks", {}).items():
-            out.setdefault(key, {})[pick] = out.get(key, {}).get(pick, 0) + 1
-    return out
+            out[key][pick] += 1
+    return {key: dict(counts) for key, counts in out.items()}
 
 
 def picks_line(s: dict) -> str:
-    """What each auto arm's chooser picked per key over the rounds, e.g. `auto: qkv/train/1024 flash 5; ...`."""
+    """What each auto arm's chooser picked per key over the rounds, one line per arm that chose, e.g.
+    `- auto, the chooser's picks over 5 runs: fc1/train/512 flash 5; qkv/train/512 flash 4, reference 1`."""
     lines = []
     for arm, a in s["arms"].items():
         if a.get("picks"):
@@ -97,8 +99,9 @@ def table(s: dict, rate: str) -> str:
         link = rate if ARMS[arm][1] == "rate" else "unshaped"
         rows.append(f"| {arm} | {link} | {a['median'] * 1e3:.0f} ({min(ms):.0f}-{max(ms):.0f}) | {len(ms)} | "
                     f"{_vs(a['vs_stock'])} | {s['max_loss_diff'][arm]:.1e} | {a['sites']} |")
-    if picks_line(s):
-        rows += ["", picks_line(s)]
+    picks = picks_line(s)
+    if picks:
+        rows += ["", picks]
     if s["comm"]:
         c = s["comm"]
         rows += ["", f"Communication share of stock's iteration at {rate}: 1 - stock@unshaped / stock = "

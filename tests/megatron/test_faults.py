@@ -138,13 +138,11 @@ CASES = {"forward": ("AllGatherMatmul.forward", 8, "tp", True),
 def ended(tmp_path_factory):
     """{case: future of (seconds from the fault to the end, exit code, log text)}: every case's job started at
     once on first use."""
-    tmp, futures = tmp_path_factory.mktemp("faults"), {}
+    tmp = tmp_path_factory.mktemp("faults")
+    flags = {"tp": TP_SP, "dp": _dp_args(tmp)}  # the two DP cases read the same YAML
     with concurrent.futures.ThreadPoolExecutor(len(CASES)) as pool:
-        for name, (where, call, args, torchrun) in CASES.items():
-            (tmp / name).mkdir()
-            flags = TP_SP if args == "tp" else _dp_args(tmp / name)
-            futures[name] = pool.submit(_run, where, call, flags, torchrun, tmp / f"{name}.log")
-        yield futures
+        yield {name: pool.submit(_run, where, call, flags[args], torchrun, tmp / f"{name}.log")
+               for name, (where, call, args, torchrun) in CASES.items()}
 
 
 @pytest.mark.newest_only
