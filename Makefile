@@ -20,21 +20,21 @@ OLD := .venv-oldest
 UV := uv==0.13.9
 FIND_LINKS = $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
+# $(call venv,folder,python,version word,requirements file): one environment, made the same way for both lanes
+define venv
+	@test -n "$(2)" || { echo "Python $(3) not found: install it or pass PY$(subst .,,$(3))=/path/to/python$(3)" >&2; exit 1; }
+	$(2) -m venv $(1)
+	$(1)/bin/pip install -q $(UV)
+	$(1)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/python $(FIND_LINKS) -r $(4)
+	$(1)/bin/uv pip install -q --python $(1)/bin/python --no-deps -e .
+	touch $(1)/.ok
+endef
+
 $(VENV)/.ok: requirements/newest.txt
-	@test -n "$(PY312)" || { echo "Python 3.12 not found: install it or pass PY312=/path/to/python3.12" >&2; exit 1; }
-	$(PY312) -m venv $(VENV)
-	$(VENV)/bin/pip install -q $(UV)
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(VENV)/bin/python $(FIND_LINKS) -r requirements/newest.txt
-	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps -e .
-	touch $@
+	$(call venv,$(VENV),$(PY312),3.12,requirements/newest.txt)
 
 $(OLD)/.ok: requirements/oldest.txt
-	@test -n "$(PY311)" || { echo "Python 3.11 not found: install it or pass PY311=/path/to/python3.11" >&2; exit 1; }
-	$(PY311) -m venv $(OLD)
-	$(OLD)/bin/pip install -q $(UV)
-	$(OLD)/bin/uv pip install -q --compile-bytecode --python $(OLD)/bin/python $(FIND_LINKS) -r requirements/oldest.txt
-	$(OLD)/bin/uv pip install -q --python $(OLD)/bin/python --no-deps -e .
-	touch $@
+	$(call venv,$(OLD),$(PY311),3.11,requirements/oldest.txt)
 
 demo: $(VENV)/.ok
 	$(VENV)/bin/python examples/pretrain_tiny_gpt.py

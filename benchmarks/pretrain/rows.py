@@ -33,16 +33,28 @@ ARMS = {
     # every layer stock or flash, measured at its first training step (the chooser)
     "auto": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "auto.yaml")], "rate"),
     # flash, and the column layers (qkv, fc1) keep AG(x) from forward for the weight gradient: one gather
-    # fewer per column layer in backward (stock re-gathers too), memory for time; YAML written by keep_yaml()
-    "flash+keep": (["--flash-overlap", "--flash-overlap-config", "{keep_yaml}"], "rate"),
+    # fewer per column layer in backward (stock re-gathers too), memory for time; YAML written by arm_yaml()
+    "flash+keep": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
+    # flash, every ring hop cut in 2 (4) row sub-chunks: the remote block's GEMM starts on the first to arrive
+    "flash+c2": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
+    "flash+c4": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     # our spec (SDPA core attention, our norms) with every linear on Megatron's own forward: what the spec
     # alone changes against stock, so flash vs this arm is the overlap alone
     "ours-reference": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "stock.yaml")], "rate"),
     "stock@unshaped": ([], "unshaped"),  # the same stock run with no qdisc: what the link costs stock
+    # flash with no qdisc: its compute alone, the most any overlap of these sites can reach at this rate
+    "flash@unshaped": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "flash.yaml")],
+                       "unshaped"),
 }
-KEEP_YAML = ("description: flash, qkv and fc1 keep the gathered input for wgrad (benchmarks/pretrain/run.py)\n"
-             "default: {algo: flash}\nqkv: {algo: flash, keep_gathered: true}\n"
-             "fc1: {algo: flash, keep_gathered: true}\n")
+YAMLS = {  # the arms whose config the benchmark writes (arm_yaml)
+    "flash+keep": ("description: flash, qkv and fc1 keep the gathered input for wgrad (benchmarks/pretrain/run.py)\n"
+                   "default: {algo: flash}\nqkv: {algo: flash, keep_gathered: true}\n"
+                   "fc1: {algo: flash, keep_gathered: true}\n"),
+    "flash+c2": "description: flash, 2 row sub-chunks per hop (benchmarks/pretrain/run.py)\n"
+                "default: {algo: flash, hop_chunks: 2}\n",
+    "flash+c4": "description: flash, 4 row sub-chunks per hop (benchmarks/pretrain/run.py)\n"
+                "default: {algo: flash, hop_chunks: 4}\n",
+}
 BASE = "stock"
 FAST = "stock@unshaped"
 
@@ -68,15 +80,15 @@ def entry_argv(arm: str, cfg: dict) -> list[str]:
     """The project entry's argv for one rank of `arm` (`--cpu`, the model, the arm's flags)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose among {sorted(ARMS)}")
-    return ["--cpu", *model_argv(cfg), *(keep_yaml() if f == "{keep_yaml}" else f for f in ARMS[arm][0])]
+    return ["--cpu", *model_argv(cfg), *(arm_yaml(arm) if f == "{yaml}" else f for f in ARMS[arm][0])]
 
 
-def keep_yaml() -> str:
-    """The flash+keep arm's YAML (KEEP_YAML), written once into the temp folder; -> its path."""
-    path = os.path.join(tempfile.gettempdir(), "flashoverlap-pretrain-flash-keep.yaml")
-    if not os.path.exists(path) or open(path).read() != KEEP_YAML:
+def arm_yaml(arm: str) -> str:
+    """The YAML of an arm the benchmark writes (YAMLS), written once into the temp folder; -> its path."""
+    path = os.path.join(tempfile.gettempdir(), f"flashoverlap-pretrain-{arm.replace('+', '-')}.yaml")
+    if not os.path.exists(path) or open(path).read() != YAMLS[arm]:
         with open(path, "w") as f:
-            f.write(KEEP_YAML)
+            f.write(YAMLS[arm])
     return path
 
 

@@ -9,12 +9,12 @@ ONE plan: an algorithm from ALGOS and its knobs.
     flash_bidir    the same on a bidirectional ring (half of each shard each way)
     slicing        data slicing with `num_chunks` chunks (the TE "pipeline"-like baseline)
     reference      the unfused path: Megatron's own forward (the blocking collective, then the GEMM)
-    auto           the default: reference or flash, measured at the layer's first training call on the real
-                   group (plan/chooser.py; stock unless flash wins); its knobs are flash's (hop_chunks,
-                   keep_gathered)
+    auto           the default: reference, flash or (under SP, hop_chunks open) flash with 2 sub-chunks per hop,
+                   measured at the layer's first training call on the real group (plan/chooser.py; stock unless
+                   one of ours wins); its knobs are flash's (hop_chunks, keep_gathered)
     num_chunks     slicing only: the chunk count
-    hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None:
-                   automatic: 1, measured; ops/tp_sp/plain.py hop_chunks_for)
+    hop_chunks     flash only: row sub-chunks per ring hop, each posted ahead as its own transfer (None: 1 for
+                   flash, 1 or 2 by measurement for auto; ops/tp_sp/plain.py hop_chunks_for)
     keep_gathered  column layers (qkv, fc1): keep AG(x) from forward for the weight gradient
 
 YAML (files in configs/ only choose values; every key is optional):
@@ -72,7 +72,10 @@ from typing import Mapping
 # SITE_ALGOS (a layer's word: an algorithm, or auto, plan/chooser.py), ALL_REDUCE_ALGOS.
 from .plan import (ALGOS, ALL_REDUCE_ALGOS, SITE_ALGOS, Fp8Recipe, OpPlan,  # noqa: E402,F401  (re-exported)
                    _positive_int_or_none)
-TRAIN_PICKS = ("reference", "flash")  # the candidates of an auto layer's training step
+TRAIN_PICKS = ("reference", "flash")  # the candidates of an auto site's training step
+# a TP layer's under sequence parallelism adds flash_c2: flash with every ring hop cut in 2 row sub-chunks
+# (hop_chunks 2), where the YAML leaves hop_chunks open and no FP8 recipe runs (megatron/train_choice.py)
+LAYER_PICKS = TRAIN_PICKS + ("flash_c2",)
 ULYSSES_ALGOS = ("flash", "reference")
 # attention.ulysses_algo: an a2a word, or auto (the default: reference or flash, measured at the attention's first
 # training forward; ops/attention/choose.py)

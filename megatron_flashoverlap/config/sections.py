@@ -6,7 +6,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYERS, MOE_SITE, MOE_SITE_ALGOS,
+from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYER_PICKS, LAYERS, MOE_SITE, MOE_SITE_ALGOS,
                PLANNER_PROBES, PREFILL_ALGOS, ROW_SITES, STEP_KINDS, TRAIN_PICKS, ULYSSES_SITE, ULYSSES_SITE_ALGOS,
                _positive_int_or_none)
 
@@ -60,13 +60,14 @@ def _pinned_word(word, pick) -> None:
     elif ok and parts[0] in (MOE_SITE, ULYSSES_SITE):
         ok = parts[1] == "train" and pick in TRAIN_PICKS
     elif ok and parts[1] == "train":
-        ok = parts[0] in LAYERS and pick in TRAIN_PICKS
+        ok = parts[0] in LAYERS and pick in LAYER_PICKS
     elif ok:
         ok = parts[0] in ROW_SITES and parts[1] != "decode" and pick in PREFILL_ALGOS[1:]
     if not ok:
         raise ValueError(f"choices.pinned: {word}: {pick!r} is not a choice the chooser writes (proj|fc2/prefill|"
                          f"mixed/<tokens>: reference|decomposed, all_reduce/decode/<tokens>: an algorithm of "
-                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}|{MOE_SITE}|{ULYSSES_SITE}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
+                         f"{ALL_REDUCE_ALGOS[1:]}, {'|'.join(LAYERS)}/train/<tokens>: {'|'.join(LAYER_PICKS)}, "
+                         f"{MOE_SITE}|{ULYSSES_SITE}/train/<tokens>: {'|'.join(TRAIN_PICKS)}); "
                          f"remove it or pass back the file a run wrote")
 
 

@@ -7,7 +7,7 @@
     sites.py                   the GEMM sites line: what each site of each layer kind runs, and why
     step_kind.py               the step kind a forward tells its row linears (train / prefill / decode / mixed),
                                and the inference token buckets the chooser decides at the first step
-    train_choice.py            an `auto` layer's training step: stock or flash, measured by the chooser
+    train_choice.py            an `auto` layer's training step: stock or flash (flash_c2), measured by the chooser
     probe.py                   the start-up probe: GEMMs and hops timed on the real group, for the planner
     ddp/                       DP gradient reduce-scatter inside the wgrad GEMM, on Megatron's DDP, and under
                                pretrain() with --flash-overlap (its DDP class becomes ours)

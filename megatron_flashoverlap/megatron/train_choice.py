@@ -1,8 +1,8 @@
-"""A training step's site under `algo: auto`: stock or flash, the chooser's measured tier (plan/chooser.py).
+"""A training step's site under `algo: auto`: stock, flash or flash_c2, the chooser's measured tier (plan/chooser.py).
 
     train_plan(layer, train_key(site, x, weight, layout, members), op, x, flash)
-        -> `flash` (the layer's flash OpPlan) or None (stock: the layer runs Megatron's own forward; under FP8
-           the layer's FP8 reference instead, megatron/linear.py)
+        -> `flash` (the layer's flash OpPlan), `flash` with hop_chunks 2 (flash_c2), or None (stock: the layer
+           runs Megatron's own forward; under FP8 the layer's FP8 reference instead, megatron/linear.py)
         op: the layer's operator, op(x, weight, group, plan=, context=) -> y, with autograd
             all_gather_matmul (column, SP), matmul_reduce_scatter (row, SP),
             matmul_allreduce_dgrad (column, no SP), matmul_all_reduce (row, no SP)
@@ -12,6 +12,10 @@
             reference   reference_plan(flash): the blocking collective, then the GEMM (stock's order; under FP8
                         the same FP8 GEMM as flash's: Megatron's forward has none)
             flash       the layer's flash plan (decomposed ring, rank-adaptive slices)
+            flash_c2    the same with every hop in 2 row sub-chunks (hop_chunks 2): the remote block's GEMM
+                        starts on the first half to arrive, where a hop is long against its slice. A candidate
+                        only for the sequence-parallel ops, where the YAML leaves hop_chunks open, the shard has
+                        2 rows or more and no FP8 recipe runs (its wgrad slices would need 16-token multiples)
         ONCE per key; the samples are the max over `replicas(group)` as well (the ranks that must run the same
         arithmetic: Megatron's tensor + data parallel group of this pipeline stage), so every replica of a
         site takes the same choice.
@@ -20,12 +24,16 @@ from __future__ import annotations
 
 from typing import Callable
 
+import dataclasses
+
 import torch
 
+from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..plan.chooser import Chooser, Key, bucket
 from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan, reference_plan
+from ..runtime import group_info
 from ..runtime.fp8 import probe_state
 from .fp8 import run as call_op
 
@@ -41,11 +49,28 @@ def train_plan(layer, key: Key, op: Callable, x: torch.Tensor, flash: OpPlan) ->
     """`flash` where the chooser picks it for `key`, None (stock) where it keeps stock (module docstring);
     `layer`: the linear (its weight, tp_group, flash_context, flash_chooser)."""
     chooser: Chooser = layer.flash_chooser
+    plans = candidates(op, x, flash, group_info(layer.tp_group)[1])
     known = chooser.answer(key)
     if known is None:
         known = settle(chooser, key, x.device, layer.tp_group,
-                       lambda: _samples(op, x, layer.weight, layer.tp_group, layer.flash_context, flash))
-    return flash if known.pick == "flash" else None
+                       lambda: _samples(op, x, layer.weight, layer.tp_group, layer.flash_context, plans))
+    if known.pick == "reference":
+        return None
+    if known.pick not in plans:
+        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of this layer "
+                         f"({', '.join(plans)}: hop sub-chunks run only under sequence parallelism, without FP8, "
+                         f"with hop_chunks open in the YAML); pin one of those, or remove the entry")
+    return plans[known.pick]
+
+
+def candidates(op: Callable, x: torch.Tensor, flash: OpPlan, world: int) -> dict[str, OpPlan]:
+    """{pick: plan} of the layer's candidates other than stock (module docstring); x: the op's input, a shard of
+    the sequence for all_gather_matmul, the whole sequence for matmul_reduce_scatter."""
+    plans = {"flash": flash}
+    shard = {all_gather_matmul: x.shape[0], matmul_reduce_scatter: x.shape[0] // world}.get(op, 0)
+    if shard >= 2 and flash.algo == "flash" and flash.hop_chunks is None and flash.fp8 is None:
+        plans["flash_c2"] = dataclasses.replace(flash, hop_chunks=2)
+    return plans
 
 
 def replicas(tp_group):
@@ -59,11 +84,12 @@ def replicas(tp_group):
     return ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
 
 
-def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
-    """{reference, flash: [seconds per kept round]} of one forward + backward on a probe of x's shape (under the
-    delayed FP8 recipe with a state of its own: the layer's amax history never sees the probe)."""
+def _samples(op, x, weight, group, ctx, plans) -> dict[str, list[float]]:
+    """{reference, each of `plans`: [seconds per kept round]} of one forward + backward on a probe of x's shape
+    (under the delayed FP8 recipe with a state of its own: the layer's amax history never sees the probe)."""
     probe = torch.ones_like(x).requires_grad_()
     w = weight.detach().requires_grad_()
+    flash = plans["flash"]
     scales = probe_state(flash.fp8)
 
     def step(plan):
@@ -73,5 +99,5 @@ def _samples(op, x, weight, group, ctx, flash) -> dict[str, list[float]]:
             probe.grad = w.grad = None
         return run
     with torch.enable_grad():
-        return paired({"reference": step(reference_plan(flash)), "flash": step(flash)}, group, x.device, rounds=ROUNDS,
-                      warmup=WARMUP, replicas=replicas(group))
+        runs = {"reference": step(reference_plan(flash)), **{pick: step(plan) for pick, plan in plans.items()}}
+        return paired(runs, group, x.device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas(group))

@@ -4,7 +4,8 @@
         site    proj | fc2: the row-parallel output all-reduce without SP of a prefill or mixed step
                     candidates: reference (the GEMM, then stock all-reduce) | decomposed (the layer's algo)
                 qkv | proj | fc1 | fc2 at a training step, where the layer's algo is auto
-                    candidates: reference (stock's forward) | flash, forward + backward (megatron/train_choice.py)
+                    candidates: reference (stock's forward) | flash | flash_c2 (under SP: 2 sub-chunks per hop),
+                    forward + backward (megatron/train_choice.py)
                 moe: an MoE layer's exchange + experts at a training step, where moe.algo is auto
                     candidates: reference (stock a2a, experts, a2a) | flash (fused), forward (ops/moe/choose.py)
                 ulysses: Ulysses attention's two all-to-alls at a training step, ulysses_algo auto

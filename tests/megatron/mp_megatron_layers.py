@@ -71,6 +71,8 @@ def contract(rank, world, kind, sp, skip_bias_add, site, flash=None):
                "backward_dw": (getattr(stock, "backward_dw", lambda: None)(), ours.backward_dw()), "sharded": _sharded(stock) == _sharded(ours)}
         out.update(_run(stock, ours, kind, sp, world))
         out["decided"] = {k.word: (c.pick, c.source) for k, c in ours.flash_chooser.decided.items()}
+        out["ran_hop_chunks"] = sorted({getattr(p, "hop_chunks", None) or 1 for p in ours._flash_trained.values()
+                                        if p is not None})  # the plans the layer ran (auto only; stock: none)
         return out
     finally:
         tm.destroy()

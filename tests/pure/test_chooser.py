@@ -160,10 +160,18 @@ def test_one_chooser_per_config_object():
 
 
 @pytest.mark.parametrize("bad", [{"proj/decode/4": "ring"}, {"all_reduce/decode/4": "decomposed"},
-                                 {"qkv/prefill/4": "reference"}, {"proj/prefill/x": "reference"}])
+                                 {"qkv/prefill/4": "reference"}, {"proj/prefill/x": "reference"},
+                                 {"moe/train/64": "flash_c2"}, {"ulysses/train/64": "flash_c2"}])
 def test_config_refuses_a_pinned_word_the_chooser_never_writes(bad):
     with pytest.raises(ValueError, match="choices.pinned"):
         config.from_dict({"choices": {"pinned": bad}}, config.Environment())
+
+
+def test_a_tp_layers_training_pick_may_be_flash_with_hop_sub_chunks():
+    """flash_c2 is a TP layer's candidate (megatron/train_choice.py), not the MoE exchange's or Ulysses'."""
+    cfg = config.from_dict({"choices": {"pinned": {"qkv/train/512": "flash_c2", "fc2/train/1024": "flash"}}},
+                           config.Environment())
+    assert dict(cfg.choices.pinned) == {"qkv/train/512": "flash_c2", "fc2/train/1024": "flash"}
 
 
 def test_the_line_names_the_key_the_pick_and_the_medians():

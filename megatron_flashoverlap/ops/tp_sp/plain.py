@@ -204,8 +204,9 @@ def rs_matmul_slicing(x, weight, group, ctx, plan):
 # A sub-chunk's GEMM slice starts as soon as it arrives (all-gather), its partial leaves as soon as it is made
 # (reduce-scatter): c shrinks the one slice a link-bound block cannot overlap from C/P to C/(P c), for c - 1 more
 # posts and waits per hop. The operator cannot see the link, so an open request is one transfer per hop; a
-# layer whose hop is long against its slice sets hop_chunks in its plan, and the planner fills it where the YAML
-# leaves it open (plan/probe_plan.py; measured in benchmarks/overlap/RESULTS.md, "Hop sub-chunks at P = 2").
+# layer whose hop is long against its slice sets hop_chunks in its plan, the planner fills it where the YAML
+# leaves it open (plan/probe_plan.py; measured in benchmarks/overlap/RESULTS.md, "Hop sub-chunks at P = 2"), and
+# an auto layer's chooser times c = 2 beside c = 1 on the real group (megatron/train_choice.py).
 
 def hop_chunks_for(algo: str, requested, shard_rows: int) -> int:
     """-> c for the algorithm that runs: "flash" takes the request (None: 1) capped at shard_rows so every
