@@ -95,7 +95,11 @@ def _exchange_prices(env: Env, g: Group, r: int, block: float, pair: bool) -> Pr
         inter = any(g.node_of(t.peer) != g.node_of(r) for t in tuple(sends) + tuple(recvs))
         return env.net.hop(block * len(sends), block * len(recvs), inter, senders)
 
-    return Prices(compute=lambda x: 0.0, transfer=transfer,
+    def fixed(sends, recvs) -> float:
+        inter = any(g.node_of(t.peer) != g.node_of(r) for t in tuple(sends) + tuple(recvs))
+        return env.net.hop_fixed(inter)
+
+    return Prices(compute=lambda x: 0.0, transfer=transfer, fixed=fixed,
                   arrived=lambda t: env.gemm.elementwise(block, 2.0 if t.op == "copy" else 3.0))
 
 

@@ -54,7 +54,9 @@ class Link:
     call_us: what one torch.distributed collective call costs beyond NCCL's kernel model (the launch and the
     stream handoff around it). ll_max_gbps: NCCL's cap on the LL protocol's bus bandwidth inside one node (0:
     none). nvls_efficiency: NVLink SHARP's all-reduce busbw / gbps on large messages (0: no NVLS);
-    nvls_mid_efficiency: the same over a message's first NVLS_RAMP_BYTES (links.py)."""
+    nvls_mid_efficiency: the same over a message's first NVLS_RAMP_BYTES (links.py). post_us: the part of p2p_us
+    that is the posting thread's own work, free to run while the previous hop's bytes are in flight (None:
+    call_us, a torch call's host cost; the rest of p2p_us runs in the stream, after the previous hop)."""
 
     name: str
     gbps: float
@@ -67,6 +69,7 @@ class Link:
     nvls_mid_efficiency: float = 0.0
     call_us: float = 0.0
     ll_max_gbps: float = 0.0
+    post_us: float | None = None
 
     def __post_init__(self):
         if self.gbps <= 0 or not 0 < self.coll_efficiency <= 1.2 or not 0 < self.p2p_efficiency <= 1:

@@ -104,6 +104,12 @@ class Net:
         rate = link.gbps * 1e9 * link.p2p_efficiency * (self._nic_share(senders) if inter else 1.0)
         return link.p2p_us * 1e-6 + max(sent, received) / rate
 
+    def hop_fixed(self, inter: bool) -> float:
+        """Seconds of a hop that are the posting thread's own work (Link.post_us), free to run while the previous
+        hop's bytes are in flight (walk.py)."""
+        link = self.cluster.link(inter)
+        return min(link.p2p_us, link.call_us if link.post_us is None else link.post_us) * 1e-6
+
     def ring_senders(self, group: Group) -> int:
         """Flows leaving a node at once in a ring step: one per colocated group."""
         return group.colocated

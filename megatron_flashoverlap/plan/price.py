@@ -82,8 +82,12 @@ def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = F
         name = sides[x.tag].name
         return f"{name} {x.block}.{x.part}" if name else x.label()
 
+    def fixed(sends, recvs) -> float:
+        colls = [sides[t.slice.tag].collective for t in sends]
+        return 0.0 if colls and colls[0] is not None else env.net.hop_fixed(inter)
+
     return Prices(compute=lambda x: sides[x.tag].compute(x), transfer=transfer,
-                  arrived=lambda t: sides[t.slice.tag].arrival, label=label)
+                  arrived=lambda t: sides[t.slice.tag].arrival, label=label, fixed=fixed)
 
 
 def walk_clock(env: Env, step_lists: Sequence[Sequence[Step]], walk_prices: Prices, lane: str = "") -> Clock:

@@ -92,6 +92,9 @@ class ProxyNet(Net):
             return super().hop(sent, received, inter, senders)
         return self.fits["hop"](max(sent, received))
 
+    def hop_fixed(self, inter: bool) -> float:
+        return self.fits["hop"].alpha if self.shared else super().hop_fixed(inter)
+
     def collective(self, kind: str, total: float, group: Group) -> float:
         p = group.size
         if p == 1 or total <= 0:
@@ -117,7 +120,7 @@ def link_of(name: str, f: Fit, flows: int = 1) -> Link:
     """A Link whose one hop costs f (module docstring)."""
     gbps = flows / max(f.per_byte, 1e-15) / 1e9
     us = f.alpha * 1e6
-    return Link(name, gbps, 1.0, 1.0, (us, us, us), (0.0, 0.0, 0.0), us)
+    return Link(name, gbps, 1.0, 1.0, (us, us, us), (0.0, 0.0, 0.0), us, post_us=us)
 
 
 def _rows_fit(rows) -> Fit:

@@ -3,13 +3,17 @@
 For each step of one rank's step list:
 
     post     each unit of the step (its transfers of one lag, `schedules.step.units`), in order, on the ONE
-             communication stream: a unit starts when posted and when the previous unit finished
+             communication stream, in two parts: its host work (`fixed`: the post itself) starts when posted
+             and when the previous unit's host work is done; its bytes (the rest of `transfer`) start when
+             its host work is done and the previous unit's bytes are through. A unit posted while the one
+             before it is still in flight (hop sub-chunks, a pipeline) hides its post under those bytes; a unit
+             posted after waiting on the one before it (a ring's dependent steps) pays both in series
     compute  the step's slices, one after another on the compute stream; a slice runs (1 + slowdown) times
              slower while a transfer is in flight beside it (SM / memory contention)
     wait     the units due at this step's end (posted at step i - lag); the compute stream resumes when they
              finished, then their arrivals are handled (e.g. the add of an arrived partial sum: `arrived`)
 
-    comm     |== unit i ==|         |== unit i+1 ==|
+    comm     |== unit i ==|         |== unit i+1 ==|     (host part then bytes: |h|==== bytes ====|)
     compute  |-- slices i --| wait  |-- slices i+1 --| wait
 
 Every rank is taken to run the same step list at the same times (the rings and the all-to-all are rank-
@@ -28,12 +32,15 @@ from ..schedules.step import units
 @dataclass(frozen=True)
 class Prices:
     """compute(slice) -> seconds; transfer(sends, recvs) -> seconds of one post; arrived(recv) -> seconds of its
-    handling on the compute stream after the wait (0 by default); label(slice) -> text for a timeline."""
+    handling on the compute stream after the wait (0 by default); label(slice) -> text for a timeline;
+    fixed(sends, recvs) -> the part of transfer's seconds that is host work (0 by default: all of it waits for
+    the previous unit's bytes)."""
 
     compute: Callable[[Slice], float]
     transfer: Callable[[Sequence[Transfer], Sequence[Transfer]], float]
     arrived: Callable[[Transfer], float] = lambda t: 0.0
     label: Callable[[Slice], str] = lambda s: s.label()
+    fixed: Callable[[Sequence[Transfer], Sequence[Transfer]], float] = lambda s, r: 0.0
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Clock:
 
     t: float = 0.0
     comm: float = 0.0
+    host: float = 0.0  # where the communication stream's host work (a post's fixed cost) is free again
     work: float = 0.0  # compute seconds without contention
     busy: list = field(default_factory=list)  # (start, end) of transfers, disjoint and in order
     events: list = field(default_factory=list)
@@ -73,8 +81,10 @@ def run(steps: Sequence[Step], prices: Prices, slowdown: float, clock: Clock | N
     due: dict[int, list] = {}
     for i, step in enumerate(steps):
         for lag, sends, recvs in units(step):
-            start = max(c.t, c.comm)
-            c.comm = start + prices.transfer(sends, recvs)
+            fixed = min(prices.fixed(sends, recvs), prices.transfer(sends, recvs))
+            start = max(c.t, c.host)
+            c.host = start + fixed
+            c.comm = max(c.host, c.comm) + prices.transfer(sends, recvs) - fixed
             c.busy.append((start, c.comm))
             c.events.append(("comm", start, c.comm, lane + _unit_label(sends, recvs)))
             due.setdefault(i + lag, []).append((c.comm, recvs))

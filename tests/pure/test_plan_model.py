@@ -171,3 +171,24 @@ def test_a_stock_call_is_the_kernel_plus_the_call_and_nvls_moves_its_first_bytes
     assert close(net.collective("all_reduce", 2 * r, g), net.kernel("all_reduce", 2 * r, g) + 2e-6)
     assert close(net.kernel("all_reduce", r, g), 25e-6 + 1.5 * (r / 0.5) / 100e9)  # within the ramp: mid rate
     assert net.collective("all_reduce", 2 * r, Group(1, 1)) == 0.0  # a group of one calls nothing
+
+
+def test_a_post_queued_behind_a_transfer_in_flight_hides_its_host_part_under_those_bytes():
+    """walk.run: a unit's host part (Prices.fixed) overlaps the previous unit's bytes only where it was posted
+    while they were in flight; a unit posted after a wait pays host part and bytes in series."""
+    from megatron_flashoverlap.plan.walk import Prices, run
+    from megatron_flashoverlap.schedules import Slice, Step, Transfer
+
+    def unit(b, lag):
+        return Transfer(1, Slice(0, b, 0), lag=lag)
+    ahead = [Step(sends=(unit(0, 0),), recvs=(unit(0, 0),)),  # posted, then the next posted before any wait
+             Step(sends=(unit(1, 0),), recvs=(unit(1, 0),))]
+    # 1 ms host + 4 ms bytes per unit, no compute: step 0 waits its unit (0-5), step 1 posts at 5 -> 10
+    waited = run(ahead, Prices(compute=lambda x: 0.0, transfer=lambda s, r: 5e-3, fixed=lambda s, r: 1e-3), 0.0)
+    assert math.isclose(waited.t, 10e-3)
+    lagged = [Step(sends=(unit(0, 1),), recvs=(unit(0, 1),)),  # waited one step later: unit 1 is posted ahead
+              Step(sends=(unit(1, 0),), recvs=(unit(1, 0),))]
+    both = run(lagged, Prices(compute=lambda x: 0.0, transfer=lambda s, r: 5e-3, fixed=lambda s, r: 1e-3), 0.0)
+    assert math.isclose(both.t, 9e-3)  # unit 1's host part (1-2 ms) under unit 0's bytes (1-5), its bytes 5-9
+    serial = run(lagged, Prices(compute=lambda x: 0.0, transfer=lambda s, r: 5e-3), 0.0)
+    assert math.isclose(serial.t, 10e-3)  # no host part: the old walk, one unit after the other
