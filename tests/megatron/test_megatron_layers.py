@@ -30,32 +30,42 @@ AUTO_CASES = [("column", True, False, "qkv"), ("row", True, True, "proj"), ("col
 
 
 @pytest.mark.parametrize("kind, sp, skip_bias_add, site", AUTO_CASES)
-@pytest.mark.parametrize("tier", ["measured", "no budget", "pinned flash", "pinned flash_c2"])
+@pytest.mark.parametrize("tier", ["measured", "no budget", "pinned flash"])
 def test_an_auto_layer_trains_as_its_choice_and_every_rank_takes_it(pools, kind, sp, skip_bias_add, site, tier):
     """algo auto (megatron/train_choice.py): the first training call decides <site>/train/<bucket> (stock,
     flash, or under SP flash with 2 sub-chunks per hop: forward + backward timed in paired rounds on the real
     group) and every rank holds the same pick; with no budget nothing is measured and the layer is Megatron's
-    own forward (exact to stock); a pinned flash runs ours (the layer contract's tolerances), a pinned flash_c2
-    runs it with hop_chunks 2, and without SP (no hops to cut) is refused naming the candidates."""
+    own forward (exact to stock); a pinned flash runs ours (the layer contract's tolerances)."""
     word = f"{site}/train/{tm_tokens(kind, sp)}"
-    pinned = {"pinned flash": "flash", "pinned flash_c2": "flash_c2"}.get(tier)
-    flash = {"default": {"algo": "auto"}, "choices": {"budget_s": 0} if tier == "no budget" else
-             {"pinned": {word: pinned}} if pinned else {}}
-    if tier == "pinned flash_c2" and not sp:
-        with pytest.raises(Exception, match="flash_c2 is not a candidate of this layer"):
-            pools(2).run(CONTRACT, kind, sp, skip_bias_add, site, flash, timeout=300)
-        return
+    flash = {"default": {"algo": "auto"}, "choices": {
+        "measured": {}, "no budget": {"budget_s": 0}, "pinned flash": {"pinned": {word: "flash"}}}[tier]}
     results = pools(2).run(CONTRACT, kind, sp, skip_bias_add, site, flash, timeout=300)
     assert results[0]["decided"] == results[1]["decided"] and word in results[0]["decided"], results[0]["decided"]
     pick, source = results[0]["decided"][word]
-    assert source == {"measured": "measured", "no budget": "model"}.get(tier, "pinned")
+    assert source == {"measured": "measured", "no budget": "model", "pinned flash": "pinned"}[tier]
     assert pick in (("reference", "flash", "flash_c2") if sp else ("reference", "flash"))
-    assert tier != "no budget" or pick == "reference"
-    assert pinned is None or pick == pinned
+    assert (tier != "no budget" or pick == "reference") and (tier != "pinned flash" or pick == "flash")
     assert results[0]["ran_hop_chunks"] == {"reference": [], "flash": [1], "flash_c2": [2]}[pick]
     for res in results:
         assert res["y_err"] == 0.0 and res["dx_err"] == 0.0
         assert res["grad_rel"] <= (0.0 if pick == "reference" else 1e-5)
+
+
+@pytest.mark.parametrize("kind, sp, skip_bias_add, site", [AUTO_CASES[0], AUTO_CASES[2]])
+def test_a_pinned_flash_c2_runs_two_sub_chunks_per_hop_and_only_under_sp(pools, kind, sp, skip_bias_add, site):
+    """A choice file's flash_c2 (megatron/train_choice.py): under SP the layer runs flash with hop_chunks 2 (the
+    layer contract's tolerances); without SP, where no hop can be cut, it is refused naming the candidates."""
+    word = f"{site}/train/{tm_tokens(kind, sp)}"
+    flash = {"default": {"algo": "auto"}, "choices": {"pinned": {word: "flash_c2"}}}
+    if not sp:
+        with pytest.raises(Exception, match="flash_c2 is not a candidate of this layer"):
+            pools(2).run(CONTRACT, kind, sp, skip_bias_add, site, flash, timeout=300)
+        return
+    results = pools(2).run(CONTRACT, kind, sp, skip_bias_add, site, flash, timeout=300)
+    assert results[0]["decided"][word] == results[1]["decided"][word] == ("flash_c2", "pinned")
+    assert results[0]["ran_hop_chunks"] == results[1]["ran_hop_chunks"] == [2]
+    for res in results:
+        assert res["y_err"] == 0.0 and res["dx_err"] == 0.0 and res["grad_rel"] <= 1e-5
 
 
 def tm_tokens(kind, sp):
