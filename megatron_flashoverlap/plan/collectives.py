@@ -91,15 +91,14 @@ def ar_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
 def _exchange_prices(env: Env, g: Group, r: int, block: float, pair: bool) -> Prices:
     senders = env.net.pair_senders(g) if pair else env.net.ring_senders(g)
 
+    def crosses(sends, recvs) -> bool:
+        """A peer of the unit sits on another node than rank r."""
+        return any(g.node_of(t.peer) != g.node_of(r) for t in tuple(sends) + tuple(recvs))
+
     def transfer(sends, recvs) -> float:
-        inter = any(g.node_of(t.peer) != g.node_of(r) for t in tuple(sends) + tuple(recvs))
-        return env.net.hop(block * len(sends), block * len(recvs), inter, senders)
+        return env.net.hop(block * len(sends), block * len(recvs), crosses(sends, recvs), senders)
 
-    def fixed(sends, recvs) -> float:
-        inter = any(g.node_of(t.peer) != g.node_of(r) for t in tuple(sends) + tuple(recvs))
-        return env.net.hop_fixed(inter)
-
-    return Prices(compute=lambda x: 0.0, transfer=transfer, fixed=fixed,
+    return Prices(compute=lambda x: 0.0, transfer=transfer, fixed=lambda s, rv: env.net.hop_fixed(crosses(s, rv)),
                   arrived=lambda t: env.gemm.elementwise(block, 2.0 if t.op == "copy" else 3.0))
 
 

@@ -70,9 +70,14 @@ def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = F
     inter = group.spans
     senders = env.net.pair_senders(group) if pairwise else env.net.ring_senders(group)
 
-    def transfer(sends, recvs) -> float:
+    def collectives(sends) -> list | None:
+        """The stock collectives of a unit's sends, None where the unit is point-to-point hops."""
         colls = [sides[t.slice.tag].collective for t in sends]
-        if colls and colls[0] is not None:
+        return colls if colls and colls[0] is not None else None
+
+    def transfer(sends, recvs) -> float:
+        colls = collectives(sends)
+        if colls is not None:
             return sum(c(t.slice) for c, t in zip(colls, sends))
         sent = sum(sides[t.slice.tag].nbytes(t.slice) for t in sends)
         got = sum(sides[t.slice.tag].nbytes(t.slice) for t in recvs)
@@ -83,8 +88,7 @@ def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = F
         return f"{name} {x.block}.{x.part}" if name else x.label()
 
     def fixed(sends, recvs) -> float:
-        colls = [sides[t.slice.tag].collective for t in sends]
-        return 0.0 if colls and colls[0] is not None else env.net.hop_fixed(inter)
+        return 0.0 if collectives(sends) is not None else env.net.hop_fixed(inter)
 
     return Prices(compute=lambda x: sides[x.tag].compute(x), transfer=transfer,
                   arrived=lambda t: sides[t.slice.tag].arrival, label=label, fixed=fixed)

@@ -81,10 +81,11 @@ def run(steps: Sequence[Step], prices: Prices, slowdown: float, clock: Clock | N
     due: dict[int, list] = {}
     for i, step in enumerate(steps):
         for lag, sends, recvs in units(step):
-            fixed = min(prices.fixed(sends, recvs), prices.transfer(sends, recvs))
+            whole = prices.transfer(sends, recvs)
+            fixed = min(prices.fixed(sends, recvs), whole)
             start = max(c.t, c.host)
             c.host = start + fixed
-            c.comm = max(c.host, c.comm) + prices.transfer(sends, recvs) - fixed
+            c.comm = max(c.host, c.comm) + whole - fixed
             c.busy.append((start, c.comm))
             c.events.append(("comm", start, c.comm, lane + _unit_label(sends, recvs)))
             due.setdefault(i + lag, []).append((c.comm, recvs))
