@@ -71,7 +71,8 @@ def test_window_predictions_never_read_a_measured_sample():
 
 
 @pytest.mark.newest_only  # the numbers do not depend on the Megatron version: one lane checks them
-def test_committed_window_is_what_its_raw_data_gives():
-    raw = json.loads((DATA / "window.json").read_text())
-    assert render(raw, "window.json") == (DATA / "window.md").read_text(), (
-        "python benchmarks/planner/run.py --one-window --compare --window benchmarks/planner/data/window.json")
+@pytest.mark.parametrize("name", ["window", "window_2"])
+def test_committed_window_is_what_its_raw_data_gives(name):
+    raw = json.loads((DATA / f"{name}.json").read_text())
+    assert render(raw, f"{name}.json") == (DATA / f"{name}.md").read_text(), (
+        f"python benchmarks/planner/run.py --one-window --compare --window benchmarks/planner/data/{name}.json")
