@@ -38,6 +38,8 @@ ARMS = {
     # flash, every ring hop cut in 2 (4) row sub-chunks: the remote block's GEMM starts on the first to arrive
     "flash+c2": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     "flash+c4": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
+    # both: 2 sub-chunks per hop, and qkv / fc1 keep the gathered input
+    "flash+c2+keep": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     # our spec (SDPA core attention, our norms) with every linear on Megatron's own forward: what the spec
     # alone changes against stock, so flash vs this arm is the overlap alone
     "ours-reference": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "stock.yaml")], "rate"),
@@ -54,6 +56,10 @@ YAMLS = {  # the arms whose config the benchmark writes (arm_yaml)
                 "default: {algo: flash, hop_chunks: 2}\n",
     "flash+c4": "description: flash, 4 row sub-chunks per hop (benchmarks/pretrain/run.py)\n"
                 "default: {algo: flash, hop_chunks: 4}\n",
+    "flash+c2+keep": ("description: flash, 2 row sub-chunks per hop, qkv and fc1 keep the gathered input for wgrad "
+                      "(benchmarks/pretrain/run.py)\ndefault: {algo: flash, hop_chunks: 2}\n"
+                      "qkv: {algo: flash, hop_chunks: 2, keep_gathered: true}\n"
+                      "fc1: {algo: flash, hop_chunks: 2, keep_gathered: true}\n"),
 }
 BASE = "stock"
 FAST = "stock@unshaped"
