@@ -56,10 +56,10 @@ def ar_fwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     p, b = g.size, env.bytes
     whole = env.mm(m, k / p, n)
     coll = env.net.collective("all_reduce", m * n * b, g)
-    variants = {"reference": chunked_walk(env, g, B.produce_chunks(1), lambda j: whole, coll)}
+    variants = {"reference": chunked_walk(env, g, B.produce_chunks(1), lambda j: whole, coll, kind="all_reduce")}
     for c in (2, 4, 8):
         variants[f"slicing:{c}"] = chunked_walk(env, g, B.produce_chunks(c), lambda j, c=c: env.mm(m / c, k / p, n),
-                                                env.net.collective("all_reduce", m * n * b / c, g))
+                                                env.net.collective("all_reduce", m * n * b / c, g), kind="all_reduce")
     if p > 1:
         for c in AR_CHUNKS:
             variants[f"flash:{c}"] = _ar_chunk_walks(env, g, m, n, (lambda r: env.mm(r, k / p, n), c))
@@ -73,12 +73,13 @@ def ar_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     coll = env.net.collective("all_reduce", m * k * b, g)
     stock = (Step(compute=(Slice(0, 0, 0),)), Step(sends=B.produce_chunks(1)[1].sends, compute=(Slice(0, 0, 1),)))
     wg = {1: Side(compute=lambda x: wgrad, name="wgrad")}
-    variants = {"reference": chunked_walk(env, g, stock, lambda j: dgrad, coll, wg)}
+    variants = {"reference": chunked_walk(env, g, stock, lambda j: dgrad, coll, wg, kind="all_reduce")}
     for c in (2, 4, 8):
         steps = list(B.produce_chunks(c))
         steps[-1] = Step(sends=steps[-1].sends, compute=(Slice(0, 0, 1),))
         variants[f"slicing:{c}"] = chunked_walk(env, g, tuple(steps), lambda j, c=c: env.mm(m / c, n / p, k),
-                                                env.net.collective("all_reduce", m * k * b / c, g), wg)
+                                                env.net.collective("all_reduce", m * k * b / c, g), wg,
+                                                kind="all_reduce")
     if p > 1:
         piece = env.mm(k, m / (p - 1), n / p)
         for c in AR_CHUNKS:
@@ -135,7 +136,8 @@ def ulysses(env: Env, g: Group, tensor_bytes: list[float], name: str = "ulysses_
     p = g.size
     colls = [env.net.collective("all_to_all", t, g) for t in tensor_bytes]
     lists = [(Step(sends=tuple(B._coll(i, B.COLL, lag=0) for i in range(len(colls)))),)]
-    ref = (lists, prices(env, g, {B.COLL: Side(collective=lambda x: colls[x.block])}))
+    fixed = env.net.collective_fixed("all_to_all", g)
+    ref = (lists, prices(env, g, {B.COLL: Side(collective=lambda x: colls[x.block], collective_fixed=lambda x: fixed)}))
     variants = {"reference": ref}
     if p > 1:
         steps = S.merge(*(S.all_to_all_produce(0, p, tag=i) for i in range(len(tensor_bytes))))
@@ -159,7 +161,7 @@ def moe(env: Env, g: Group, tokens: float, dims: tuple[int, int, int], experts: 
 
     a2a = env.net.collective("all_to_all", tokens * topk * h * b, g)
     stock = (Step(sends=(B._coll(0, B.COLL),)), Step(compute=(Slice(0, 0, 0),)), Step(sends=(B._coll(1, B.COLL),)))
-    variants = {"reference": chunked_walk(env, g, stock, lambda j: experts_on(rows * p), a2a)}
+    variants = {"reference": chunked_walk(env, g, stock, lambda j: experts_on(rows * p), a2a, kind="all_to_all")}
     if p > 1:
         sides = {0: Side(nbytes=lambda x: rows * h * b), 1: Side(nbytes=lambda x: rows * ACC_BYTES),
                  2: Side(compute=lambda x: experts_on(rows / 2 if x.block == 0 else rows),  # own block: half A

@@ -90,7 +90,10 @@ def place(size: int, stride: int, cluster: Cluster) -> Group:
 
 
 class Net:
-    """Prices hops and collectives on `cluster`."""
+    """Prices hops and collectives on `cluster`. host_is_compute: False on GPUs (the host posts ahead of the
+    compute stream); True on the CPU proxy (proxy.ProxyNet), where the thread that posts is the one that computes."""
+
+    host_is_compute = False
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -109,6 +112,12 @@ class Net:
         hop's bytes are in flight (walk.py)."""
         link = self.cluster.link(inter)
         return min(link.p2p_us, link.call_us if link.post_us is None else link.post_us) * 1e-6
+
+    def collective_fixed(self, kind: str, group: Group) -> float:
+        """Seconds of one stock collective call that are the posting thread's own work, free to run while the
+        previous call's bytes are in flight (walk.py): none on a GPU link (NCCL's call is priced whole, in series;
+        splitting it was tried and not kept: benchmarks/planner/RESULTS.md)."""
+        return 0.0
 
     def ring_senders(self, group: Group) -> int:
         """Flows leaving a node at once in a ring step: one per colocated group."""

@@ -8,7 +8,8 @@
                           FP8 bytes, the reduce-scatter partials bf16); cast(elements) prices those casts
     Side                  one tag of a step list: compute(slice) seconds, nbytes(slice) of its point-to-point
                           transfers, collective(slice) seconds where its transfers are stock collectives (tags >=
-                          steps.COLL), arrival seconds of handling one arrived transfer (e.g. the add of a partial)
+                          steps.COLL) and collective_fixed(slice) the host part of those (Net.collective_fixed),
+                          arrival seconds of handling one arrived transfer (e.g. the add of a partial)
     prices(env, group, sides, pairwise)   -> walk.Prices for a ring (pairwise: all-to-all / doubling) on `group`
     walk_clock(env, step_lists, prices)   -> the clock after walks run one after another
 """
@@ -61,6 +62,7 @@ class Side:
     compute: Callable[[Slice], float] = _zero
     nbytes: Callable[[Slice], float] = _zero
     collective: Callable[[Slice], float] | None = None
+    collective_fixed: Callable[[Slice], float] = _zero
     arrival: float = 0.0
     name: str = ""
 
@@ -88,10 +90,13 @@ def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = F
         return f"{name} {x.block}.{x.part}" if name else x.label()
 
     def fixed(sends, recvs) -> float:
-        return 0.0 if collectives(sends) is not None else env.net.hop_fixed(inter)
+        if collectives(sends) is not None:
+            return sum(sides[t.slice.tag].collective_fixed(t.slice) for t in sends)
+        return env.net.hop_fixed(inter)
 
     return Prices(compute=lambda x: sides[x.tag].compute(x), transfer=transfer,
-                  arrived=lambda t: sides[t.slice.tag].arrival, label=label, fixed=fixed)
+                  arrived=lambda t: sides[t.slice.tag].arrival, label=label, fixed=fixed,
+                  post_blocks=env.net.host_is_compute)
 
 
 def walk_clock(env: Env, step_lists: Sequence[Sequence[Step]], walk_prices: Prices, lane: str = "") -> Clock:

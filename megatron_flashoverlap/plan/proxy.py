@@ -11,6 +11,9 @@
                     all_to_all (buffer) = allgather(buffer / P)   (the same bytes leave each rank)
                     reduce_scatter = the benchmarks' line-rate ring: (P - 1) of our hops of one chunk
                     all_reduce (n) = allreduce(n)
+        collective_fixed   a call's host part, its fit's alpha (reduce_scatter: one hop's): on the CPU the
+                    thread that posts is the one that computes (host_is_compute), so the walk charges it to
+                    the compute stream, while the previous call's bytes may still be on the link
     proxy_gpu(add_fit, element_bytes)   a Gpu whose elementwise kernels cost the measured add (kernel_us =
                                 alpha, hbm = 3 * element bytes / per_byte); its GEMMs come from gemm.TableGemm
     link_fit(points)            a shaped link's hop from the probe's sizes: the sustained rate of the two largest,
@@ -92,8 +95,22 @@ class ProxyNet(Net):
             return super().hop(sent, received, inter, senders)
         return self.fits["hop"](max(sent, received))
 
+    host_is_compute = True  # a gloo rank posts from the thread that computes (walk.py: the post blocks compute)
+
     def hop_fixed(self, inter: bool) -> float:
         return self.fits["hop"].alpha if self.shared else super().hop_fixed(inter)
+
+    def collective_fixed(self, kind: str, group: Group) -> float:
+        """The least time of one gloo call (its fit's alpha): the host work of the post (module docstring)."""
+        if group.size == 1:
+            return 0.0
+        if kind == "reduce_scatter":
+            return self.hop_fixed(group.spans)
+        if kind in ("all_gather", "all_to_all"):
+            return self.fits["allgather"].alpha
+        if kind == "all_reduce":
+            return self.fits["allreduce"].alpha
+        raise ValueError(f"unknown collective {kind!r}")
 
     def collective(self, kind: str, total: float, group: Group) -> float:
         p = group.size

@@ -7,7 +7,9 @@ For each step of one rank's step list:
              and when the previous unit's host work is done; its bytes (the rest of `transfer`) start when
              its host work is done and the previous unit's bytes are through. A unit posted while the one
              before it is still in flight (hop sub-chunks, a pipeline) hides its post under those bytes; a unit
-             posted after waiting on the one before it (a ring's dependent steps) pays both in series
+             posted after waiting on the one before it (a ring's dependent steps) pays both in series.
+             `post_blocks` (the CPU proxy: the thread that posts is the one that computes): the compute
+             stream resumes only when the post's host work is done
     compute  the step's slices, one after another on the compute stream; a slice runs (1 + slowdown) times
              slower while a transfer is in flight beside it (SM / memory contention)
     wait     the units due at this step's end (posted at step i - lag); the compute stream resumes when they
@@ -34,13 +36,14 @@ class Prices:
     """compute(slice) -> seconds; transfer(sends, recvs) -> seconds of one post; arrived(recv) -> seconds of its
     handling on the compute stream after the wait (0 by default); label(slice) -> text for a timeline;
     fixed(sends, recvs) -> the part of transfer's seconds that is host work (0 by default: all of it waits for
-    the previous unit's bytes)."""
+    the previous unit's bytes); post_blocks: that host work holds the compute stream too (a CPU rank)."""
 
     compute: Callable[[Slice], float]
     transfer: Callable[[Sequence[Transfer], Sequence[Transfer]], float]
     arrived: Callable[[Transfer], float] = lambda t: 0.0
     label: Callable[[Slice], str] = lambda s: s.label()
     fixed: Callable[[Sequence[Transfer], Sequence[Transfer]], float] = lambda s, r: 0.0
+    post_blocks: bool = False
 
 
 @dataclass
@@ -85,6 +88,8 @@ def run(steps: Sequence[Step], prices: Prices, slowdown: float, clock: Clock | N
             fixed = min(prices.fixed(sends, recvs), whole)
             start = max(c.t, c.host)
             c.host = start + fixed
+            if prices.post_blocks:
+                c.t = c.host
             c.comm = max(c.host, c.comm) + whole - fixed
             c.busy.append((start, c.comm))
             c.events.append(("comm", start, c.comm, lane + _unit_label(sends, recvs)))

@@ -91,3 +91,46 @@ def test_probed_env_on_two_levels_gives_the_node_link_every_local_rank_shared_in
     assert env.net.hop(5e4, 5e4, False) == pytest.approx(1e-3 + 5e4 * 1e-7)  # intra: as probed
     with pytest.raises(ValueError, match="stock"):
         probed_env({k: v for k, v in _figures(1).items() if k != "stock"}, Fit(1e-5, 1e-9))
+
+
+def test_a_gloo_calls_host_part_is_its_fits_alpha_and_a_gpu_calls_is_none():
+    """ProxyNet.collective_fixed: the least time of one call of that kind (a reduce-scatter's: one hop's, the
+    line-rate ring's first post); the GPU Net prices NCCL's call whole (0) and its host runs ahead of compute."""
+    from megatron_flashoverlap.plan.links import Net
+
+    net, g = _net(), Group(4, 4)
+    assert net.host_is_compute and not Net.host_is_compute
+    assert net.collective_fixed("all_gather", g) == net.collective_fixed("all_to_all", g) == AG.alpha
+    assert net.collective_fixed("all_reduce", g) == AR.alpha
+    assert net.collective_fixed("reduce_scatter", g) == HOP.alpha
+    assert net.collective_fixed("all_gather", Group(1, 1)) == 0.0
+    assert Net(net.cluster).collective_fixed("all_gather", g) == 0.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        net.collective_fixed("broadcast", g)
+
+
+def test_on_the_proxy_a_sliced_all_gather_pays_its_calls_host_parts_only_where_compute_has_no_slack():
+    """slicing:4 of an all-gather + GEMM on the proxy (ops.column_fwd, P = 2, slowdown 0): each call's host part
+    (AG.alpha = 2 ms) holds the compute stream (the thread that posts computes) and runs while the previous
+    call's bytes are on the link. Link-bound, it hides under those bytes; compute-bound, it adds to the compute."""
+    from megatron_flashoverlap.plan import ops
+
+    gpu = proxy_gpu(Fit(1e-5, 1e-9))
+    link = Link("l", 1.0, 1.0, 1.0, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0), 1.0)
+    net = ProxyNet(Cluster(gpu, link, link, 2, 1, 1, 0.0), FITS)
+
+    def times(per_row, rows):
+        env = Env(net.cluster, "fp32", None, net)
+        env.mm = lambda m, k, n: m * per_row  # every GEMM costs per_row seconds per output row
+        t = ops.column_fwd(env, Group(2, 2), rows, 1000, 2).times
+        return t["reference"], t["slicing:4"]
+
+    # link-bound: 2000 rows x 1000 x 4 B gathered, 4e6 B per rank x 2e-8 = 80 ms of bytes; GEMM 2000 x 1 us.
+    # one call: host 0-2 ms, bytes 2-82, GEMM 82-84. Four calls posted at once: hosts 0-2, 2-4, 4-6, 6-8; bytes
+    # 2-22, 22-42, 42-62, 62-82 (each after the previous call's); a 0.5 ms GEMM after each: the last ends 82.5
+    one, four = times(1e-6, 2000)
+    assert one == pytest.approx(84e-3) and four == pytest.approx(82.5e-3)
+    # compute-bound: 20 rows, 4e4 B per rank (0.8 ms; 0.2 ms a quarter); GEMM 2 ms a row. One call: host 0-2,
+    # bytes 2-2.8, GEMM 2.8-42.8. Four: hosts 0-8 hold the compute stream, then four 10 ms GEMMs: 48 ms
+    one, four = times(2e-3, 20)
+    assert one == pytest.approx(42.8e-3) and four == pytest.approx(48e-3)
