@@ -17,9 +17,10 @@ rank, handed to the planner (plan/probe_plan.py) for the choices the YAML leaves
         hops:  every rank exchanges `bytes` with a partner at once: one walk of the executor of HOP_STEPS steps
                after a barrier, each step one exchange, per step: intra = the neighbour in its node (rank ^ 1),
                inter = the same local rank on the paired node (ranks without a pair report nothing)
-        stock: where `stock_bytes` names sizes, the group's own all-gather (bytes per rank) and all-reduce
-               (bytes) timed the same way, every rank at once: the call-level price of what stock runs
-               ("stock": {"all_gather": [[bytes, s]], "all_reduce": [[bytes, s]]})
+        stock: where `stock_bytes` names sizes, the group's own all-gather (bytes per rank), all-reduce
+               (bytes) and reduce-scatter (bytes per rank out: whatever dist.reduce_scatter_tensor runs, e.g.
+               the benchmarks' line-rate ring) timed the same way, every rank at once: the call-level price
+               of what stock runs ("stock": {"all_gather": [[bytes, s]], "all_reduce": ..., "reduce_scatter": ...})
         identical on every rank: each figure is all-reduced with MAX over the group
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..config import activate
 from ..plan.chooser import chooser_of
 from ..runtime.context import OverlapContext
 from ..runtime.executor import execute
-from ..runtime.group import all_gather_into
+from ..runtime.group import all_gather_into, reduce_scatter_into
 from ..schedules import Slice, Step, Transfer
 from ..runtime.timing import cuda_timed, interleaved, timed
 from ..runtime.once import LogOnce
@@ -48,7 +49,7 @@ _CHOSE = LogOnce(log)  # the choices: a decision line, as the chooser's
 _REFUSED = LogOnce(log)
 HOP_BYTES = (1 << 16, 1 << 20, 1 << 24)
 HOP_STEPS = 4  # steps of the executor walk a hop figure times (_exchange)
-STOCK = ("all_gather", "all_reduce")  # the stock collectives the probe can time (measure's stock_bytes)
+STOCK = ("all_gather", "all_reduce", "reduce_scatter")  # the stock collectives the probe times (stock_bytes)
 ROUNDS = 3
 
 
@@ -123,14 +124,16 @@ def _hop_seconds(peer: int | None, group, clock: _Clock, sizes=HOP_BYTES, rounds
 
 
 def _stock(kind: str, nbytes: int, group, clock: _Clock) -> float:
-    """Seconds of one stock `kind` call (all_gather: `nbytes` per rank; all_reduce: of `nbytes`), after a
-    barrier; the reduced buffer is a fresh copy each call (outside the clock)."""
+    """Seconds of one stock `kind` call (all_gather, reduce_scatter: `nbytes` per rank; all_reduce: of
+    `nbytes`), after a barrier; the reduced buffer is a fresh copy each call (outside the clock)."""
     x = torch.ones(max(1, nbytes // torch.empty((), dtype=clock.dtype).element_size()), dtype=clock.dtype,
                    device=clock.device)
-    out = torch.empty(dist.get_world_size(group) * x.numel(), dtype=clock.dtype, device=clock.device)
+    out = torch.ones(dist.get_world_size(group) * x.numel(), dtype=clock.dtype, device=clock.device)
     dist.barrier(group=group)
     if kind == "all_gather":
         return clock.seconds(lambda: all_gather_into(out, x, group))
+    if kind == "reduce_scatter":
+        return clock.seconds(lambda: reduce_scatter_into(x, out, group))
     return clock.seconds(lambda: dist.all_reduce(x, group=group))
 
 

@@ -9,7 +9,8 @@
                     Net.hop on the cluster's calibrated links
         collective  gloo's own, from their fits:  all_gather (total) = allgather(total / P)
                     all_to_all (buffer) = allgather(buffer / P)   (the same bytes leave each rank)
-                    reduce_scatter = the benchmarks' line-rate ring: (P - 1) of our hops of one chunk
+                    reduce_scatter = the "reducescatter" fit (per-rank bytes out) where the probe timed
+                    stock's own call; else the benchmarks' line-rate ring as (P - 1) of our hops of one chunk
                     all_reduce (n) = allreduce(n)
         collective_fixed   a call's host part, its fit's alpha (reduce_scatter: one hop's): on the CPU the
                     thread that posts is the one that computes (host_is_compute), so the walk charges it to
@@ -27,8 +28,8 @@
                      exchanges (every rank exchanging at once, as a ring step)
         two levels   ProxyNet(shared=False): Net.hop on an intra link fitted to "intra" and an inter link
                      fitted to "inter" (every local rank crossing at once: the node's rate = G flows' worth)
-        stock        all_gather / all_to_all / all_reduce from the probe's "stock" rows, reduce_scatter the
-                     line-rate ring of our hops (the benchmarks' stock reduce-scatter)
+        stock        all_gather / all_to_all / all_reduce / reduce_scatter from the probe's "stock" rows (a
+                     probe without reduce-scatter rows: the line-rate ring of our hops, the benchmarks' stock)
 Pure: no torch. The fits carry no GPU meaning; they price the proxy only.
 """
 from __future__ import annotations
@@ -105,7 +106,7 @@ class ProxyNet(Net):
         if group.size == 1:
             return 0.0
         if kind == "reduce_scatter":
-            return self.hop_fixed(group.spans)
+            return self.fits["reducescatter"].alpha if "reducescatter" in self.fits else self.hop_fixed(group.spans)
         if kind in ("all_gather", "all_to_all"):
             return self.fits["allgather"].alpha
         if kind == "all_reduce":
@@ -117,6 +118,8 @@ class ProxyNet(Net):
         if p == 1 or total <= 0:
             return 0.0
         if kind == "reduce_scatter":
+            if "reducescatter" in self.fits:
+                return self.fits["reducescatter"](total / p)
             return (p - 1) * self.hop(total / p, total / p, group.spans, self.ring_senders(group))
         if kind in ("all_gather", "all_to_all"):
             return self.fits["allgather"](total / p)
@@ -154,6 +157,8 @@ def probed_env(figures: dict, add: Fit, slowdown: float = 0.0, element_bytes: in
     intra = _rows_fit(figures["intra"])
     fits = {"allgather": _rows_fit(figures["stock"]["all_gather"]),
             "allreduce": _rows_fit(figures["stock"]["all_reduce"])}
+    if len(figures["stock"].get("reduce_scatter", ())) >= 3:  # probes before it timed none: the hop ring
+        fits["reducescatter"] = _rows_fit(figures["stock"]["reduce_scatter"])
     if nodes == 1:
         link = link_of("probed", intra)
         cluster = Cluster(gpu, link, link, g, 1, 1, slowdown)

@@ -134,3 +134,23 @@ def test_on_the_proxy_a_sliced_all_gather_pays_its_calls_host_parts_only_where_c
     # bytes 2-2.8, GEMM 2.8-42.8. Four: hosts 0-8 hold the compute stream, then four 10 ms GEMMs: 48 ms
     one, four = times(2e-3, 20)
     assert one == pytest.approx(42.8e-3) and four == pytest.approx(48e-3)
+
+
+def test_stock_reduce_scatter_is_priced_from_its_own_probe_rows_where_the_probe_timed_them():
+    """A probe that timed stock's reduce-scatter (what dist.reduce_scatter_tensor runs: in the benchmarks a P2P
+    ring on a shim thread) prices it from those rows; an older probe falls back to (P - 1) of our hops."""
+    rs = Fit(4e-3, 4e-8)
+    gpu = proxy_gpu(Fit(1e-5, 1e-9))
+    link = Link("l", 1.0, 1.0, 1.0, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0), 1.0)
+    net, g = ProxyNet(Cluster(gpu, link, link, 4, 1, 1, 0.0), {**FITS, "reducescatter": rs}), Group(4, 4)
+    assert net.collective("reduce_scatter", 4e6, g) == pytest.approx(4e-3 + 1e6 * 4e-8)  # per rank 1e6 bytes out
+    assert net.collective_fixed("reduce_scatter", g) == rs.alpha
+    assert _net().collective("reduce_scatter", 4e6, g) == pytest.approx(3 * (1e-3 + 1e6 * 1e-8))
+    rows = [[65536, 1e-3], [1 << 20, 5e-3], [4 << 20, 17e-3]]  # link_fit: alpha 1 ms, 4 ms per 3 MiB
+    figures = {"gpus_per_node": 2, "nodes": 1, "gemm": [], "intra": rows,
+               "stock": {"all_gather": rows, "all_reduce": rows, "reduce_scatter": rows}}
+    env = probed_env(figures, Fit(1e-5, 1e-9))
+    assert env.net.fits["reducescatter"].alpha == pytest.approx(1e-3)
+    assert env.net.fits["reducescatter"].per_byte == pytest.approx(12e-3 / (3 << 20))
+    del figures["stock"]["reduce_scatter"]
+    assert "reducescatter" not in probed_env(figures, Fit(1e-5, 1e-9)).net.fits
