@@ -22,7 +22,7 @@ from ..schedules import Slice, Step
 from . import baselines as B
 from .links import Group
 from .ops import OpTimes, chunked_walk, evaluate
-from .price import ACC_BYTES, Env, Side, prices
+from .price import ACC_BYTES, Env, Side, collective_side, collectives_side, prices
 from .walk import Prices, run
 
 AR_CHUNKS = (1, 2, 4)  # all_reduce.num_chunks of ops/tp_nosp (DEFAULT_CHUNKS = 2)
@@ -56,10 +56,11 @@ def ar_fwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     p, b = g.size, env.bytes
     whole = env.mm(m, k / p, n)
     coll = env.net.collective("all_reduce", m * n * b, g)
-    variants = {"reference": chunked_walk(env, g, B.produce_chunks(1), lambda j: whole, coll, kind="all_reduce")}
+    variants = {"reference": chunked_walk(env, g, B.produce_chunks(1), lambda j: whole,
+                                          collective_side(env, g, "all_reduce", m * n * b))}
     for c in (2, 4, 8):
         variants[f"slicing:{c}"] = chunked_walk(env, g, B.produce_chunks(c), lambda j, c=c: env.mm(m / c, k / p, n),
-                                                env.net.collective("all_reduce", m * n * b / c, g), kind="all_reduce")
+                                                collective_side(env, g, "all_reduce", m * n * b / c))
     if p > 1:
         for c in AR_CHUNKS:
             variants[f"flash:{c}"] = _ar_chunk_walks(env, g, m, n, (lambda r: env.mm(r, k / p, n), c))
@@ -73,13 +74,13 @@ def ar_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     coll = env.net.collective("all_reduce", m * k * b, g)
     stock = (Step(compute=(Slice(0, 0, 0),)), Step(sends=B.produce_chunks(1)[1].sends, compute=(Slice(0, 0, 1),)))
     wg = {1: Side(compute=lambda x: wgrad, name="wgrad")}
-    variants = {"reference": chunked_walk(env, g, stock, lambda j: dgrad, coll, wg, kind="all_reduce")}
+    variants = {"reference": chunked_walk(env, g, stock, lambda j: dgrad,
+                                          collective_side(env, g, "all_reduce", m * k * b), wg)}
     for c in (2, 4, 8):
         steps = list(B.produce_chunks(c))
         steps[-1] = Step(sends=steps[-1].sends, compute=(Slice(0, 0, 1),))
         variants[f"slicing:{c}"] = chunked_walk(env, g, tuple(steps), lambda j, c=c: env.mm(m / c, n / p, k),
-                                                env.net.collective("all_reduce", m * k * b / c, g), wg,
-                                                kind="all_reduce")
+                                                collective_side(env, g, "all_reduce", m * k * b / c), wg)
     if p > 1:
         piece = env.mm(k, m / (p - 1), n / p)
         for c in AR_CHUNKS:
@@ -136,8 +137,7 @@ def ulysses(env: Env, g: Group, tensor_bytes: list[float], name: str = "ulysses_
     p = g.size
     colls = [env.net.collective("all_to_all", t, g) for t in tensor_bytes]
     lists = [(Step(sends=tuple(B._coll(i, B.COLL, lag=0) for i in range(len(colls)))),)]
-    fixed = env.net.collective_fixed("all_to_all", g)
-    ref = (lists, prices(env, g, {B.COLL: Side(collective=lambda x: colls[x.block], collective_fixed=lambda x: fixed)}))
+    ref = (lists, prices(env, g, {B.COLL: collectives_side(env, g, [("all_to_all", t) for t in tensor_bytes])}))
     variants = {"reference": ref}
     if p > 1:
         steps = S.merge(*(S.all_to_all_produce(0, p, tag=i) for i in range(len(tensor_bytes))))
@@ -161,7 +161,8 @@ def moe(env: Env, g: Group, tokens: float, dims: tuple[int, int, int], experts: 
 
     a2a = env.net.collective("all_to_all", tokens * topk * h * b, g)
     stock = (Step(sends=(B._coll(0, B.COLL),)), Step(compute=(Slice(0, 0, 0),)), Step(sends=(B._coll(1, B.COLL),)))
-    variants = {"reference": chunked_walk(env, g, stock, lambda j: experts_on(rows * p), a2a, kind="all_to_all")}
+    variants = {"reference": chunked_walk(env, g, stock, lambda j: experts_on(rows * p),
+                                          collective_side(env, g, "all_to_all", tokens * topk * h * b))}
     if p > 1:
         sides = {0: Side(nbytes=lambda x: rows * h * b), 1: Side(nbytes=lambda x: rows * ACC_BYTES),
                  2: Side(compute=lambda x: experts_on(rows / 2 if x.block == 0 else rows),  # own block: half A

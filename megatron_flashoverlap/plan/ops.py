@@ -24,7 +24,7 @@ import megatron_flashoverlap.schedules as S  # module attributes: a changed sche
 from ..schedules import Step
 from . import baselines as B
 from .links import Group
-from .price import ACC_BYTES, Env, Side, prices, walk_clock
+from .price import ACC_BYTES, Env, Side, collective_side, collectives_side, prices, walk_clock
 from .walk import Clock
 
 SLICING_CHUNKS = (2, 4, 8)  # configs: num_chunks of the slicing baseline
@@ -111,14 +111,11 @@ def flash_walk(env: Env, g: Group, rings: Sequence[RingSide], chunks: int = 1, b
     return [steps], prices(env, g, sides)
 
 
-def chunked_walk(env: Env, g: Group, steps: tuple[Step, ...], chunk: Callable[[int], float], coll: float,
-                 extra: Mapping[int, Side] | None = None, kind: str | None = None):
-    """(step lists, prices) of a baseline step list: compute slices of tag 0 cost chunk(block), each collective
-    unit `coll` seconds, its host part Net.collective_fixed(kind) (none without a kind); `extra` prices other
-    tags."""
-    fixed = env.net.collective_fixed(kind, g) if kind else 0.0
-    sides = {0: Side(compute=lambda x: chunk(x.block), name="GEMM"),
-             B.COLL: Side(collective=lambda x: coll, collective_fixed=lambda x: fixed), **(extra or {})}
+def chunked_walk(env: Env, g: Group, steps: tuple[Step, ...], chunk: Callable[[int], float], coll: Side,
+                 extra: Mapping[int, Side] | None = None):
+    """(step lists, prices) of a baseline step list: compute slices of tag 0 cost chunk(block), its collective
+    units priced by `coll` (price.collective_side); `extra` prices other tags."""
+    sides = {0: Side(compute=lambda x: chunk(x.block), name="GEMM"), B.COLL: coll, **(extra or {})}
     return [steps], prices(env, g, sides)
 
 
@@ -149,10 +146,10 @@ def _one_ring(env: Env, g: Group, name: str, ring: RingSide, stock: tuple) -> Op
     p, (kind, total, chunks) = g.size, stock
     whole = ring.compute(ring.rows)
     coll = env.net.collective(kind, total, g)
-    variants = {"reference": chunked_walk(env, g, chunks(1), lambda j: whole, coll, kind=kind)}
+    variants = {"reference": chunked_walk(env, g, chunks(1), lambda j: whole, collective_side(env, g, kind, total))}
     for c in SLICING_CHUNKS:
         variants[f"slicing:{c}"] = chunked_walk(env, g, chunks(c), lambda j, c=c: ring.compute(ring.rows / c),
-                                                env.net.collective(kind, total / c, g), kind=kind)
+                                                collective_side(env, g, kind, total / c))
     variants.update(_flash_variants(env, g, [ring]))
     hops = _ring_hops(env, g, ring.nbytes(ring.rows / p))
     return evaluate(name, env, variants, (whole, coll, hops, max(whole, hops + whole / p)))
@@ -177,18 +174,16 @@ def column_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     p, b, gb = g.size, env.bytes, env.gather_bytes  # dx's partials in the activation dtype, x re-gathered
     dgrad, wgrad = env.mm(m, n / p, k), env.mm(k, m, n / p)
     ag, rs = env.net.collective("all_gather", m * k * gb, g), env.net.collective("reduce_scatter", m * k * b, g)
-    fag, frs = env.net.collective_fixed("all_gather", g), env.net.collective_fixed("reduce_scatter", g)
     stock = B.bulk(S.Slice(0, 0, 0), S.Slice(1, 0, 0))
-    variants = {"reference": chunked_walk(env, g, stock, lambda j: (dgrad, wgrad)[j], 0.0,
-                                          {B.COLL: Side(collective=lambda x: (ag, rs)[x.block],
-                                                        collective_fixed=lambda x: (fag, frs)[x.block])})}
+    variants = {"reference": chunked_walk(env, g, stock, lambda j: (dgrad, wgrad)[j], collectives_side(
+        env, g, [("all_gather", m * k * gb), ("reduce_scatter", m * k * b)]))}
     for c in SLICING_CHUNKS:  # slicing RS of the dgrad, then a blocking re-gather of x and the whole wgrad
         steps = B.produce_chunks(c) + B.consume_chunks(1, compute_tag=1, coll_tag=B.COLL + 1)
         variants[f"slicing:{c}"] = chunked_walk(
             env, g, steps, lambda j, c=c: env.mm(m / c, n / p, k),
-            env.net.collective("reduce_scatter", m * k * b / c, g),
+            collective_side(env, g, "reduce_scatter", m * k * b / c),
             {1: Side(compute=lambda x: wgrad, name="wgrad"),
-             B.COLL + 1: Side(collective=lambda x: ag, collective_fixed=lambda x: fag)}, kind="reduce_scatter")
+             B.COLL + 1: collective_side(env, g, "all_gather", m * k * gb)})
     rings = [RingSide("rs", m, lambda r: env.mm(r, n / p, k), lambda r: r * k * b, lambda r: env.add(r * k),
                       "dgrad"),
              RingSide("ag", m, lambda r: env.mm(k, r, n / p), lambda r: r * k * gb, name="wgrad")]
@@ -204,12 +199,13 @@ def row_bwd(env: Env, g: Group, m: int, k: int, n: int) -> OpTimes:
     p, b = g.size, env.gather_bytes  # the gathered dy: FP8 bytes under fp8
     whole = env.mm(m, n, k / p) + env.mm(k / p, m, n)
     coll = env.net.collective("all_gather", m * n * b, g)
-    variants = {"reference": chunked_walk(env, g, B.consume_chunks(1), lambda j: whole, coll, kind="all_gather")}
+    variants = {"reference": chunked_walk(env, g, B.consume_chunks(1), lambda j: whole,
+                                          collective_side(env, g, "all_gather", m * n * b))}
     for c in SLICING_CHUNKS:  # sliced gather of dy with the dgrad chunks, AG(dy) kept, then the whole wgrad
         steps = B.consume_chunks(c) + (Step(compute=(S.Slice(0, 0, 1),)),)
         variants[f"slicing:{c}"] = chunked_walk(
-            env, g, steps, lambda j, c=c: env.mm(m / c, n, k / p), env.net.collective("all_gather", m * n * b / c, g),
-            {1: Side(compute=lambda x: env.mm(k / p, m, n), name="wgrad")}, kind="all_gather")
+            env, g, steps, lambda j, c=c: env.mm(m / c, n, k / p), collective_side(env, g, "all_gather", m * n * b / c),
+            {1: Side(compute=lambda x: env.mm(k / p, m, n), name="wgrad")})
     ring = RingSide("ag", m, lambda r: env.mm(r, n, k / p) + env.mm(k / p, r, n), lambda r: r * n * b,
                     name="dgrad+wgrad")
     variants.update(_flash_variants(env, g, [ring]))

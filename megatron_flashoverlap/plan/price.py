@@ -10,6 +10,9 @@
                           transfers, collective(slice) seconds where its transfers are stock collectives (tags >=
                           steps.COLL) and collective_fixed(slice) the host part of those (Net.collective_fixed),
                           arrival seconds of handling one arrived transfer (e.g. the add of a partial)
+    collective_side(env, group, kind, nbytes)   -> the Side of units that are each one stock call: its price and
+                          its host part from the net together; collectives_side(env, group, calls): block j's
+                          unit the call calls[j] = (kind, nbytes)
     prices(env, group, sides, pairwise)   -> walk.Prices for a ring (pairwise: all-to-all / doubling) on `group`
     walk_clock(env, step_lists, prices)   -> the clock after walks run one after another
 """
@@ -65,6 +68,19 @@ class Side:
     collective_fixed: Callable[[Slice], float] = _zero
     arrival: float = 0.0
     name: str = ""
+
+
+def collective_side(env: Env, group: Group, kind: str, nbytes: float) -> Side:
+    """Units that are each one stock `kind` call over `nbytes` (module docstring)."""
+    seconds, fixed = env.net.collective(kind, nbytes, group), env.net.collective_fixed(kind, group)
+    return Side(collective=lambda x: seconds, collective_fixed=lambda x: fixed)
+
+
+def collectives_side(env: Env, group: Group, calls: Sequence[tuple[str, float]]) -> Side:
+    """Block j's unit is the stock call calls[j] = (kind, nbytes) (module docstring)."""
+    seconds = [env.net.collective(kind, n, group) for kind, n in calls]
+    fixed = [env.net.collective_fixed(kind, group) for kind, _ in calls]
+    return Side(collective=lambda x: seconds[x.block], collective_fixed=lambda x: fixed[x.block])
 
 
 def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = False) -> Prices:
