@@ -211,3 +211,16 @@ def hop_chunks_errors(rank, world):
 def _forced(x, w):
     with fo.force_reference():
         fo.all_gather_matmul(x, w, plan=fo.OpPlan(hop_chunks=3))
+
+
+def reference_column_backward_trace(rank, world, keep=False):
+    """The (what, label) events of algo="reference"'s column backward (all_gather_matmul's), in order."""
+    x, w, _, dy = _globals(0, 8 * world, 2, 16, 4 * world, torch.float32)
+    sl, nl = 8, 4
+    xs = x[rank * sl:(rank + 1) * sl].clone().requires_grad_()
+    ws = w[rank * nl:(rank + 1) * nl].clone().requires_grad_()
+    ctx = fo.OverlapContext(trace=[])
+    y = fo.all_gather_matmul(xs, ws, plan=fo.OpPlan("reference", keep_gathered=keep), context=ctx)
+    forward = len(ctx.trace)
+    y.backward(dy[:, :, rank * nl:(rank + 1) * nl])
+    return [(e.what, e.label) for e in ctx.trace[forward:]]

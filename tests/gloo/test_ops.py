@@ -102,3 +102,15 @@ def test_hop_chunks_bad_requests_name_the_fix(pools):
     assert "integer >= 1" in r["zero"] and "integer >= 1" in r["float"]
     assert "knob of algo 'flash'" in r["slicing"] and "knob of algo 'flash'" in r["bidir"]
     assert r["forced_ok"] is None  # force_reference() overrides the algo: the flash knob is then unused
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_reference_column_backward_overlaps_as_stock_megatron(pools, keep):
+    # Megatron's column backward under SP (LinearWithGradAccumulationAndAsyncCommunication) re-gathers x
+    # asynchronously under the dgrad GEMM and reduce-scatters the dgrad asynchronously under the wgrad GEMM; the
+    # operators' stock baseline must do no less (a blocking re-gather and RS would be a slower baseline than stock).
+    want = [("compute", "whole GEMM"), ("post", "reduce-scatter"), ("wait", "reduce-scatter")]
+    if not keep:
+        want = [("post", "all-gather"), want[0], ("wait", "all-gather")] + want[1:]
+    for events in pools(2).run("tests.gloo.mp_ops:reference_column_backward_trace", keep=keep):
+        assert events == want, events

@@ -246,10 +246,48 @@ def _column_dw(dy, x_shard, gathered, weight, group, dw):
     return _whole_wgrad(dy, gathered if gathered is not None else gather_reference(x_shard, group), weight, dw)
 
 
+def stock_column_backward(partial_of, x_bytes, wgrad_of, out_dtype, group, ctx):
+    """Stock Megatron's column backward under SP (tensor_parallel.layers.LinearWithGradAccumulationAndAsync-
+    Communication): the re-gather of x_bytes [s/P, ...] (None: kept from the forward, or no dW wanted) in flight
+    under the dgrad GEMM partial_of() -> dy @ w [s, ...] (the wire dtype), then the stock reduce-scatter of that
+    partial in flight under the wgrad wgrad_of(AG(x_bytes) [s, ...] or None). -> (dx [s/P, ...] in out_dtype,
+    wgrad_of's result). The same arithmetic as the blocking order, only the waits move."""
+    world = group_info(group)[1]
+    full = x_bytes if world == 1 else None
+    work = None
+    if x_bytes is not None and world > 1:
+        full = x_bytes.new_empty((x_bytes.shape[0] * world,) + tuple(x_bytes.shape[1:]))
+        t = time.perf_counter()
+        work = all_gather_into(full, x_bytes.contiguous(), group, async_op=True)
+        ctx.record("post", "all-gather", t)
+    t = time.perf_counter()
+    partial = partial_of()
+    ctx.record("compute", "whole GEMM", t)
+    if work is not None:
+        t = time.perf_counter()
+        wait_collective([work], group, partial.device, ctx.timeout, "all-gather")
+        ctx.record("wait", "all-gather", t)
+    if world == 1:
+        return partial.to(out_dtype), wgrad_of(full)
+    out = partial.new_empty((partial.shape[0] // world,) + tuple(partial.shape[1:]))
+    t = time.perf_counter()
+    work = reduce_scatter_into(out, partial.contiguous(), group, async_op=True)
+    ctx.record("post", "reduce-scatter", t)
+    dw = wgrad_of(full)
+    t = time.perf_counter()
+    wait_collective([work], group, partial.device, ctx.timeout, "reduce-scatter")
+    ctx.record("wait", "reduce-scatter", t)
+    return out.to(out_dtype), dw
+
+
 @register(COLUMN, "reference")
 def column_backward_reference(dy, x_shard, gathered, weight, group, ctx, plan, dw):
-    """-> (dx [s/P, b, h], dW [n/P, h] or None): stock RS of dy @ w; dW = AG(x)^T dy."""
-    return rs_matmul_reference(dy, weight.t(), group, ctx, plan), _column_dw(dy, x_shard, gathered, weight, group, dw)
+    """-> (dx [s/P, b, h], dW [n/P, h] or None): stock RS of dy @ w under dW = AG(x)^T dy, AG(x) re-gathered
+    under the dgrad (stock_column_backward)."""
+    regather = x_shard if dw is not None and gathered is None else None
+    return stock_column_backward(
+        lambda: partial_linear(dy, weight.t()).to(wire_dtype(dy.dtype, plan.wire_dtype)), regather,
+        lambda full: _whole_wgrad(dy, gathered if gathered is not None else full, weight, dw), dy.dtype, group, ctx)
 
 
 @register(COLUMN, "slicing")

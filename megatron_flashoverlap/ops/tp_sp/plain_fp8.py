@@ -37,7 +37,8 @@ from ...runtime.numerics import wgrad_result
 from ...runtime.scaled_mm import (dw_buffer, fp8_linear, fp8_rows_writer, scaled_partial, scaled_producer,
                                   transposed, wgrad_adder, whole_dw)
 from ..registry import keeping, plain, register, ring_of
-from .plain import gathered_output, scatter_reference, sliced_gather, sliced_scatter, timed_gather
+from .plain import (gathered_output, scatter_reference, sliced_gather, sliced_scatter, stock_column_backward,
+                    timed_gather)
 
 AG_FP8, RS_FP8 = "all_gather_matmul.fp8", "matmul_reduce_scatter.fp8"
 COLUMN_FP8, ROW_FP8 = f"{AG_FP8}.backward", f"{RS_FP8}.backward"
@@ -138,9 +139,14 @@ def _column_dw(dyq, xq, gathered, wq, group, ctx, dw):
 
 @register(COLUMN_FP8, "reference")
 def column_fp8_backward_reference(dyq, xq, gathered, wq, group, ctx, plan, dw):
-    """-> (dx [s/P, b, h], dW [n/P, h] or None): stock RS of the one scaled-GEMM partial; dW on AG(xq)."""
-    dx = rs_matmul_fp8_reference(dyq, transposed(wq), group, ctx, plan)
-    return dx, _column_dw(dyq, xq, gathered, wq, group, ctx, dw)
+    """-> (dx [s/P, b, h], dW [n/P, h] or None): stock RS of the one scaled-GEMM partial under dW on AG(xq),
+    xq's bytes re-gathered under the dgrad (plain.stock_column_backward)."""
+    wt = transposed(wq)
+    regather = wire(xq) if dw is not None and gathered is None else None
+    return stock_column_backward(
+        lambda: scaled_partial(dyq, wt)(dyq.data).to(wire_dtype(dyq.dtype, plan.wire_dtype)), regather,
+        lambda raw: None if dw is None else whole_dw(dyq, unwire(xq, raw) if gathered is None else gathered, wq, dw),
+        dyq.dtype, group, ctx)
 
 
 @register(COLUMN_FP8, "slicing")
