@@ -72,7 +72,10 @@ WINDOW_MOE = {"kind": "moe", **{k: MOE[k] for k in ("tokens", "hidden", "ffn", "
 WINDOW_AR = {"kind": "all_reduce", "local": 2, "dtype": "bfloat16", "sizes": (16384, 131072, 1 << 20, 8 << 20),
              "methods": TOPOLOGY["methods"]}
 BURST = "80kb"  # the windows' tbf / htb bucket: the least above lo's 64 KiB packets (harness/netns.py shape_lo)
-TBF_PROBE = (65536, 262144, 1 << 20, 4 << 20)  # hop and stock-collective sizes of a tbf window's probe
+# hop and stock-collective sizes of a tbf window's probe: 4 KiB first, whose bytes take a small part of a call's
+# fixed cost at these rates (0.07 ms at 1gbit), so proxy.link_fit's alpha is that cost; at 64 KiB the bytes alone
+# take 1.0 ms at 1gbit, the whole exchange, and a fixed cost taken from it counts the bytes twice
+TBF_PROBE = (4096, 65536, 262144, 1 << 20, 4 << 20)
 HTB_PROBE = (8192, 65536, 524288, 4 << 20)  # the two-level window's: half the measured all-reduce sizes
 WINDOWS = (  # (name, link: "tbf" | "htb", rate, ranks, points, probe sizes)
     ("tbf 1gbit", "tbf", "1gbit", 2, (WINDOW_MLP, WINDOW_NOSP, WINDOW_MOE), TBF_PROBE),

@@ -23,7 +23,7 @@ def _pct(x: float) -> str:
 
 def _summary_line(title: str, s: dict) -> str:
     scored = s["agree"] + s["disagree"]
-    share = f" ({s['agree'] / scored * 100:.0f} %)" if scored else ""
+    share = f" ({s['agree'] / scored * 100:.1f} %)" if scored else ""  # one decimal: 94.6 % is not 95 %
     return (f"| {title} | {s['n']} | {s['median_abs'] * 100:.1f} % | {s['max_abs'] * 100:.1f} % | "
             f"{s['within_25']} / {s['n']} | {s['agree']} / {scored}{share}, {s['ties']} ties |")
 
