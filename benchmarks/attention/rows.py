@@ -8,18 +8,19 @@ Per block kind, one interleaved loop (runtime/timing.py) over method x mode x me
     compute  the same block on torch's fake process group (every transfer is free)
     comm     qsa: the block at width 1 (same bytes); ulysses: its two exchanges only (`comm_alone`), doubled
              for fwd+bwd (the backward repeats both exchanges, the duals)
-A figure = the median over rounds of the max over ranks; the table derives exposed = block - compute (>= 0)
-and hidden = 1 - exposed / comm from those medians.
+A row keeps each measure's per-round seconds (the max over ranks); the table (`table`) gives the medians, exposed =
+block - compute, hidden = 1 - exposed / comm with its 90 % round-bootstrap interval (harness/estimator.estimate),
+and the speedup over stock's block with its interval (estimator.speedup: a win or LOSS only where it excludes 1.0).
 """
 from __future__ import annotations
-
-import statistics
 
 import torch
 
 from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.attention.blocks import ATTENTION_BLOCKS
 from benchmarks.harness.blocks import Shape, comm_only, method_by_name
+from benchmarks.harness.estimator import estimate, speedup
+from benchmarks.harness.verdict import speedup_text
 from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
 from benchmarks.harness.timing import MEASURES, MODES, fake_group
 
@@ -65,25 +66,42 @@ def _rows(rank: int, world: int, cfg: dict) -> dict | None:
     ctx = OverlapContext(check_peers=False)
     rows = []
     for kind, methods in KINDS.items():
-        med = {k: statistics.median(v) for k, v in
-               rank_max(interleaved(_variants(kind, shape, world, fake, ctx), cfg["repeats"])).items()}
+        rounds = rank_max(interleaved(_variants(kind, shape, world, fake, ctx), cfg["repeats"]))
         for name in methods:
             for mode in MODES:
-                t = dict(zip(MEASURES, (med[(name, mode, k)] for k in MEASURES)))
+                t = {k: list(rounds[(name, mode, k)]) for k in MEASURES}
                 if kind == "ulysses" and mode != "fwd":
-                    t["comm"] *= 2  # backward repeats both exchanges (the duals)
+                    t["comm"] = [2 * x for x in t["comm"]]  # backward repeats both exchanges (the duals)
                 rows.append({"kind": kind, "method": name, "mode": mode, **t})
     return {"config": cfg, "world": world, "rows": rows} if rank == 0 else None
 
 
 def table(res: dict) -> str:
-    out = ["| block | method | mode | block ms | compute ms | comm ms | exposed ms | hidden | vs stock |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    """The markdown table of one run's rows (module docstring), in the run's order."""
+    out = ["| block | method | mode | block ms (min-max) | compute ms | comm ms | exposed ms | hidden [90% ci] | "
+           "vs stock [90% ci] |", "|---|---|---|---|---|---|---|---|---|"]
     stock = {(r["kind"], r["mode"]): r["block"] for r in res["rows"] if r["method"] == "stock"}
     for r in res["rows"]:
-        exposed = max(r["block"] - r["compute"], 0.0)
-        hidden = 1 - min(exposed / r["comm"], 1.0) if r["comm"] > 0 else float("nan")
-        out.append(f"| {r['kind']} | {r['method']} | {r['mode']} | {r['block'] * 1e3:.1f} | {r['compute'] * 1e3:.1f} | "
-                   f"{r['comm'] * 1e3:.1f} | {exposed * 1e3:.1f} | {hidden:.0%} | "
-                   f"{r['block'] / stock[(r['kind'], r['mode'])]:.2f} |")
+        e = estimate(r["block"], r["compute"], r["comm"])
+        lo, hi = e["hidden_ci"]
+        vs = "-" if r["method"] == "stock" else speedup_text(speedup(stock[(r["kind"], r["mode"])], r["block"]))
+        out.append(f"| {r['kind']} | {r['method']} | {r['mode']} | {e['block'] * 1e3:.1f} "
+                   f"({min(r['block']) * 1e3:.1f}-{max(r['block']) * 1e3:.1f}) | {e['compute'] * 1e3:.1f} | "
+                   f"{e['comm'] * 1e3:.1f} | {e['exposed'] * 1e3:.1f} | {e['hidden'] * 100:.0f}% "
+                   f"[{lo * 100:.0f}-{hi * 100:.0f}] | {vs} |")
     return "\n".join(out)
+
+
+def summary(res: dict) -> list[str]:
+    """Per block kind and non-stock method: wins / ties / losses against stock over the modes."""
+    stock = {(r["kind"], r["mode"]): r["block"] for r in res["rows"] if r["method"] == "stock"}
+    out = []
+    for kind, methods in KINDS.items():
+        for name in methods[1:]:
+            verdicts = [speedup(stock[(kind, r["mode"])], r["block"]) for r in res["rows"]
+                        if r["kind"] == kind and r["method"] == name]
+            w = sum(v["win"] for v in verdicts)
+            loss = sum(v["loss"] for v in verdicts)
+            out.append(f"- {kind} {name} vs stock: {w} wins, {len(verdicts) - w - loss} ties, {loss} losses "
+                       f"of {len(verdicts)} modes")
+    return out
