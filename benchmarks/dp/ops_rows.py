@@ -23,6 +23,8 @@ from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.harness import timing
 from benchmarks.harness.blocks import Method, NoSPMlpBlock, Shape
 from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
+from benchmarks.harness.estimator import speedup
+from benchmarks.harness.verdict import speedup_text
 
 TP_METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2),
               Method("slicing k=4", "slicing", 4), Method("flash C=2", "flash", 2), Method("flash C=4", "flash", 4),
@@ -82,20 +84,37 @@ def main(rank: int, world: int, cfg: dict) -> dict | None:
     return {"config": cfg, "world": world, "rows": rows} if rank == 0 else None
 
 
-COLS = ("| rows | mode | size | method | block ms (min-max) | compute ms | comm ms | exposed ms | hidden | "
-        "vs stock |\n|---|---|---|---|---|---|---|---|---|---|")
+COLS = ("| rows | mode | size | method | block ms (min-max) | compute ms | comm ms | exposed ms | hidden [90% ci] | "
+        "vs stock [90% ci] |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table(run: dict) -> str:
-    """One markdown table of a run's rows (nan cells as '-'), speed-up against the stock row of each case."""
-    stock = {(r["kind"], r["seq"], r["mode"]): r["block"] for r in run["rows"] if r["method"] == "stock"}
+    """One markdown table of a run's rows (nan cells as '-'): hidden with its 90 % round-bootstrap interval
+    (harness/estimator.estimate, in derived), and the speedup over the stock row of each case with its interval
+    (estimator.speedup: a win or LOSS only where it excludes 1.0)."""
+    stock = {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
     lines = [COLS]
     for r in run["rows"]:
         lo, hi = r["spread"]
         size = f"{r['seq']} tokens" if "dp" in r["kind"] else f"s={r['seq']}"
+        hl, hh = r.get("hidden_ci", (float("nan"), float("nan")))
+        hidden = "-" if r["hidden"] != r["hidden"] else f"{r['hidden'] * 100:.0f}% [{hl * 100:.0f}-{hh * 100:.0f}]"
+        vs = "-" if r["method"] == "stock" else speedup_text(speedup(stock[(r["kind"], r["seq"], r["mode"])],
+                                                                    r["samples"]))
         line = (f"| {r['kind']} | {r['mode']} | {size} | {r['method']} | {r['block'] * 1e3:.1f} "
                 f"({lo * 1e3:.1f}-{hi * 1e3:.1f}) | {r['compute'] * 1e3:.1f} | {r['comm'] * 1e3:.1f} | "
-                f"{r['exposed'] * 1e3:.1f} | {r['hidden'] * 100:.0f}% | "
-                f"{stock[(r['kind'], r['seq'], r['mode'])] / r['block']:.2f}x |")
-        lines.append(line.replace("nan%", "-").replace("nan", "-"))
+                f"{r['exposed'] * 1e3:.1f} | {hidden} | {vs} |")
+        lines.append(line.replace("nan", "-"))
     return "\n".join(lines)
+
+
+def summary(run: dict) -> list[str]:
+    """Per row kind and non-stock method: wins / ties / losses against stock over its sizes and modes."""
+    stock = {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
+    tally: dict = {}
+    for r in run["rows"]:
+        if r["method"] != "stock":
+            s = speedup(stock[(r["kind"], r["seq"], r["mode"])], r["samples"])
+            t = tally.setdefault((r["kind"], r["method"]), [0, 0, 0])
+            t[0 if s["win"] else (2 if s["loss"] else 1)] += 1
+    return [f"- {kind} {m} vs stock: {w} wins, {t} ties, {loss} losses" for (kind, m), (w, t, loss) in tally.items()]

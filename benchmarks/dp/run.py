@@ -31,7 +31,7 @@ if __name__ == "__main__":  # run as a script: the checkout's root on the path, 
 
 from benchmarks.dp import table as dp_gpt_table  # noqa: E402
 from benchmarks.dp.gpt import check_arms  # noqa: E402
-from benchmarks.dp.ops_rows import table  # noqa: E402
+from benchmarks.dp.ops_rows import summary as ops_summary, table  # noqa: E402
 from benchmarks.harness.cli import RENDERED, before_run, out_dir, parser  # noqa: E402,F401  (RENDERED: the note)
 from benchmarks.harness.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_ranks, write_results  # noqa: E402
 from benchmarks.harness.netns import shaped_namespace  # noqa: E402
@@ -191,17 +191,22 @@ def _gpt_md(results: list[dict]) -> list[str]:
     return ["## Verdict (90 % bootstrap intervals over rounds)", ""] + verdicts + [""] + md
 
 
-def _ops_md(a, results: list[dict]) -> list[str]:
+def _ops_md(results: list[dict]) -> list[str]:
     md = []
     for run in results:
-        md += [f"## link {run['rate']}, 2 ranks, W [{a.dp_n}, {a.dp_k}] fp32, TP MLP h={a.hidden} "
-               f"w={a.width} b={a.batch}; {STOCK_RS_LABEL[a.stock_rs]}", "", table(run), ""]
+        c = run["config"]
+        md += [f"## link {run['rate']}, 2 ranks, W [{c['dp_n']}, {c['dp_k']}] fp32, TP MLP h={c['hidden']} "
+               f"w={c['width']} b={c['batch']}; {STOCK_RS_LABEL[c['stock_rs']]}", "",
+               "Summary (a win or loss only where the 90 % interval excludes 1.0):", ""] + ops_summary(run) + [
+               "", table(run), ""]
     return md
 
 
 def body(results: list[dict]) -> str:
-    """The sections of dp.md from the GPT rows' samples (dp_raw.json): what --render rebuilds."""
-    return "\n".join(_gpt_md(results)) + "\n"
+    """The sections of dp.md from its samples (dp_raw.json; the operator rows' when the runs hold them): what
+    --render rebuilds."""
+    ops = bool(results) and "seqs" in results[0]["config"]
+    return "\n".join(_ops_md(results) if ops else _gpt_md(results)) + "\n"
 
 
 def main(argv=None) -> int:
@@ -212,7 +217,7 @@ def main(argv=None) -> int:
     cmd = command_line("dp/run.py", argv)
     title = "DP reduce-scatter in the wgrad GEMM vs --overlap-grad-reduce" + (", operator rows" if a.ops else "")
     md = [f"# {title} ({datetime.date.today()})", "", f"Command: `{cmd}`", ""]
-    md += _ops_md(a, results) if a.ops else _gpt_md(results)
+    md += _ops_md(results) if a.ops else _gpt_md(results)
     write_results(a.out, "dp", "\n".join(md) + "\n", results)
     return 0
 
