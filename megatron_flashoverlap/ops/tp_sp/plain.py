@@ -51,13 +51,13 @@ AG_OP, RS_OP = "all_gather_matmul", "matmul_reduce_scatter"
 COLUMN, ROW = f"{AG_OP}.backward", f"{RS_OP}.backward"
 
 
-def gather_reference(x_shard, group):
-    """Stock all-gather along dim 0: [s/P, ...] -> [s, ...]."""
+def gather_reference(x_shard, group, async_op: bool = False):
+    """Stock all-gather along dim 0: [s/P, ...] -> [s, ...]; async_op: (that buffer, its work) while it flies."""
     rank, world = group_info(group)
     full = torch.empty((x_shard.shape[0] * world,) + tuple(x_shard.shape[1:]), dtype=x_shard.dtype,
                        device=x_shard.device)
-    all_gather_into(full, x_shard.contiguous(), group)
-    return full
+    work = all_gather_into(full, x_shard.contiguous(), group, async_op=async_op)
+    return (full, work) if async_op else full
 
 
 def timed_gather(x_shard, group, ctx):
@@ -132,17 +132,25 @@ def ag_matmul_slicing(x_shard, weight, bias, group, ctx, plan):
     return y, sliced_gather(x_shard, consume, group, ctx, plan)
 
 
-def scatter_reference(partial, dtype, group, ctx):
+def scatter_reference(partial, dtype, group, ctx, tail=None):
     """Stock reduce-scatter of partial [s, ...] (already in the wire dtype) -> [s/P, ...] in `dtype`, traced:
-    the blocking collective is in flight and waited on at once. A group of one: the partial itself."""
+    the blocking collective is in flight and waited on at once; with `tail`, posted async and tail() runs while
+    it flies (Megatron's column backward runs its wgrad there), then a timed wait. A group of one: the partial
+    itself (tail run first)."""
     world = group_info(group)[1]
     if world == 1:
+        if tail is not None:
+            tail()
         return partial.to(dtype)
     out = torch.empty((partial.shape[0] // world,) + tuple(partial.shape[1:]), dtype=partial.dtype,
                       device=partial.device)
     t = time.perf_counter()
-    reduce_scatter_into(out, partial.contiguous(), group)
+    work = reduce_scatter_into(out, partial.contiguous(), group, async_op=tail is not None)
     ctx.record("post", "reduce-scatter", t)
+    if tail is not None:
+        tail()
+        t = time.perf_counter()
+        wait_collective([work], group, partial.device, ctx.timeout, "reduce-scatter")
     ctx.record("wait", "reduce-scatter", t)
     return out.to(dtype)
 
@@ -252,13 +260,10 @@ def stock_column_backward(partial_of, x_bytes, wgrad_of, out_dtype, group, ctx):
     under the dgrad GEMM partial_of() -> dy @ w [s, ...] (the wire dtype), then the stock reduce-scatter of that
     partial in flight under the wgrad wgrad_of(AG(x_bytes) [s, ...] or None). -> (dx [s/P, ...] in out_dtype,
     wgrad_of's result). The same arithmetic as the blocking order, only the waits move."""
-    world = group_info(group)[1]
-    full = x_bytes if world == 1 else None
-    work = None
-    if x_bytes is not None and world > 1:
-        full = x_bytes.new_empty((x_bytes.shape[0] * world,) + tuple(x_bytes.shape[1:]))
+    full, work = (x_bytes if group_info(group)[1] == 1 else None), None  # a group of one: nothing to gather
+    if x_bytes is not None and full is None:
         t = time.perf_counter()
-        work = all_gather_into(full, x_bytes.contiguous(), group, async_op=True)
+        full, work = gather_reference(x_bytes, group, async_op=True)
         ctx.record("post", "all-gather", t)
     t = time.perf_counter()
     partial = partial_of()
@@ -267,17 +272,9 @@ def stock_column_backward(partial_of, x_bytes, wgrad_of, out_dtype, group, ctx):
         t = time.perf_counter()
         wait_collective([work], group, partial.device, ctx.timeout, "all-gather")
         ctx.record("wait", "all-gather", t)
-    if world == 1:
-        return partial.to(out_dtype), wgrad_of(full)
-    out = partial.new_empty((partial.shape[0] // world,) + tuple(partial.shape[1:]))
-    t = time.perf_counter()
-    work = reduce_scatter_into(out, partial.contiguous(), group, async_op=True)
-    ctx.record("post", "reduce-scatter", t)
-    dw = wgrad_of(full)
-    t = time.perf_counter()
-    wait_collective([work], group, partial.device, ctx.timeout, "reduce-scatter")
-    ctx.record("wait", "reduce-scatter", t)
-    return out.to(out_dtype), dw
+    dw = []
+    dx = scatter_reference(partial, out_dtype, group, ctx, tail=lambda: dw.append(wgrad_of(full)))
+    return dx, dw[0]
 
 
 @register(COLUMN, "reference")
