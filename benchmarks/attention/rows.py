@@ -20,7 +20,7 @@ from megatron_flashoverlap.runtime import OverlapContext
 from benchmarks.attention.blocks import ATTENTION_BLOCKS
 from benchmarks.harness.blocks import Shape, comm_only, method_by_name
 from benchmarks.harness.estimator import estimate, speedup
-from benchmarks.harness.verdict import speedup_text
+from benchmarks.harness.verdict import speedup_text, tally
 from megatron_flashoverlap.runtime.timing import interleaved, pass_seconds, rank_max
 from benchmarks.harness.timing import MEASURES, MODES, fake_group
 
@@ -95,13 +95,6 @@ def table(res: dict) -> str:
 def summary(res: dict) -> list[str]:
     """Per block kind and non-stock method: wins / ties / losses against stock over the modes."""
     stock = {(r["kind"], r["mode"]): r["block"] for r in res["rows"] if r["method"] == "stock"}
-    out = []
-    for kind, methods in KINDS.items():
-        for name in methods[1:]:
-            verdicts = [speedup(stock[(kind, r["mode"])], r["block"]) for r in res["rows"]
-                        if r["kind"] == kind and r["method"] == name]
-            w = sum(v["win"] for v in verdicts)
-            loss = sum(v["loss"] for v in verdicts)
-            out.append(f"- {kind} {name} vs stock: {w} wins, {len(verdicts) - w - loss} ties, {loss} losses "
-                       f"of {len(verdicts)} modes")
-    return out
+    return [f"- {kind} {name} vs stock: " + tally(speedup(stock[(kind, r["mode"])], r["block"]) for r in res["rows"]
+                                                  if r["kind"] == kind and r["method"] == name) + " modes"
+            for kind, methods in KINDS.items() for name in methods[1:]]

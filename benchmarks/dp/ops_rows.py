@@ -24,7 +24,7 @@ from benchmarks.harness import timing
 from benchmarks.harness.blocks import Method, NoSPMlpBlock, Shape
 from megatron_flashoverlap.runtime.timing import interleaved, rank_max, timed
 from benchmarks.harness.estimator import speedup
-from benchmarks.harness.verdict import speedup_text
+from benchmarks.harness.verdict import speedup_text, tally
 
 TP_METHODS = (Method("stock", "reference"), Method("slicing k=2", "slicing", 2),
               Method("slicing k=4", "slicing", 4), Method("flash C=2", "flash", 2), Method("flash C=4", "flash", 4),
@@ -111,10 +111,7 @@ def table(run: dict) -> str:
 def summary(run: dict) -> list[str]:
     """Per row kind and non-stock method: wins / ties / losses against stock over its sizes and modes."""
     stock = {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
-    tally: dict = {}
-    for r in run["rows"]:
-        if r["method"] != "stock":
-            s = speedup(stock[(r["kind"], r["seq"], r["mode"])], r["samples"])
-            t = tally.setdefault((r["kind"], r["method"]), [0, 0, 0])
-            t[0 if s["win"] else (2 if s["loss"] else 1)] += 1
-    return [f"- {kind} {m} vs stock: {w} wins, {t} ties, {loss} losses" for (kind, m), (w, t, loss) in tally.items()]
+    cases = dict.fromkeys((r["kind"], r["method"]) for r in run["rows"] if r["method"] != "stock")
+    return [f"- {kind} {m} vs stock: " + tally(speedup(stock[(r["kind"], r["seq"], r["mode"])], r["samples"])
+                                               for r in run["rows"] if (r["kind"], r["method"]) == (kind, m))
+            + " cases" for kind, m in cases]

@@ -4,6 +4,7 @@ included, each speedup with its 90 % bootstrap interval (benchmarks/harness/esti
     | link | block | seq | comm/compute | flash hidden [ci] | to bound [ci] | vs stock [ci] | vs best slicing [ci] |
     win  = the interval lies above 1.0; loss = below 1.0; tie = it contains 1.0 (no claim either way)
     summary(runs) -> the lines the README quotes: wins / ties / losses of each comparison over all points
+    tally(speedups) -> "W wins, T ties, L losses of N": a list of estimator.speedup results counted by word
 """
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ HEAD = ["| link | block | seq | comm/compute (stock) | flash hidden [90% ci] | f
 def word(s: dict) -> str:
     """An estimator.speedup as a verdict: win / LOSS only where its interval excludes 1.0, else tie."""
     return "win" if s["win"] else ("LOSS" if s["loss"] else "tie")
+
+
+def tally(speedups) -> str:
+    """'2 wins, 1 ties, 0 losses of 3' (module docstring)."""
+    words = [word(s) for s in speedups]
+    return (f"{words.count('win')} wins, {words.count('tie')} ties, {words.count('LOSS')} losses "
+            f"of {len(words)}")
 
 
 def speedup_text(s: dict) -> str:
