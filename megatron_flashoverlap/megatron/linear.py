@@ -240,7 +240,7 @@ class _FlashMixin(Fp8LayerState):
             return plan
         shape = (tuple(x.shape), x.dtype)
         if shape not in self._flash_trained:  # the chooser decides a key once; the layer asks once per shape
-            key = train_key(self.flash_site, x, self.weight, *self._layout(x))
+            key = train_key(self.flash_site, op, x, self.weight, *self._layout(x))
             picked = train_plan(self, key, op, x, plan)
             self._flash_trained[shape] = picked if picked is not None else self.flash_fp8_reference
         return self._flash_trained[shape]

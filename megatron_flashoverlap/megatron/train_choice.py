@@ -1,12 +1,14 @@
 """A training step's site under `algo: auto`: stock, flash or flash_c2, the chooser's measured tier (plan/chooser.py).
 
-    train_plan(layer, train_key(site, x, weight, layout, members), op, x, flash)
+    train_plan(layer, train_key(site, op, x, weight, layout, members), op, x, flash)
         -> `flash` (the layer's flash OpPlan), `flash` with hop_chunks 2 (flash_c2), or None (stock: the layer
            runs Megatron's own forward; under FP8 the layer's FP8 reference instead, megatron/linear.py)
         op: the layer's operator, op(x, weight, group, plan=, context=) -> y, with autograd
             all_gather_matmul (column, SP), matmul_reduce_scatter (row, SP),
             matmul_allreduce_dgrad (column, no SP), matmul_all_reduce (row, no SP)
-        key: <site>/train/<bucket of the input's s * b>; where no higher tier answers and the budget allows, the
+        key: <site>/train/<bucket of the input's s * b>, of this operator (a choice measured under sequence
+        parallelism never answers the same site without it: its candidates differ); where no higher tier
+        answers and the budget allows, the
         candidates run forward + backward in paired rounds (runtime/timing.py `paired`) on a probe of x's shape
         with a detached copy of the weight (dW returned and dropped: main_grad and the DP buffers untouched):
             reference   reference_plan(flash): the blocking collective, then the GEMM (stock's order; under FP8
@@ -38,11 +40,11 @@ from ..runtime.fp8 import probe_state
 from .fp8 import run as call_op
 
 
-def train_key(site: str, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
-    """<site>/train/<bucket of s * b> on `layout`, the weight's sizes (ops/choose.py group_layout: layout,
+def train_key(site: str, op: Callable, x: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
+    """<site>/train/<bucket of s * b> of `op` on `layout`, the weight's sizes (ops/choose.py group_layout: layout,
     members)."""
     return Key(site, "train", bucket(x.shape[0] * x.shape[1]), layout,
-               f"w {weight.shape[0]}x{weight.shape[1]} x {x.shape[-1]}", members)
+               f"{op.__name__} w {weight.shape[0]}x{weight.shape[1]} x {x.shape[-1]}", members)
 
 
 def train_plan(layer, key: Key, op: Callable, x: torch.Tensor, flash: OpPlan) -> OpPlan | None:

@@ -68,6 +68,28 @@ def test_a_pinned_flash_c2_runs_two_sub_chunks_per_hop_and_only_under_sp(pools, 
         assert res["y_err"] == 0.0 and res["dx_err"] == 0.0 and res["grad_rel"] <= 1e-5
 
 
+def test_a_training_choice_answers_only_its_own_operator():
+    """One config's chooser (one process, two models): the same site, input and weight shapes and group, with
+    and without SP, are two keys; a pick measured on one never answers the other, whose candidates differ
+    (flash_c2 exists only under SP: the no-SP layer refused it and the run stopped)."""
+    import torch
+
+    from megatron_flashoverlap import config
+    from megatron_flashoverlap.megatron.train_choice import train_key
+    from megatron_flashoverlap.ops import matmul_reduce_scatter
+    from megatron_flashoverlap.ops.tp_nosp.autograd import matmul_all_reduce
+    from megatron_flashoverlap.plan.chooser import Choice, chooser_of
+
+    x, w = torch.empty(32, 1, 64), torch.empty(64, 64)
+    sp = train_key("proj", matmul_reduce_scatter, x, w, "2 ranks", (0, 1))
+    nosp = train_key("proj", matmul_all_reduce, x, w, "2 ranks", (0, 1))
+    assert sp.word == nosp.word == "proj/train/32" and sp != nosp
+    chooser = chooser_of(config.from_dict({"default": {"algo": "auto"}}))
+    chooser._keep(sp, Choice("flash_c2", "measured", "measured on the SP layer"))
+    assert chooser.answer(sp).pick == "flash_c2"
+    assert chooser.answer(nosp) is None  # measured afresh on its own operator
+
+
 def tm_tokens(kind, sp):
     """The bucket of the layer's input tokens in the contract's run (s * b = SEQ * 2, or SEQ / P * 2 for a
     column's SP shard), rounded up to a power of two."""
