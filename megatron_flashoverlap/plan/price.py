@@ -13,7 +13,9 @@
     collective_side(env, group, kind, nbytes)   -> the Side of units that are each one stock call: its price and
                           its host part from the net together; collectives_side(env, group, calls): block j's
                           unit the call calls[j] = (kind, nbytes)
-    prices(env, group, sides, pairwise)   -> walk.Prices for a ring (pairwise: all-to-all / doubling) on `group`
+    prices(env, group, sides, pairwise)   -> walk.Prices for a ring (pairwise: all-to-all / doubling) on `group`;
+                          where the thread that posts is the one that computes (Net.host_is_compute), a stock
+                          collective's host part runs on the backend's worker beside the compute (walk.py)
     walk_clock(env, step_lists, prices)   -> the clock after walks run one after another
 """
 from __future__ import annotations
@@ -110,9 +112,12 @@ def prices(env: Env, group: Group, sides: Mapping[int, Side], pairwise: bool = F
             return sum(sides[t.slice.tag].collective_fixed(t.slice) for t in sends)
         return env.net.hop_fixed(inter)
 
+    def worker(sends, recvs) -> bool:
+        return env.net.host_is_compute and collectives(sends) is not None
+
     return Prices(compute=lambda x: sides[x.tag].compute(x), transfer=transfer,
                   arrived=lambda t: sides[t.slice.tag].arrival, label=label, fixed=fixed,
-                  post_blocks=env.net.host_is_compute)
+                  post_blocks=env.net.host_is_compute, worker=worker)
 
 
 def walk_clock(env: Env, step_lists: Sequence[Sequence[Step]], walk_prices: Prices, lane: str = "") -> Clock:

@@ -12,9 +12,11 @@
                     reduce_scatter = the "reducescatter" fit (per-rank bytes out) where the probe timed
                     stock's own call; else the benchmarks' line-rate ring as (P - 1) of our hops of one chunk
                     all_reduce (n) = allreduce(n)
-        collective_fixed   a call's host part, its fit's alpha (reduce_scatter: one hop's): on the CPU the
-                    thread that posts is the one that computes (host_is_compute), so the walk charges it to
-                    the compute stream, while the previous call's bytes may still be on the link
+        collective_fixed   a call's host part, its fit's alpha (reduce_scatter: one hop's): on the CPU it
+                    runs on gloo's worker, on the core the rank computes on (host_is_compute), so the walk
+                    shares the core between it and the compute beside it (walk.py `worker` units), while the
+                    previous call's bytes may still be on the link; our hops' host parts are the posting
+                    thread's, charged to the compute stream
     proxy_gpu(add_fit, element_bytes)   a Gpu whose elementwise kernels cost the measured add (kernel_us =
                                 alpha, hbm = 3 * element bytes / per_byte); its GEMMs come from gemm.TableGemm
     link_fit(points)            a shaped link's hop from the probe's sizes: the sustained rate of the two largest,
@@ -96,7 +98,7 @@ class ProxyNet(Net):
             return super().hop(sent, received, inter, senders)
         return self.fits["hop"](max(sent, received))
 
-    host_is_compute = True  # a gloo rank posts from the thread that computes (walk.py: the post blocks compute)
+    host_is_compute = True  # one core per gloo rank: a hop's post blocks compute, a collective's worker shares it
 
     def hop_fixed(self, inter: bool) -> float:
         return self.fits["hop"].alpha if self.shared else super().hop_fixed(inter)

@@ -10,6 +10,12 @@ For each step of one rank's step list:
              posted after waiting on the one before it (a ring's dependent steps) pays both in series.
              `post_blocks` (the CPU proxy: the thread that posts is the one that computes): the compute
              stream resumes only when the post's host work is done
+             `worker` units (the CPU proxy's gloo collectives): the host work runs on the backend's worker
+             thread, on the rank's one core: the post itself costs the compute stream nothing; where compute
+             runs beside it (the step computes after the post, or the unit is waited on a later step) the two
+             share the core, each at half speed: the host work takes twice its time and the compute inside
+             that span is stretched to match (processor sharing); a unit posted and waited with nothing
+             between runs its host work at full speed
     compute  the step's slices, one after another on the compute stream; a slice runs (1 + slowdown) times
              slower while a transfer is in flight beside it (SM / memory contention)
     wait     the units due at this step's end (posted at step i - lag); the compute stream resumes when they
@@ -36,7 +42,9 @@ class Prices:
     """compute(slice) -> seconds; transfer(sends, recvs) -> seconds of one post; arrived(recv) -> seconds of its
     handling on the compute stream after the wait (0 by default); label(slice) -> text for a timeline;
     fixed(sends, recvs) -> the part of transfer's seconds that is host work (0 by default: all of it waits for
-    the previous unit's bytes); post_blocks: that host work holds the compute stream too (a CPU rank)."""
+    the previous unit's bytes); post_blocks: that host work holds the compute stream too (a CPU rank);
+    worker(sends, recvs): that host work runs on a worker thread sharing the rank's core with the compute
+    instead (module docstring; False by default)."""
 
     compute: Callable[[Slice], float]
     transfer: Callable[[Sequence[Transfer], Sequence[Transfer]], float]
@@ -44,6 +52,7 @@ class Prices:
     label: Callable[[Slice], str] = lambda s: s.label()
     fixed: Callable[[Sequence[Transfer], Sequence[Transfer]], float] = lambda s, r: 0.0
     post_blocks: bool = False
+    worker: Callable[[Sequence[Transfer], Sequence[Transfer]], bool] = lambda s, r: False
 
 
 @dataclass
@@ -55,7 +64,8 @@ class Clock:
     comm: float = 0.0
     host: float = 0.0  # where the communication stream's host work (a post's fixed cost) is free again
     work: float = 0.0  # compute seconds without contention
-    busy: list = field(default_factory=list)  # (start, end) of transfers, disjoint and in order
+    busy: list = field(default_factory=list)  # (start, end) of transfers, in order of posting
+    shared: list = field(default_factory=list)  # (start, end) where a worker's host work shares the core
     events: list = field(default_factory=list)
 
 
@@ -87,16 +97,24 @@ def run(steps: Sequence[Step], prices: Prices, slowdown: float, clock: Clock | N
             whole = prices.transfer(sends, recvs)
             fixed = min(prices.fixed(sends, recvs), whole)
             start = max(c.t, c.host)
-            c.host = start + fixed
-            if prices.post_blocks:
-                c.t = c.host
+            worker = prices.worker(sends, recvs)
+            if not worker:
+                c.host = start + fixed
+                if prices.post_blocks:
+                    c.t = c.host
+            elif fixed > 0 and (step.compute or lag > 0):  # compute beside it: both at half speed
+                c.host = start + 2 * fixed
+                c.shared.append((start, c.host))
+            else:
+                c.host = start + fixed
             c.comm = max(c.host, c.comm) + whole - fixed
-            c.busy.append((start, c.comm))
+            c.busy.append((c.comm - (whole - fixed) if worker else start, c.comm))  # a worker's: its bytes
             c.events.append(("comm", start, c.comm, lane + _unit_label(sends, recvs)))
             due.setdefault(i + lag, []).append((c.comm, recvs))
         for x in step.compute:
             work = prices.compute(x)
-            end = stretch(c.t, work, c.busy, slowdown)
+            shared = stretch(c.t, work, c.shared, 1.0) - c.t if c.shared else work
+            end = stretch(c.t, shared, c.busy, slowdown)
             if work > 0:
                 c.events.append(("compute", c.t, end, lane + prices.label(x)))
             c.t, c.work = end, c.work + work

@@ -192,3 +192,29 @@ def test_a_post_queued_behind_a_transfer_in_flight_hides_its_host_part_under_tho
     assert math.isclose(both.t, 9e-3)  # unit 1's host part (1-2 ms) under unit 0's bytes (1-5), its bytes 5-9
     serial = run(lagged, Prices(compute=lambda x: 0.0, transfer=lambda s, r: 5e-3), 0.0)
     assert math.isclose(serial.t, 10e-3)  # no host part: the old walk, one unit after the other
+
+
+def test_a_worker_units_host_part_shares_the_core_with_the_compute_beside_it():
+    """walk.run, Prices.worker (a gloo collective on a CPU rank): the post costs the compute stream nothing; with
+    compute beside it the host part and the compute share the core at half speed; waited with nothing between,
+    the host part runs at full speed. A post_blocks unit charges its host part to the compute stream instead."""
+    from megatron_flashoverlap.plan.walk import Prices, run
+    from megatron_flashoverlap.schedules import Slice, Step, Transfer
+
+    unit = Transfer(-1, Slice(0, 0, 50), lag=1)
+    beside = [Step(sends=(unit,), compute=(Slice(0, 0, 0),)), Step()]  # posted, 3 ms of compute, waited next step
+
+    def prices(worker, compute=3e-3):
+        return Prices(compute=lambda x: compute, transfer=lambda s, r: 5e-3, fixed=lambda s, r: 1e-3,
+                      post_blocks=True, worker=lambda s, r: worker)
+    # worker: host 0-2 ms at half speed, the compute 1 ms of work in it then 2 ms alone: ends 4; bytes 2-6
+    assert math.isclose(run(beside, prices(True), 0.0).t, 6e-3)
+    # post_blocks: host 0-1 holds the compute (1-4); bytes 1-5
+    assert math.isclose(run(beside, prices(False), 0.0).t, 5e-3)
+    # compute-bound: 10 ms of compute; worker: 1 ms of it in 0-2, 9 ms after: 11; post_blocks: 1 + 10 = 11
+    assert math.isclose(run(beside, prices(True, 10e-3), 0.0).t, 11e-3)
+    assert math.isclose(run(beside, prices(False, 10e-3), 0.0).t, 11e-3)
+    blocking = [Step(sends=(Transfer(-1, Slice(0, 0, 50), lag=0),)), Step(compute=(Slice(0, 0, 0),))]
+    # waited at once: host 0-1 at full speed, bytes 1-5, then 3 ms of compute: 8 either way
+    assert math.isclose(run(blocking, prices(True), 0.0).t, 8e-3)
+    assert math.isclose(run(blocking, prices(False), 0.0).t, 8e-3)

@@ -111,8 +111,9 @@ def test_a_gloo_calls_host_part_is_its_fits_alpha_and_a_gpu_calls_is_none():
 
 def test_on_the_proxy_a_sliced_all_gather_pays_its_calls_host_parts_only_where_compute_has_no_slack():
     """slicing:4 of an all-gather + GEMM on the proxy (ops.column_fwd, P = 2, slowdown 0): each call's host part
-    (AG.alpha = 2 ms) holds the compute stream (the thread that posts computes) and runs while the previous
-    call's bytes are on the link. Link-bound, it hides under those bytes; compute-bound, it adds to the compute."""
+    (AG.alpha = 2 ms) runs on gloo's worker, one after another, while the previous call's bytes are on the link;
+    where compute runs beside it, both share the rank's core at half speed (walk.py). Link-bound, the host parts
+    hide under the bytes; compute-bound, they stretch the compute."""
     from megatron_flashoverlap.plan import ops
 
     gpu = proxy_gpu(Fit(1e-5, 1e-9))
@@ -126,14 +127,17 @@ def test_on_the_proxy_a_sliced_all_gather_pays_its_calls_host_parts_only_where_c
         return t["reference"], t["slicing:4"]
 
     # link-bound: 2000 rows x 1000 x 4 B gathered, 4e6 B per rank x 2e-8 = 80 ms of bytes; GEMM 2000 x 1 us.
-    # one call: host 0-2 ms, bytes 2-82, GEMM 82-84. Four calls posted at once: hosts 0-2, 2-4, 4-6, 6-8; bytes
-    # 2-22, 22-42, 42-62, 62-82 (each after the previous call's); a 0.5 ms GEMM after each: the last ends 82.5
+    # one call (waited with nothing between: host at full speed): host 0-2 ms, bytes 2-82, GEMM 82-84. Four
+    # calls posted at once: call 0's host 0-2 (waited first, nothing beside it), calls 1-3's at half speed
+    # (waited later: compute beside them) 2-6, 6-10, 10-14; bytes 2-22, 22-42, 42-62, 62-82 (each after the
+    # previous call's); a 0.5 ms GEMM after each wait, past every host part: the last ends 82.5
     one, four = times(1e-6, 2000)
     assert one == pytest.approx(84e-3) and four == pytest.approx(82.5e-3)
     # compute-bound: 20 rows, 4e4 B per rank (0.8 ms; 0.2 ms a quarter); GEMM 2 ms a row. One call: host 0-2,
-    # bytes 2-2.8, GEMM 2.8-42.8. Four: hosts 0-8 hold the compute stream, then four 10 ms GEMMs: 48 ms
+    # bytes 2-2.8, GEMM 2.8-42.8. Four: hosts 0-2, then 2-6, 6-10, 10-14 shared; call 0 arrives at 2.2; GEMM 0
+    # (10 ms) runs at half speed to 14 (5.9 ms of it), the rest by 18.1; three more 10 ms GEMMs: 48.1 ms
     one, four = times(2e-3, 20)
-    assert one == pytest.approx(42.8e-3) and four == pytest.approx(48e-3)
+    assert one == pytest.approx(42.8e-3) and four == pytest.approx(48.1e-3)
 
 
 def test_stock_reduce_scatter_is_priced_from_its_own_probe_rows_where_the_probe_timed_them():
