@@ -71,7 +71,8 @@ def test_window_predictions_never_read_a_measured_sample():
 
 
 @pytest.mark.newest_only  # the numbers do not depend on the Megatron version: one lane checks them
-@pytest.mark.parametrize("name", ["window", "window_2", "window_3", "window_4", "window_5", "window_6"])
+@pytest.mark.parametrize("name", ["window", "window_2", "window_3", "window_4", "window_5", "window_6", "window_7",
+                                  "window_8", "window_9"])
 def test_committed_window_is_what_its_raw_data_gives(name):
     raw = json.loads((DATA / f"{name}.json").read_text())
     assert render(raw, f"{name}.json") == (DATA / f"{name}.md").read_text(), (
