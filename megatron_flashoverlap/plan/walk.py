@@ -98,17 +98,15 @@ def run(steps: Sequence[Step], prices: Prices, slowdown: float, clock: Clock | N
             fixed = min(prices.fixed(sends, recvs), whole)
             start = max(c.t, c.host)
             worker = prices.worker(sends, recvs)
-            if not worker:
-                c.host = start + fixed
-                if prices.post_blocks:
-                    c.t = c.host
-            elif fixed > 0 and (step.compute or lag > 0):  # compute beside it: both at half speed
-                c.host = start + 2 * fixed
+            shares = worker and fixed > 0 and bool(step.compute or lag)  # compute beside it: both at half speed
+            c.host = start + (2 * fixed if shares else fixed)
+            if shares:
                 c.shared.append((start, c.host))
-            else:
-                c.host = start + fixed
-            c.comm = max(c.host, c.comm) + whole - fixed
-            c.busy.append((c.comm - (whole - fixed) if worker else start, c.comm))  # a worker's: its bytes
+            if prices.post_blocks and not worker:
+                c.t = c.host
+            sent = max(c.host, c.comm)  # where its bytes start
+            c.comm = sent + whole - fixed
+            c.busy.append((sent if worker else start, c.comm))  # a worker's: its bytes only
             c.events.append(("comm", start, c.comm, lane + _unit_label(sends, recvs)))
             due.setdefault(i + lag, []).append((c.comm, recvs))
         for x in step.compute:
