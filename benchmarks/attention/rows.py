@@ -76,11 +76,16 @@ def _rows(rank: int, world: int, cfg: dict) -> dict | None:
     return {"config": cfg, "world": world, "rows": rows} if rank == 0 else None
 
 
+def _stock(res: dict) -> dict:
+    """{(kind, mode): stock's block seconds per round}: what every other method's speedup is taken against."""
+    return {(r["kind"], r["mode"]): r["block"] for r in res["rows"] if r["method"] == "stock"}
+
+
 def table(res: dict) -> str:
     """The markdown table of one run's rows (module docstring), in the run's order."""
     out = ["| block | method | mode | block ms (min-max) | compute ms | comm ms | exposed ms | hidden [90% ci] | "
            "vs stock [90% ci] |", "|---|---|---|---|---|---|---|---|---|"]
-    stock = {(r["kind"], r["mode"]): r["block"] for r in res["rows"] if r["method"] == "stock"}
+    stock = _stock(res)
     for r in res["rows"]:
         e = estimate(r["block"], r["compute"], r["comm"])
         lo, hi = e["hidden_ci"]
@@ -94,7 +99,7 @@ def table(res: dict) -> str:
 
 def summary(res: dict) -> list[str]:
     """Per block kind and non-stock method: wins / ties / losses against stock over the modes."""
-    stock = {(r["kind"], r["mode"]): r["block"] for r in res["rows"] if r["method"] == "stock"}
+    stock = _stock(res)
     return [f"- {kind} {name} vs stock: " + tally(speedup(stock[(kind, r["mode"])], r["block"]) for r in res["rows"]
                                                   if r["kind"] == kind and r["method"] == name) + " modes"
             for kind, methods in KINDS.items() for name in methods[1:]]

@@ -88,11 +88,16 @@ COLS = ("| rows | mode | size | method | block ms (min-max) | compute ms | comm 
         "vs stock [90% ci] |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
+def _stock(run: dict) -> dict:
+    """{(kind, seq, mode): stock's samples}: what every other method's speedup is taken against."""
+    return {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
+
+
 def table(run: dict) -> str:
     """One markdown table of a run's rows (nan cells as '-'): hidden with its 90 % round-bootstrap interval
     (harness/estimator.estimate, in derived), and the speedup over the stock row of each case with its interval
     (estimator.speedup: a win or LOSS only where it excludes 1.0)."""
-    stock = {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
+    stock = _stock(run)
     lines = [COLS]
     for r in run["rows"]:
         lo, hi = r["spread"]
@@ -110,7 +115,7 @@ def table(run: dict) -> str:
 
 def summary(run: dict) -> list[str]:
     """Per row kind and non-stock method: wins / ties / losses against stock over its sizes and modes."""
-    stock = {(r["kind"], r["seq"], r["mode"]): r["samples"] for r in run["rows"] if r["method"] == "stock"}
+    stock = _stock(run)
     cases = dict.fromkeys((r["kind"], r["method"]) for r in run["rows"] if r["method"] != "stock")
     return [f"- {kind} {m} vs stock: " + tally(speedup(stock[(r["kind"], r["seq"], r["mode"])], r["samples"])
                                                for r in run["rows"] if (r["kind"], r["method"]) == (kind, m))
