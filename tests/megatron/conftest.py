@@ -1,11 +1,13 @@
 """The `pretrain` fixture: Megatron pretrain() runs declared by the selected tests, one torchrun start-up per
-world size for all of them (tests/support/pretrain_runs.py); `clean_config`: no config active, none named by the
-environment (the spec and the layers then read the defaults)."""
+world size (two for a world of many jobs), all started side by side (tests/support/pretrain_runs.py);
+`clean_config`: no config active, none named by the environment (the spec and the layers then read the defaults)."""
 from __future__ import annotations
+
+import concurrent.futures
 
 import pytest
 
-from tests.support.pretrain_runs import run_batch
+from tests.support.pretrain_runs import batches, run_batch
 
 
 @pytest.fixture
@@ -35,18 +37,20 @@ def _declared(items) -> dict:
 
 @pytest.fixture(scope="session")
 def pretrain(request, tmp_path_factory):
-    """`pretrain(name)` -> the Result of a job some selected test declared: the first read of a world size runs
-    every declared job of that size not yet run, in one batch."""
-    jobs, results = _declared(request.session.items), {}
+    """`pretrain(name)` -> the Result of a job some selected test declared: the first read starts every declared
+    job, in the batches of pretrain_runs.batches side by side; a read waits for its job's batch."""
+    jobs, started = _declared(request.session.items), {}
     tmp = tmp_path_factory.mktemp("pretrain")
+    runner = concurrent.futures.ThreadPoolExecutor(max_workers=8)
 
     def get(name: str):
         if name not in jobs:
             raise KeyError(f"job {name!r} is not declared: add it to the test's @pytest.mark.pretrain(...)")
-        if name not in results:
-            world = jobs[name].world
-            batch = [j for j in jobs.values() if j.world == world and j.name not in results]
-            results.update(run_batch(batch, tmp / f"batch{len(results)}-world{world}", tmp))
-        return results[name]
+        if not started:
+            for i, batch in enumerate(batches(list(jobs.values()))):
+                done = runner.submit(run_batch, batch, tmp / f"batch{i}-world{batch[0].world}", tmp)
+                started.update({j.name: done for j in batch})
+        return started[name].result()[name]
     get.tmp = tmp  # the folder "{tmp}" names in a job's argv
-    return get
+    yield get
+    runner.shutdown(wait=True)

@@ -1,10 +1,9 @@
-"""Many Megatron `pretrain()` runs behind one torchrun start-up per world size (the caller side of
-pretrain_runner.py).
+"""Many Megatron `pretrain()` runs behind few torchrun start-ups (the caller side of pretrain_runner.py).
 
 A start-up (torchrun, N ranks importing torch and Megatron) costs 15-30 s on 2 cores; a tiny run after it a few
 seconds. Tests declare the runs they read with the `pretrain` marker; the session fixture `pretrain`
-(tests/megatron/conftest.py) starts one batch per world size holding every declared job of the selected tests,
-the first time one of them is read:
+(tests/megatron/conftest.py) starts, the first time one of them is read, every declared job of the selected
+tests in `batches(jobs)` side by side: one batch per world size, two for a world of many jobs:
 
     @pytest.mark.pretrain(Job("tp2-stock", "launch", [SCRIPT, *ARGS]), Job("tp2-flash", ...))
     def test_x(pretrain):
@@ -77,6 +76,47 @@ class Result:
 IN_PROCESS = ("--num-workers", "0")
 
 
+# A batch keeps its 2 ranks busy about two thirds of the time (measured: 134 s of wall, 90 s of CPU per rank, for
+# the suite's 58 two-rank jobs); batches started side by side fill the rest. So the session runs every world size's
+# batch at once, and a world with more than SPLIT_ABOVE jobs as two batches.
+SPLIT_ABOVE = 20
+
+
+def batches(jobs: list) -> list:
+    """`jobs` as the batches the session starts side by side: one per world size, a world of more than SPLIT_ABOVE
+    jobs in two. Jobs that must share a process stay together: the same command (a run compared with itself run
+    later, tests/megatron/test_pretrain_runner.py) and every job naming the same "{tmp}/<name>" (a checkpoint one
+    job saves and another loads, a YAML both read)."""
+    out = []
+    for world in sorted({j.world for j in jobs}):
+        mine = [j for j in jobs if j.world == world]
+        if len(mine) <= SPLIT_ABOVE:
+            out.append(mine)
+            continue
+        first: list = []  # whole units in declaration order up to half the jobs: each part then holds whole tests'
+        for unit in sorted(_units(mine), key=lambda u: mine.index(u[0])):  # stock and flash arms, not all of
+            if len(first) + len(unit) / 2 > len(mine) / 2:                   # one kind in each part
+                break
+            first += unit
+        out += [sorted(first, key=mine.index), [j for j in mine if j not in first]]
+    return out
+
+
+def _units(jobs: list) -> list:
+    """`jobs` grouped so that two jobs with the same argv or a shared "{tmp}/<name>" are in one group."""
+    def keys(job):
+        return {("argv", job.argv)} | {("tmp", a.split("{tmp}/", 1)[1].split("/", 1)[0])
+                                       for a in job.argv if "{tmp}/" in a}
+    groups: list = []  # [(keys, jobs)]
+    for job in jobs:
+        mine, joined = keys(job), [job]
+        for g in [g for g in groups if g[0] & mine]:
+            groups.remove(g)
+            mine, joined = mine | g[0], g[1] + joined
+        groups.append((mine, joined))
+    return [g[1] for g in groups]
+
+
 def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
     """Run `jobs` (one world size) in order behind one torchrun start-up; -> {name: Result}."""
     world = {j.world for j in jobs}
@@ -92,8 +132,11 @@ def run_batch(jobs: list, out: Path, tmp: Path) -> dict:
     (out / "jobs.json").write_text(json.dumps(spec, indent=1))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world.pop()}",
            "-m", RUNNER, str(out / "jobs.json"), str(out), str(JOB_S)]
+    # TORCH_COMPILE_DISABLE: Megatron compiles some activations unconditionally (@jit_fuser, e.g. gpt-oss's
+    # quick_gelu); inductor's C++ build took 20 s of the first two iterations of the gptoss rows on 2 cores (the
+    # whole rest of such a job: 2 s). Both arms of every row then run the same eager function.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCH_COMPILE_DISABLE": "1"}
     why = None
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
