@@ -1,6 +1,7 @@
 """A persistent pool of gloo worker processes that runs test functions by name.
 
-Start-up (spawn + import torch/megatron + init_process_group) costs seconds; a job costs milliseconds.
+Start-up (a fork from a forkserver that imported torch and megatron-core once, then init_process_group) costs
+about a second; a job costs milliseconds.
 `Pool(world_size).run("tests.mp_ops:check_ag", arg, ...)` runs `check_ag(rank, world_size, arg, ...)` on
 every worker and returns the per-rank results. Every wait has a timeout: a job that raises on any rank
 raises `WorkerError` with that rank's traceback; a job that times out (a hang, a dead peer) raises
@@ -86,7 +87,21 @@ def _destroy_groups() -> int:
     return len(left)
 
 
+# A spawned worker imported torch (about 1.5 s of CPU) and, at its first Megatron job, megatron-core (about 4.5 s):
+# a 4-rank pool's start with one Megatron job took 10.2-10.7 s of wall on 2 cores. Workers forked from one
+# forkserver that imported both once (pool_preload.py: nothing of the package or the tests, one thread when it
+# forks) took 1.0 s. A worker takes the environment the pool's process has when it starts, as a spawned one did.
+PRELOAD = ["tests.support.pool_preload"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read once, when the first worker starts the server
+    return ctx
+
+
 def _worker(rank: int, world: int, port: int, jobs, results, env: dict) -> None:
+    os.environ.clear()
     os.environ.update(env)
     sys.path.insert(0, env["PYTHONPATH"])  # the test modules live beside the package, under the root
     import torch
@@ -126,12 +141,13 @@ class Pool:
         self._procs: list = []
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         self._results = ctx.Queue()
         self._jobs = [ctx.Queue() for _ in range(self.world_size)]
         port = _free_port()
+        env = {**os.environ, **self.env}  # what a spawned worker would have inherited now, then the pool's own
         self._procs = [ctx.Process(target=_worker, daemon=True,
-                                   args=(r, self.world_size, port, self._jobs[r], self._results, self.env))
+                                   args=(r, self.world_size, port, self._jobs[r], self._results, env))
                        for r in range(self.world_size)]
         for p in self._procs:
             p.start()
