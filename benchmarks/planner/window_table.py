@@ -14,6 +14,13 @@ from benchmarks.planner.window_predict import predict_window
 KINDS = (("mlp", "TP + SP MLP block"), ("mlp_nosp", "TP without SP MLP block (all-reduce)"), ("moe", "MoE layer"),
          ("all_reduce", "decode all-reduce, two-level"))
 COMMAND = "nice -n -10 python benchmarks/planner/run.py --one-window --rounds {rounds} --passes {passes}"
+
+
+def command(raw: dict) -> str:
+    """The command that measured `raw`: COMMAND, and --only with the windows it ran where it ran fewer than all."""
+    names = [w["name"] for w in raw["windows"]]
+    run_all = names == [spec[0] for spec in S.WINDOWS]
+    return COMMAND.format(**raw) + ("" if run_all else " --only " + " ".join(f'"{n}"' for n in names))
 AGAIN = "python benchmarks/planner/run.py --one-window --compare --window benchmarks/planner/data/{name}"
 
 
@@ -100,7 +107,7 @@ def render(raw: dict, name: str = "window.json") -> str:
     measured = C.verdicts(raw["windows"])
     rows, checks = C.errors(raw["windows"], preds), C.checks(raw["windows"], preds, measured=measured)
     lines = ["# Planner on the CPU proxy, one window: predicted vs measured in the same run", "",
-             f"Run: `{COMMAND.format(**raw)}` ({raw['seconds']:.0f} s); this file again from its raw data: "
+             f"Run: `{command(raw)}` ({raw['seconds']:.0f} s); this file again from its raw data: "
              f"`{AGAIN.format(name=name)}`", "",
              "Every predicted figure is a PREDICTION of megatron_flashoverlap.plan on the proxy built from the "
              "chooser's start-up probe (megatron/probe.py): the mean of the predictions from the calibration just "
