@@ -182,7 +182,7 @@ def _dp_fused_grad_five_percent_low() -> list:
 def _cost_model_fuses_nothing() -> list:
     from megatron_flashoverlap.megatron.ddp import auto_fuse
 
-    orig = choice.choose
+    orig = auto_fuse.choose
 
     def choose(grads, bucket_size, link, asynchronous=False):
         k, best, stock = orig(grads, bucket_size, link, asynchronous)
