@@ -14,6 +14,7 @@ from benchmarks.planner.window_predict import predict_window
 KINDS = (("mlp", "TP + SP MLP block"), ("mlp_nosp", "TP without SP MLP block (all-reduce)"), ("moe", "MoE layer"),
          ("all_reduce", "decode all-reduce, two-level"))
 COMMAND = "nice -n -10 python benchmarks/planner/run.py --one-window --rounds {rounds} --passes {passes}"
+AGAIN = "python benchmarks/planner/run.py --one-window --compare --window benchmarks/planner/data/{name}"
 
 
 def command(raw: dict) -> str:
@@ -21,7 +22,6 @@ def command(raw: dict) -> str:
     names = [w["name"] for w in raw["windows"]]
     run_all = names == [spec[0] for spec in S.WINDOWS]
     return COMMAND.format(**raw) + ("" if run_all else " --only " + " ".join(f'"{n}"' for n in names))
-AGAIN = "python benchmarks/planner/run.py --one-window --compare --window benchmarks/planner/data/{name}"
 
 
 def _pct(x: float) -> str:

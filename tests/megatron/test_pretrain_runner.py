@@ -2,9 +2,10 @@
 
 Tier 2 (2 ranks under torchrun, newest lane). The same two jobs (stock and --flash-overlap, the launcher's Llama
 run) run first in their batch, in a fresh process, and again after every other job of that batch (about half the
-session's two-rank jobs: flash runs with our DDP and config active, other parallel layouts, MoE, checkpoints): each must log the same losses to
-the bit (the same process, the same code, the same seed: nothing reorders a sum), the same GEMM sites line (the
-log-once sets were reset), and the repeated stock run no plugin line (pretrain()'s DDP class was restored).
+session's two-rank jobs: flash runs with our DDP and config active, other parallel layouts, MoE, checkpoints):
+each must log the same losses to the bit (the same process, the same code, the same seed: nothing reorders a sum),
+the same GEMM sites line (the log-once sets were reset), and the repeated stock run no plugin line (pretrain()'s
+DDP class was restored).
 """
 import pytest
 

@@ -93,9 +93,11 @@ def batches(jobs: list) -> list:
         if len(mine) <= SPLIT_ABOVE:
             out.append(mine)
             continue
-        first: list = []  # whole units in declaration order up to half the jobs: each part then holds whole tests'
-        for unit in sorted(_units(mine), key=lambda u: mine.index(u[0])):  # stock and flash arms, not all of
-            if len(first) + len(unit) / 2 > len(mine) / 2:                   # one kind in each part
+        # whole units in declaration order up to about half the jobs: a test's stock and flash arms, declared
+        # together, land in one part, and each part mixes stock and flash runs (not all of one kind in each)
+        first: list = []
+        for unit in sorted(_units(mine), key=lambda u: mine.index(u[0])):
+            if len(first) + len(unit) / 2 > len(mine) / 2:
                 break
             first += unit
         out += [sorted(first, key=mine.index), [j for j in mine if j not in first]]
