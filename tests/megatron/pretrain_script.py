@@ -21,7 +21,9 @@ KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
 def datasets(num_samples, vp_stage=None):
     args = get_args()
     config = GPTDatasetConfig(random_seed=args.seed, sequence_length=args.seq_length, split=args.split,
-                              tokenizer=get_tokenizer(), reset_position_ids=args.reset_position_ids,
+                              tokenizer=get_tokenizer(), path_to_cache=args.data_cache_path,
+                              num_dataset_builder_threads=args.num_dataset_builder_threads,
+                              reset_position_ids=args.reset_position_ids,
                               reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
                               create_attention_mask=args.create_attention_mask_in_dataloader)
     return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True, config).build()

@@ -67,6 +67,19 @@ def test_entry_fuses_the_dp_reduce_scatter_under_the_distributed_optimizer(pretr
     assert "--flash-overlap: " not in stock.text
 
 
+@pytest.mark.newest_only
+@pytest.mark.pretrain(*DP_JOBS)
+def test_entry_builds_its_mock_data_under_megatrons_data_cache_path(pretrain):
+    """--data-cache-path (which the session's batches add: tests/support/pretrain_runs.py DATA_CACHE) reaches the
+    entry's dataset config, as Megatron-LM's pretrain_gpt.py passes it: the indices are saved there or read back,
+    never dropped with Megatron's "Unable to save" warning."""
+    for job in DP_JOBS:
+        text = pretrain(job.name).check().text
+        assert re.search(r"path_to_cache='[^']*data-cache'", text), text[-3000:]
+        assert "Unable to save MockGPTDataset indexes" not in text, text[-3000:]
+        assert re.search(r"(Build and save|Load) the MockGPTDataset train indices", text), text[-3000:]
+
+
 # torchrun ... -m megatron_flashoverlap.launch --cpu SCRIPT, the per-rank form users type
 LAUNCH = ("--cpu", SCRIPT, *TINY, *LLAMA)
 LAUNCH_JOBS = (Job("launch-llama-stock", "launch", LAUNCH), Job("launch-llama-flash", "launch", (*LAUNCH, *FLASH)))

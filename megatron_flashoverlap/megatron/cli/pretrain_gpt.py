@@ -37,8 +37,9 @@ def datasets_provider(num_samples, vp_stage=None):
     from megatron.training import get_args, get_tokenizer
 
     args = get_args()
-    config = GPTDatasetConfig(
+    config = GPTDatasetConfig(  # the fields Megatron-LM's pretrain_gpt.py sets that mock data reads
         random_seed=args.seed, sequence_length=args.seq_length, split=args.split, tokenizer=get_tokenizer(),
+        path_to_cache=args.data_cache_path, num_dataset_builder_threads=args.num_dataset_builder_threads,
         reset_position_ids=args.reset_position_ids, reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss, create_attention_mask=args.create_attention_mask_in_dataloader)
     return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True, config).build()
