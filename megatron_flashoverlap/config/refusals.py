@@ -285,6 +285,8 @@ ROWS: tuple[Refusal, ...] = (
     Refusal("--mock-data", "mock_data", "off", None, "it has no data (it trains on Megatron's mock GPT data)",
             "add --mock-data (for real data run Megatron-LM's pretrain_gpt.py through flashoverlap-launch)",
             ("entry",)),
+    Refusal("--sft", "sft", "on", None, "asks for Megatron's SFT dataset, which this entry does not build (it "
+            "trains on the mock GPT data)", _ENTRY, ("entry",)),
     Refusal("--pipeline-model-parallel-size", "pipeline_model_parallel_size", ">", 1,
             "is not run by this entry (it runs PP = CP = 1)", _ENTRY, ("entry",)),
     Refusal("--context-parallel-size", "context_parallel_size", ">", 1,

@@ -20,7 +20,7 @@ import pytest
 from tests.megatron.flag_matrix import ROWS, head
 from tests.megatron.flag_matrix import jobs as row_jobs
 from tests.megatron.test_flag_matrix import BF16_RTOL
-from tests.support.pretrain_runs import AFTER, FLASH, Job
+from tests.support.pretrain_runs import AFTER, FLASH, LAST, Job
 
 SCRIPT = str(Path(__file__).with_name("pretrain_script.py"))
 ITERS = 8
@@ -78,6 +78,21 @@ def test_entry_builds_its_mock_data_under_megatrons_data_cache_path(pretrain):
         assert re.search(r"path_to_cache='[^']*data-cache'", text), text[-3000:]
         assert "Unable to save MockGPTDataset indexes" not in text, text[-3000:]
         assert re.search(r"(Build and save|Load) the MockGPTDataset train indices", text), text[-3000:]
+
+
+# weights of std 1e30: the loss is not finite within a few iterations (an expected failure: last in its batch)
+NAN_JOB = Job("entry-nan-loss", "pretrain_gpt", ("--cpu", *TINY, "--init-method-std", "1e30"), order=LAST)
+
+
+@pytest.mark.newest_only
+@pytest.mark.pretrain(NAN_JOB)
+def test_entry_checks_the_loss_as_megatron_lms_script_does(pretrain):
+    """--check-for-nan-in-loss-and-grad (on by default) rejects the first non-finite local loss with the message
+    Megatron-LM's pretrain_gpt.py gives (the entry's loss_func, check_loss); Megatron's rerun state machine then
+    reruns the step and ends the run (here without --save, in Megatron's own checkpoint call)."""
+    result = pretrain(NAN_JOB.name)
+    assert result.error is not None, result.text[-3000:]
+    assert re.search(r"found (NaN|Inf) in local forward loss calculation", result.text), result.text[-3000:]
 
 
 # torchrun ... -m megatron_flashoverlap.launch --cpu SCRIPT, the per-rank form users type

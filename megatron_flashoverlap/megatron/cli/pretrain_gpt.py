@@ -14,8 +14,11 @@ kind runs, and why where it is stock (megatron/sites.py, as the launcher does):
     GEMM sites: dense[1-2]: qkv=flash, proj=flash, fc1=flash, fc2=flash        (stock run: "GEMM sites: stock")
 
 Written for the mock data (tokens / labels / loss_mask / position_ids / attention_mask per sample, every
-rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. For real data, PP or CP, run
-Megatron-LM's own `pretrain_gpt.py` through `flashoverlap-launch`.
+rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. What Megatron-LM's pretrain_gpt.py
+reads of its flags for mock data, this entry reads too: the dataset config's fields (--data-cache-path,
+--num-dataset-builder-threads, the position / mask resets) and the loss checks (--check-for-nan-in-loss-and-grad,
+--check-for-spiky-loss); what it cannot honour (--sft, real data, PP, CP) is refused (config/refusals.py). For
+real data, PP or CP, run Megatron-LM's own `pretrain_gpt.py` through `flashoverlap-launch`.
 """
 from __future__ import annotations
 
@@ -48,11 +51,34 @@ def datasets_provider(num_samples, vp_stage=None):
 datasets_provider.is_distributed = True  # Megatron calls it on every rank, not on TP rank 0 only
 
 
+SPIKY_LOSS_FACTOR = 10  # Megatron-LM's pretrain_gpt.py: a loss 10x the largest one seen so far is spiky
+
+
+def check_loss(loss: torch.Tensor) -> None:
+    """The checks Megatron-LM's pretrain_gpt.py makes of a micro-batch's local loss (before the DP reduction),
+    where its flags ask for them, through Megatron's rerun state machine: --check-for-nan-in-loss-and-grad (on
+    by default) ends the run on a NaN or Inf loss; --check-for-spiky-loss flags a loss over SPIKY_LOSS_FACTOR
+    times the largest seen."""
+    from megatron.core.rerun_state_machine import get_rerun_state_machine
+    from megatron.training import get_args
+
+    args, machine = get_args(), get_rerun_state_machine()
+    if args.check_for_nan_in_loss_and_grad:
+        for rejected, word in ((torch.isnan, "NaN"), (torch.isinf, "Inf")):
+            machine.validate_result(result=loss, rejection_func=rejected, tolerance=0.0, fatal=True,
+                                    message=f"found {word} in local forward loss calculation")
+    if args.check_for_spiky_loss:
+        spiky = functools.partial(machine.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR, context="loss")
+        machine.validate_result(result=loss, rejection_func=spiky, message="Spiky loss", tolerance=0.0, fatal=False)
+
+
 def loss_func(loss_mask: torch.Tensor, per_token: torch.Tensor):
-    """(summed loss, token count, {"lm loss": [sum, count]}): the triple Megatron's schedules average."""
+    """(summed loss, token count, {"lm loss": [sum, count]}): the triple Megatron's schedules average, the loss
+    checked first (check_loss)."""
     mask = loss_mask.reshape(-1).float()
     loss = (per_token.reshape(-1).float() * mask).sum()
     count = mask.sum().to(torch.int)
+    check_loss(loss)
     return loss, count, {"lm loss": torch.cat([loss.detach().view(1), count.view(1)])}
 
 
