@@ -15,10 +15,11 @@ kind runs, and why where it is stock (megatron/sites.py, as the launcher does):
 
 Written for the mock data (tokens / labels / loss_mask / position_ids / attention_mask per sample, every
 rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. What Megatron-LM's pretrain_gpt.py
-reads of its flags for mock data, this entry reads too: the dataset config's fields (--data-cache-path,
---num-dataset-builder-threads, the position / mask resets) and the loss checks (--check-for-nan-in-loss-and-grad,
---check-for-spiky-loss); what it cannot honour (--sft, real data, PP, CP) is refused (config/refusals.py). For
-real data, PP or CP, run Megatron-LM's own `pretrain_gpt.py` through `flashoverlap-launch`.
+reads of its flags for mock data, this entry reads too: the dataset config's fields (--data-cache-path, the
+validation sets, the position / mask resets, ...; real data's blends aside) and the loss checks
+(--check-for-nan-in-loss-and-grad, --check-for-spiky-loss); what it cannot honour (--sft, real data, PP, CP) is
+refused (config/refusals.py). For real data, PP or CP, run Megatron-LM's own `pretrain_gpt.py` through
+`flashoverlap-launch`.
 """
 from __future__ import annotations
 
@@ -40,9 +41,14 @@ def datasets_provider(num_samples, vp_stage=None):
     from megatron.training import get_args, get_tokenizer
 
     args = get_args()
-    config = GPTDatasetConfig(  # the fields Megatron-LM's pretrain_gpt.py sets that mock data reads
+    config = GPTDatasetConfig(  # every field Megatron-LM's pretrain_gpt.py sets from its flags, but the blends
         random_seed=args.seed, sequence_length=args.seq_length, split=args.split, tokenizer=get_tokenizer(),
+        multiple_validation_sets=args.multiple_validation_sets, full_validation=args.full_validation,
         path_to_cache=args.data_cache_path, num_dataset_builder_threads=args.num_dataset_builder_threads,
+        mmap_bin_files=args.mmap_bin_files, object_storage_cache_path=args.object_storage_cache_path,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+        allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens, fast_cache_load=args.dataloader_fast_cache_load,
+        defer_npy_index_mmap=args.dataloader_defer_npy_index_mmap,
         reset_position_ids=args.reset_position_ids, reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss, create_attention_mask=args.create_attention_mask_in_dataloader)
     return BlendedMegatronDatasetBuilder(MockGPTDataset, num_samples, lambda: True, config).build()
