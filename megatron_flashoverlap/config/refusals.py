@@ -287,6 +287,8 @@ ROWS: tuple[Refusal, ...] = (
             ("entry",)),
     Refusal("--sft", "sft", "on", None, "asks for Megatron's SFT dataset, which this entry does not build (it "
             "trains on the mock GPT data)", _ENTRY, ("entry",)),
+    Refusal("--inprocess-restart", "inprocess_restart", "on", None, "asks for NVRx's in-process restart, which this "
+            "entry does not wrap pretrain() in", "drop it (the entry restarts nothing in process)", ("entry",)),
     Refusal("--pipeline-model-parallel-size", "pipeline_model_parallel_size", ">", 1,
             "is not run by this entry (it runs PP = CP = 1)", _ENTRY, ("entry",)),
     Refusal("--context-parallel-size", "context_parallel_size", ">", 1,

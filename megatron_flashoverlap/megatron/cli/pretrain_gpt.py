@@ -17,9 +17,9 @@ Written for the mock data (tokens / labels / loss_mask / position_ids / attentio
 rank builds the same samples, so no TP broadcast of the batch); PP = CP = 1. What Megatron-LM's pretrain_gpt.py
 reads of its flags for mock data, this entry reads too: the dataset config's fields (--data-cache-path, the
 validation sets, the position / mask resets, ...; real data's blends aside) and the loss checks
-(--check-for-nan-in-loss-and-grad, --check-for-spiky-loss); what it cannot honour (--sft, real data, PP, CP) is
-refused (config/refusals.py). For real data, PP or CP, run Megatron-LM's own `pretrain_gpt.py` through
-`flashoverlap-launch`.
+(--check-for-nan-in-loss-and-grad, --check-for-spiky-loss); what it cannot honour (--sft, --inprocess-restart,
+real data, PP, CP) is refused (config/refusals.py). For real data, PP, CP or SFT, run Megatron-LM's own
+`pretrain_gpt.py` through `flashoverlap-launch`.
 """
 from __future__ import annotations
 
