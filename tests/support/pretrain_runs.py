@@ -75,7 +75,7 @@ class Result:
 # same samples in the same order (Megatron's sampler decides them, not the workers).
 IN_PROCESS = ("--num-workers", "0")
 # Megatron builds a mock dataset's indices (about 2.1 M samples at seq 32) on rank 0, then, after a barrier, on
-# every other rank, in every job: 15-19 s of a two-rank batch's 120-130 s. With a cache folder (Megatron's own
+# every other rank, in every job: 14-19 s of a two-rank batch's 119-129 s. With a cache folder (Megatron's own
 # --data-cache-path) rank 0 writes them once per dataset configuration (its hash names the files) and the other
 # ranks and later jobs of the batch read them back: the same indices, so the same samples in the same order. One
 # folder per batch, since batches run side by side and two writers of one file would race.
