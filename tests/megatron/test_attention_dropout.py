@@ -42,6 +42,28 @@ def test_seed_may_be_a_device_tensor():
     assert torch.equal(keep_mask(spec_int, 2, 3, 4, 5, 6, "cpu"), keep_mask(spec_t, 2, 3, 4, 5, 6, "cpu"))
 
 
+def _hash32(x):
+    """Wellons' hash32 on a Python int (the formula keep_mask documents), written here apart from the code."""
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) % 2 ** 32
+    x ^= x >> 12
+    x = (x * 0x297A2D39) % 2 ** 32
+    return x ^ (x >> 15)
+
+
+def test_keep_mask_is_the_documented_hash_at_every_tile_of_a_large_block():
+    seed, p = 2 ** 40 + 3, 0.25
+    b, heads, a, n, sk = 2, 3, 5, 300, 2000  # 600K probabilities per head and batch: several CPU tiles of 2**18
+    keep = keep_mask(AttnSpec(scale=1.0, dropout_p=p, seed=seed), b, heads, a, n, sk, "cpu")
+    g = torch.Generator().manual_seed(0)
+    picks = [(0, 0, 0, 0), (b - 1, heads - 1, n - 1, sk - 1), (1, 2, 131, 0), (0, 1, 130, sk - 1)]
+    picks += [tuple(int(torch.randint(m, (1,), generator=g)) for m in (b, heads, n, sk)) for _ in range(3000)]
+    s = _hash32((seed ^ (seed >> 32)) % 2 ** 32)
+    for bi, hd, i, j in picks:
+        h = _hash32(_hash32(_hash32(s ^ (bi * heads + hd)) ^ (a + i)) ^ j)
+        assert bool(keep[bi, hd, i, j]) == (h < int((1 - p) * 2 ** 32)), (bi, hd, i, j)
+
+
 def _profiled_ops(rows):
     g = torch.Generator().manual_seed(1)
     q, k, v = torch.randn(rows, 2, 4, 8, generator=g), torch.randn(32, 2, 4, 8), torch.randn(32, 2, 4, 8)

@@ -16,7 +16,7 @@ alone (the query-split operator) and the whole sequence gives the same rows (the
   zigzag context-parallel order, see `zigzag_positions`); None = natural order.
 - `mask`: an explicit bool mask [b|1, np|1, s, s] (padding), OR-ed with the causal rule.
 - `dropout_p`, `seed`: dropout on the probs with a counter-based keep-mask, a hash of (seed, batch and head,
-  global row, key) computed for a whole block in one vectorized pass (`keep_mask`), so the mask does not
+  global row, key) computed for a whole block without a per-row launch (`keep_mask`), so the mask does not
   depend on how the rows are split (query-split == reference). `seed` is an int or a 0-dim int64 tensor
   (drawn on the device from Megatron's RNG, no host sync).
 """
@@ -116,17 +116,50 @@ def _mix32(x):
     return x ^ (x >> 15)
 
 
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """`_mix32` in place on an int32 tensor holding the 32 bits of each value: the same bits. The products wrap
+    modulo 2**32 (two's complement), and a right shift of int32 is arithmetic, so each shift is masked to the
+    bits a logical shift keeps."""
+    x ^= (x >> 15) & 0x1FFFF
+    x *= 0x2C1B3C6D
+    x ^= (x >> 12) & 0xFFFFF
+    x *= 0x297A2D39
+    x ^= (x >> 15) & 0x1FFFF
+    return x
+
+
+_TILE = 1 << 18  # elements of one CPU tile of the mask (1 MiB of int32): the hash's passes stay in cache
+
+
 def keep_mask(spec: AttnSpec, b: int, heads: int, a: int, n: int, sk: int, device) -> torch.Tensor:
     """keep [b, np, n, sk] (bool) of query rows [a, a+n): a counter-based draw, uniform 32-bit hash of
     (seed, batch * np + head, global row a+i, key j) compared with keep_p * 2**32. A row's mask is a function of
-    its global index alone, so any split into blocks gives the same masks (query split == reference); one
-    vectorized pass per block, no generator state (the seed may be an int or a 0-dim int64 tensor)."""
+    its global index alone, so any split into blocks gives the same masks (query split == reference); no
+    generator state (the seed may be an int or a 0-dim int64 tensor).
+
+        h_row [b*np, n]     = mix(mix(mix(seed) ^ (b*np index)) ^ (a + i))     int64, small
+        keep  [b*np, n, sk] = mix(h_row ^ j) < keep_p * 2**32                  int32, in place
+
+    The per-element hash runs in int32 in place: on CUDA in one pass over the block; on CPU in tiles of about
+    `_TILE` elements (a few rows of one head), each hashed while it sits in cache."""
     s = _mix32((spec.seed ^ (spec.seed >> 32)) & _M32)  # fold a 64-bit seed into 32 bits
-    ix = torch.arange(max(b * heads, n, sk), device=device, dtype=torch.int64)
-    h = _mix32(s ^ ix[:b * heads].view(b, heads, 1, 1))  # [b, np, 1, 1]
-    h = _mix32(h ^ (ix[:n] + a).view(1, 1, n, 1))  # [b, np, n, 1]
-    h = _mix32(h ^ ix[:sk].view(1, 1, 1, sk))  # [b, np, n, sk]
-    return h < int((1.0 - spec.dropout_p) * 2 ** 32)
+    ix = torch.arange(max(b * heads, n), device=device, dtype=torch.int64)
+    h = _mix32(s ^ ix[:b * heads].view(b * heads, 1))  # [b*np, 1]
+    h = _mix32(h ^ (ix[:n] + a).view(1, n))  # [b*np, n], values in [0, 2**32)
+    h = (h - ((h >> 31) & 1) * 2 ** 32).to(torch.int32)  # the same 32 bits as int32
+    keep = torch.empty((b * heads, n, sk), dtype=torch.bool, device=device)
+    threshold = int((1.0 - spec.dropout_p) * 2 ** 32)  # keep where the unsigned hash is below it
+    if threshold >= 2 ** 32:
+        return keep.fill_(True).view(b, heads, n, sk)
+    keys = torch.arange(sk, device=device, dtype=torch.int32)
+    rows = n if keep.device.type == "cuda" else max(1, _TILE // max(sk, 1))
+    tiles = [(slice(None), slice(None))] if keep.device.type == "cuda" else \
+        [(g, slice(r, r + rows)) for g in range(b * heads) for r in range(0, n, rows)]
+    for g, r in tiles:
+        t = _mix32_(h[g, r, None] ^ keys)  # [rows, sk] (CUDA: [b*np, n, sk])
+        t ^= -2 ** 31  # unsigned order -> signed order: flip the top bit of both sides
+        torch.lt(t, threshold - 2 ** 31, out=keep[g, r])
+    return keep.view(b, heads, n, sk)
 
 
 def _dropout(probs: torch.Tensor, spec: AttnSpec, a: int) -> torch.Tensor:
