@@ -216,6 +216,14 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
         algo = None if site is None else ("flash" if site.algo == "auto" else site.algo)
         self.query_split_plan = OpPlan("reference") if site is None else OpPlan(algo, site.num_chunks)
 
+    def flash_ran(self) -> str:
+        """For the GEMM sites line: "query_split (<algo>)" where the pair runs (SP, TP > 1, a model our core
+        attention implements: the same test QuerySplitDotProductAttention makes), else what the linear runs."""
+        if (self.flash_plan is None or self.flash_fp8 is not None or not self.sequence_parallel
+                or group_info(self.tp_group)[1] == 1 or unsupported_by_ours(self.config) is not None):
+            return super().flash_ran()
+        return f"query_split ({self.query_split_plan.algo})"
+
     def forward(self, input_):
         if not isinstance(input_, PendingAttention):
             return super().forward(input_)

@@ -10,6 +10,7 @@ the project entry alike (`install`), for stock and --flash-overlap runs.
                  exchange) and experts (the routed experts); eh_proj (MTP's projection)
         what     flash | flash_bidir | slicing      the SP ring of that algorithm
                  <algo> (all-reduce, no SP)         TP without SP: the decomposed all-reduce
+                 query_split (<algo>)               proj: core attention + proj + RS by query block
                  stock (<why>)                      Megatron's forward, and why
         a kind whose sites all run stock for one reason prints it once: mtp[1]: stock (<why>)
 

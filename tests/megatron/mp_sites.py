@@ -26,16 +26,20 @@ def _gpt(cfg, spec, mtp=False, pre_process=True, post_process=True):
                     post_process=post_process)
 
 
-def tp_line(rank, world, sp, mtp):
-    """TP = world, dense GPT from flashoverlap_layer_spec (MTP layers: stock's spec) -> the sites line."""
+def tp_line(rank, world, sp, mtp, query_split=False):
+    """TP = world, dense GPT from flashoverlap_layer_spec (MTP layers: stock's spec; attention.query_split as
+    given) -> the sites line."""
+    from megatron_flashoverlap import config as fc
     from megatron_flashoverlap.megatron.sites import sites_line
     from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
     tm.init_tp(world)
+    previous = fc.activate(fc.from_dict({"attention": {"query_split": query_split}}))
     try:
         cfg = tm.tiny_config(world, sp, mtp_num_layers=1 if mtp else None)
         return sites_line(_gpt(cfg, flashoverlap_layer_spec(cfg), mtp))
     finally:
+        fc.activate(previous)
         tm.destroy()
 
 

@@ -39,6 +39,13 @@ def test_tp_line(pools, sp, mtp, expected):
     assert pools(2).run(f"{BODY}:tp_line", sp, mtp, timeout=300) == [expected] * 2
 
 
+def test_query_split_names_its_operator_at_proj(pools):
+    # attention.query_split with the default auto elsewhere: proj runs attention + proj + RS as one operator
+    # (its ring flash: nothing is measured inside it); stock's attention config, so no fallback to Megatron's
+    expected = "GEMM sites: dense[1-2]: qkv=auto, proj=query_split (flash), fc1=auto, fc2=auto"
+    assert pools(2).run(f"{BODY}:tp_line", True, False, True, timeout=300) == [expected] * 2
+
+
 def test_pipeline_stages_are_gathered(pools):
     expected = f"GEMM sites: dense[1-2]: {TP1}; mtp[1]: stock ({MTP_STOCK})"
     assert pools(2).run(f"{BODY}:pp_line", timeout=300) == [expected] * 2
