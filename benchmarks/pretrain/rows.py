@@ -40,6 +40,10 @@ ARMS = {
     "flash+c4": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     # both: 2 sub-chunks per hop, and qkv / fc1 keep the gathered input
     "flash+c2+keep": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
+    # query-split attention at proj (core attention + proj + reduce-scatter by query block, docs/attention.md):
+    # with 2 sub-chunks per hop at the other sites, or with the default chooser at them
+    "flash+c2+qsplit": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
+    "auto+qsplit": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     # our spec (SDPA core attention, our norms) with every linear on Megatron's own forward: what the spec
     # alone changes against stock, so flash vs this arm is the overlap alone
     "ours-reference": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "stock.yaml")], "rate"),
@@ -60,6 +64,11 @@ YAMLS = {  # the arms whose config the benchmark writes (arm_yaml)
                       "(benchmarks/pretrain/run.py)\ndefault: {algo: flash, hop_chunks: 2}\n"
                       "qkv: {algo: flash, hop_chunks: 2, keep_gathered: true}\n"
                       "fc1: {algo: flash, hop_chunks: 2, keep_gathered: true}\n"),
+    "flash+c2+qsplit": ("description: flash, 2 row sub-chunks per hop, proj as query-split attention "
+                        "(benchmarks/pretrain/run.py)\ndefault: {algo: flash, hop_chunks: 2}\n"
+                        "attention: {query_split: true}\n"),
+    "auto+qsplit": ("description: the default chooser, proj as query-split attention (benchmarks/pretrain/run.py)\n"
+                    "default: {algo: auto}\nattention: {query_split: true}\n"),
 }
 BASE = "stock"
 FAST = "stock@unshaped"
@@ -72,9 +81,11 @@ PHASES = ("forward-backward", "forward-compute", "backward-compute", "all-grads-
 
 
 def model_argv(cfg: dict) -> list[str]:
-    """Megatron arguments of every arm: cfg {"layers", "hidden", "heads", "seq", "mbs", "iters", "vocab"}."""
+    """Megatron arguments of every arm: cfg {"layers", "hidden", "heads", "seq", "mbs", "iters", "vocab"}, and
+    "attention_dropout" where given (not None): Megatron's --attention-dropout."""
     c = {k: str(v) for k, v in cfg.items()}
-    return ["--num-layers", c["layers"], "--hidden-size", c["hidden"], "--num-attention-heads", c["heads"],
+    dropout = [] if cfg.get("attention_dropout") is None else ["--attention-dropout", c["attention_dropout"]]
+    return dropout + ["--num-layers", c["layers"], "--hidden-size", c["hidden"], "--num-attention-heads", c["heads"],
             "--seq-length", c["seq"], "--max-position-embeddings", c["seq"], "--micro-batch-size", c["mbs"],
             "--global-batch-size", c["mbs"], "--tensor-model-parallel-size", "2", "--sequence-parallel",
             "--train-iters", c["iters"], "--lr", "1e-4", "--log-interval", "1", "--timing-log-level", "2",

@@ -54,6 +54,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--mbs", type=int, default=1, help="micro-batch size (= global batch: one micro-batch)")
     p.add_argument("--vocab", type=int, default=128)
+    p.add_argument("--attention-dropout", type=float, default=None,
+                   help="Megatron's --attention-dropout in every arm (default: Megatron's, 0.1)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma list among {list(ARMS)}")
     p.add_argument("--unshaped", action="store_true", help="host loopback, no namespace (no root), labelled")
     p.add_argument("--quick", action="store_true", help="tiny model, 1 round (smoke test)")
@@ -150,7 +152,9 @@ def report(a, cmd: str, raw: dict) -> str:
     """The markdown: title, command, setting, then body(raw)."""
     link = "unshaped host loopback" if a.unshaped else f"tbf {a.rate} (burst {a.burst})"
     head = (f"Megatron pretrain() (project entry), GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, "
-            f"seq {a.seq}, micro-batch {a.mbs}, vocab {a.vocab}, fp32, TP=2 + SP, 2 CPU ranks (gloo), {link}; "
+            f"seq {a.seq}, micro-batch {a.mbs}, vocab {a.vocab}, fp32, "
+            f"{'' if a.attention_dropout is None else f'attention dropout {a.attention_dropout}, '}"
+            f"TP=2 + SP, 2 CPU ranks (gloo), {link}; "
             f"{a.rounds} rounds x {a.iters} iterations per arm, first {a.warmup} dropped; {STOCK_RS_LABEL[a.stock_rs]}")
     md = [f"# End-to-end training loop on the shaped link ({datetime.date.today()})", "", f"Command: `{cmd}`", "",
           head, ""]
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
         return code
     arms = [x for x in a.arms.split(",") if x]
     cfg = {"layers": a.layers, "hidden": a.hidden, "heads": a.heads, "seq": a.seq, "mbs": a.mbs,
-           "iters": a.iters, "vocab": a.vocab}
+           "iters": a.iters, "vocab": a.vocab, "attention_dropout": a.attention_dropout}
     for arm in arms:
         entry_argv(arm, cfg)  # an unknown arm fails here, before any run
     if a.rounds == 0 and not a.profile:

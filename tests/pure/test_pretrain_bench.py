@@ -130,6 +130,12 @@ def test_arms_use_the_real_flags_and_configs():
     assert ARMS["slicing"][0][-1].endswith("configs/slicing.yaml")
     keep = load_config(entry_argv("flash+keep", CFG)[-1])  # the YAML the arm writes loads, with the knob set
     assert keep.plan("qkv").keep_gathered and keep.plan("fc1").keep_gathered and not keep.plan("proj").keep_gathered
+    for arm in ("flash+c2+qsplit", "auto+qsplit"):  # query split on, each with its algo at the other sites
+        qsplit = load_config(entry_argv(arm, CFG)[-1])
+        assert qsplit.attention.query_split and qsplit.plan("fc1").algo == arm.split("+")[0]
+    assert "--attention-dropout" not in entry_argv("stock", CFG)  # Megatron's default unless given
+    argv = entry_argv("stock", {**CFG, "attention_dropout": 0.0})
+    assert argv[argv.index("--attention-dropout") + 1] == "0.0"
     with pytest.raises(ValueError, match="choose among"):
         entry_argv("fast", CFG)
 
