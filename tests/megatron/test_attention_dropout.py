@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from megatron_flashoverlap.ops.attention import core
 from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows, keep_mask
 from tests.megatron.mp_attention_dropout import _probe
 
@@ -51,7 +52,9 @@ def _hash32(x):
     return x ^ (x >> 15)
 
 
-def test_keep_mask_is_the_documented_hash_at_every_tile_of_a_large_block():
+@pytest.mark.parametrize("one_pass", [False, True], ids=["cpu_tiles", "one_pass_as_on_cuda"])
+def test_keep_mask_is_the_documented_hash_at_every_tile_of_a_large_block(monkeypatch, one_pass):
+    monkeypatch.setattr(core, "_one_pass", lambda device: one_pass)  # CUDA's indexing, run here on CPU
     seed, p = 2 ** 40 + 3, 0.25
     b, heads, a, n, sk = 2, 3, 5, 300, 2000  # 600K probabilities per head and batch: several CPU tiles of 2**18
     keep = keep_mask(AttnSpec(scale=1.0, dropout_p=p, seed=seed), b, heads, a, n, sk, "cpu")

@@ -131,6 +131,11 @@ def _mix32_(x: torch.Tensor) -> torch.Tensor:
 _TILE = 1 << 18  # elements of one CPU tile of the mask (1 MiB of int32): the hash's passes stay in cache
 
 
+def _one_pass(device: torch.device) -> bool:
+    """Whether keep_mask hashes a block in one pass (CUDA: one launch per op) rather than in CPU tiles."""
+    return device.type == "cuda"
+
+
 def keep_mask(spec: AttnSpec, b: int, heads: int, a: int, n: int, sk: int, device) -> torch.Tensor:
     """keep [b, np, n, sk] (bool) of query rows [a, a+n): a counter-based draw, uniform 32-bit hash of
     (seed, batch * np + head, global row a+i, key j) compared with keep_p * 2**32. A row's mask is a function of
@@ -152,8 +157,8 @@ def keep_mask(spec: AttnSpec, b: int, heads: int, a: int, n: int, sk: int, devic
     if threshold >= 2 ** 32:
         return keep.fill_(True).view(b, heads, n, sk)
     keys = torch.arange(sk, device=device, dtype=torch.int32)
-    rows = n if keep.device.type == "cuda" else max(1, _TILE // max(sk, 1))
-    tiles = [(slice(None), slice(None))] if keep.device.type == "cuda" else \
+    rows = max(1, _TILE // max(sk, 1))
+    tiles = [(slice(None), slice(None))] if _one_pass(keep.device) else \
         [(g, slice(r, r + rows)) for g in range(b * heads) for r in range(0, n, rows)]
     for g, r in tiles:
         t = _mix32_(h[g, r, None] ^ keys)  # [rows, sk] (CUDA: [b*np, n, sk])
