@@ -48,6 +48,7 @@ from ..ops.attention.ulysses import check_ulysses_heads, ulysses_attention
 from ..plan.chooser import chooser_of
 from ..runtime import group_info, shared_context
 from .linear import FlashRowParallelLinear
+from .train_choice import query_split_key, query_split_plan
 from .sdpa import megatron_instead, unsupported_by_ours
 
 
@@ -211,10 +212,12 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         site = self.flash_plan
-        # attention.query_split is the user's word for this site's operator; under proj's auto (the default) its
-        # reduce-scatter ring is flash's: nothing is measured inside the attention operator
+        # attention.query_split is the user's word for this site's operator; under proj's auto (the default) the
+        # chooser picks its algo at a training step: reference or flash (megatron/train_choice.py
+        # query_split_plan); any other step runs flash's
         algo = None if site is None else ("flash" if site.algo == "auto" else site.algo)
         self.query_split_plan = OpPlan("reference") if site is None else OpPlan(algo, site.num_chunks)
+        self._query_split_trained: dict = {}  # (q, k shapes, dtype) -> the training plan the chooser picked
 
     def flash_ran(self) -> str:
         """For the GEMM sites line: "query_split (<algo>)" where the pair runs (SP, TP > 1, a model our core
@@ -222,14 +225,26 @@ class QuerySplitRowParallelLinear(FlashRowParallelLinear):
         if (self.flash_plan is None or self.flash_fp8 is not None or not self.sequence_parallel
                 or group_info(self.tp_group)[1] == 1 or unsupported_by_ours(self.config) is not None):
             return super().flash_ran()
-        return f"query_split ({self.query_split_plan.algo})"
+        return f"query_split ({self.flash_plan.algo if self.flash_auto else self.query_split_plan.algo})"
+
+    def _query_split_step_plan(self, q, k, v, attend) -> OpPlan:
+        """query_split_attention's plan for this call: the chooser's at a training step of an auto proj, else the
+        one made at construction."""
+        if not (self.flash_auto and self.flash_step_kind == "train"):
+            return self.query_split_plan
+        shape = (tuple(q.shape), tuple(k.shape), q.dtype)
+        if shape not in self._query_split_trained:
+            key = query_split_key(q, k, self.weight, *self._layout(q))
+            self._query_split_trained[shape] = query_split_plan(self, key, q, k, v, attend, self.query_split_plan)
+        return self._query_split_trained[shape]
 
     def forward(self, input_):
         if not isinstance(input_, PendingAttention):
             return super().forward(input_)
         q, k, v = input_.qkv
+        plan = self._query_split_step_plan(q, k, v, input_.attend)
         output = query_split_attention(q, k, v, self.weight, self.tp_group, attend=input_.attend,
-                                       plan=self.query_split_plan, context=self.flash_context)
+                                       plan=plan, context=self.flash_context)
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None

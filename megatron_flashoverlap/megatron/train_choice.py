@@ -21,6 +21,14 @@
         ONCE per key; the samples are the max over `replicas(group)` as well (the ranks that must run the same
         arithmetic: Megatron's tensor + data parallel group of this pipeline stage), so every replica of a
         site takes the same choice.
+
+    query_split_plan(layer, query_split_key(q, k, weight, layout, members), q, k, v, attend, flash)
+        -> the plan query_split_attention runs at proj under attention.query_split, where proj's algo is auto:
+            reference   OpPlan("reference"): attention, the GEMM, then the blocking reduce-scatter (stock's order)
+            flash       `flash`: query split, each query block's attention + GEMM while the previous block flies
+        Both draw the same dropout masks (ops/attention/core.py keep_mask), so the pick changes the time and the
+        order of sums, never which keys a row sees. Measured as train_plan measures: forward + backward of
+        query_split_attention on probes of q, k, v's shapes and a detached copy of the weight.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import dataclasses
 import torch
 
 from ..ops import all_gather_matmul, matmul_reduce_scatter
+from ..ops.attention.query_split import query_split_attention
 from ..plan.chooser import Chooser, Key, bucket
 from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
@@ -103,3 +112,43 @@ def _samples(op, x, weight, group, ctx, plans) -> dict[str, list[float]]:
     with torch.enable_grad():
         runs = {"reference": step(reference_plan(flash)), **{pick: step(plan) for pick, plan in plans.items()}}
         return paired(runs, group, x.device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas(group))
+
+
+def query_split_key(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
+    """proj/train/<bucket of s * b> of query_split_attention on `layout` (a key of its own: never the answer for a
+    proj that runs matmul_reduce_scatter)."""
+    return Key("proj", "train", bucket(q.shape[0] * q.shape[1]), layout,
+               f"query_split_attention w {weight.shape[0]}x{weight.shape[1]} q {q.shape[2]}x{q.shape[3]} "
+               f"kv {k.shape[2]}", members)
+
+
+def query_split_plan(layer, key: Key, q, k, v, attend, flash: OpPlan) -> OpPlan:
+    """The plan of query_split_attention at `key` (module docstring); `layer`: QuerySplitRowParallelLinear."""
+    chooser: Chooser = layer.flash_chooser
+    plans = {"reference": OpPlan("reference"), "flash": flash}
+    known = chooser.answer(key)
+    if known is None:
+        known = settle(chooser, key, q.device, layer.tp_group,
+                       lambda: _query_split_samples(q, k, v, attend, layer.weight, layer.tp_group,
+                                                    layer.flash_context, plans))
+    if known.pick not in plans:
+        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of query-split attention "
+                         f"({', '.join(plans)}); pin one of those, or remove the entry")
+    return plans[known.pick]
+
+
+def _query_split_samples(q, k, v, attend, weight, group, ctx, plans) -> dict[str, list[float]]:
+    """{pick: [seconds per kept round]} of query_split_attention forward + backward on probes of q, k, v."""
+    probes = [torch.ones_like(t).requires_grad_() for t in (q, k, v)]
+    w = weight.detach().requires_grad_()
+
+    def step(plan):
+        def run():
+            y = query_split_attention(*probes, w, group, attend=attend, plan=plan, context=ctx)
+            y.backward(torch.ones_like(y))
+            for t in (*probes, w):
+                t.grad = None
+        return run
+    with torch.enable_grad():
+        runs = {pick: step(plan) for pick, plan in plans.items()}
+        return paired(runs, group, q.device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas(group))

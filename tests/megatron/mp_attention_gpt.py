@@ -183,10 +183,12 @@ def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4
             layer.self_attention.core_attention.register_forward_hook(
                 lambda m, i, o: seen.append(type(o).__name__))
         qs_losses = _train(model, 1, steps, mask, grads=qs_grads)
+        proj = model.decoder.layers[0].self_attention.linear_proj
+        decided = {k.word: (c.pick, c.source, k.shape) for k, c in proj.flash_chooser.decided.items()}
     finally:
         parallel_state.destroy_model_parallel()
     return {"ref": ref_losses, "cp": qs_losses, "outputs": sorted(set(seen)), "calls": len(seen),
-            "grads": _grad_errors(qs_grads, ref_grads)}
+            "grads": _grad_errors(qs_grads, ref_grads), "decided": decided}
 
 
 def query_split_dropout(rank, world, steps=5, p=0.2):

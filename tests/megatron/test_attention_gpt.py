@@ -58,10 +58,14 @@ def test_gpt_tp2_cp2_ulysses_matches_tp2(pools):
 QSA = "tests.megatron.mp_attention_gpt:query_split_vs_stock"
 
 
-@pytest.mark.parametrize("algo", ["flash", "flash_bidir", "slicing"])
+@pytest.mark.parametrize("algo", ["flash", "flash_bidir", "slicing", "auto"])
 def test_gpt_tp2_query_split_matches_local_spec(pools, algo):
     res = pools(2).run(QSA, algo=algo, timeout=600)
     _check(res)
+    decided = [r["decided"] for r in res]  # auto: proj's query split measured once, every rank the same pick
+    assert decided[0] == decided[1] and len(decided[0]) == (algo == "auto"), decided
+    for pick, source, shape in decided[0].values():
+        assert source == "measured" and pick in ("reference", "flash") and shape.startswith("query_split_attention")
     for r in res:  # every layer's core attention handed q, k, v to linear_proj (2 layers x 20 steps)
         assert r["outputs"] == ["PendingAttention"] and r["calls"] == 40, r
 

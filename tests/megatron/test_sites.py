@@ -40,9 +40,9 @@ def test_tp_line(pools, sp, mtp, expected):
 
 
 def test_query_split_names_its_operator_at_proj(pools):
-    # attention.query_split with the default auto elsewhere: proj runs attention + proj + RS as one operator
-    # (its ring flash: nothing is measured inside it); stock's attention config, so no fallback to Megatron's
-    expected = "GEMM sites: dense[1-2]: qkv=auto, proj=query_split (flash), fc1=auto, fc2=auto"
+    # attention.query_split with the default auto: proj runs attention + proj + RS as one operator, its algo
+    # chosen at the first training step; stock's attention config, so no fallback to Megatron's attention
+    expected = "GEMM sites: dense[1-2]: qkv=auto, proj=query_split (auto), fc1=auto, fc2=auto"
     assert pools(2).run(f"{BODY}:tp_line", True, False, True, timeout=300) == [expected] * 2
 
 
