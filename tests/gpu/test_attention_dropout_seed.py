@@ -36,3 +36,19 @@ def test_seed_is_a_device_tensor_distinct_per_tp_rank():
 
 def test_with_sp_the_seed_follows_the_current_rng():
     assert _seed_on_tp_rank(0, True).item() == _seed_on_tp_rank(1, True).item()  # default RNG: seed on all ranks
+
+
+def test_keep_mask_on_cuda_is_the_cpu_mask_bit_for_bit_without_a_host_sync():
+    # keep_mask hashes in int32 with wrapping products (ops/attention/core.py): one pass on CUDA, tiles on CPU;
+    # both must give the documented hash's bits, the CPU's checked against it in tests/megatron
+    from megatron_flashoverlap.ops.attention.core import AttnSpec, keep_mask
+
+    seed = torch.tensor(2 ** 40 + 3, dtype=torch.int64, device="cuda")
+    spec_gpu, spec_cpu = AttnSpec(scale=1.0, dropout_p=0.1, seed=seed), AttnSpec(scale=1.0, dropout_p=0.1,
+                                                                                  seed=2 ** 40 + 3)
+    torch.cuda.set_sync_debug_mode("error")  # a host sync raises
+    try:
+        gpu = keep_mask(spec_gpu, 2, 4, 96, 300, 1000, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(gpu.cpu(), keep_mask(spec_cpu, 2, 4, 96, 300, 1000, "cpu"))
