@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Callable
 
 import dataclasses
+import functools
 
 import torch
 
@@ -102,16 +103,24 @@ def _samples(op, x, weight, group, ctx, plans) -> dict[str, list[float]]:
     w = weight.detach().requires_grad_()
     flash = plans["flash"]
     scales = probe_state(flash.fp8)
+    every = {"reference": reference_plan(flash), **plans}
+    return _paired_fwd_bwd({pick: functools.partial(call_op, op, probe, w, group, plan, scales, context=ctx)
+                            for pick, plan in every.items()}, (probe, w), group, x.device)
 
-    def step(plan):
+
+def _paired_fwd_bwd(forwards: dict, leaves: tuple, group, device) -> dict[str, list[float]]:
+    """{pick: [seconds per kept round]}: forwards[pick]() then its backward of ones, in paired rounds on `group`
+    (the max over `replicas(group)` too); the leaves' grads dropped after each run."""
+    def run_of(forward):
         def run():
-            y = call_op(op, probe, w, group, plan, scales, context=ctx)
+            y = forward()
             y.backward(torch.ones_like(y))
-            probe.grad = w.grad = None
+            for t in leaves:
+                t.grad = None
         return run
     with torch.enable_grad():
-        runs = {"reference": step(reference_plan(flash)), **{pick: step(plan) for pick, plan in plans.items()}}
-        return paired(runs, group, x.device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas(group))
+        return paired({pick: run_of(f) for pick, f in forwards.items()}, group, device, rounds=ROUNDS,
+                      warmup=WARMUP, replicas=replicas(group))
 
 
 def query_split_key(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
@@ -139,16 +148,8 @@ def query_split_plan(layer, key: Key, q, k, v, attend, flash: OpPlan) -> OpPlan:
 
 def _query_split_samples(q, k, v, attend, weight, group, ctx, plans) -> dict[str, list[float]]:
     """{pick: [seconds per kept round]} of query_split_attention forward + backward on probes of q, k, v."""
-    probes = [torch.ones_like(t).requires_grad_() for t in (q, k, v)]
+    probes = tuple(torch.ones_like(t).requires_grad_() for t in (q, k, v))
     w = weight.detach().requires_grad_()
-
-    def step(plan):
-        def run():
-            y = query_split_attention(*probes, w, group, attend=attend, plan=plan, context=ctx)
-            y.backward(torch.ones_like(y))
-            for t in (*probes, w):
-                t.grad = None
-        return run
-    with torch.enable_grad():
-        runs = {pick: step(plan) for pick, plan in plans.items()}
-        return paired(runs, group, q.device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas(group))
+    return _paired_fwd_bwd({pick: functools.partial(query_split_attention, *probes, w, group, attend=attend,
+                                                    plan=plan, context=ctx) for pick, plan in plans.items()},
+                           (*probes, w), group, q.device)
