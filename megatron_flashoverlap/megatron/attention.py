@@ -15,10 +15,17 @@
         RowParallelLinear's parameters, checkpoint keys and return; its site plan ('proj') picks the algo
         (flash / flash_bidir = query split; slicing / reference = attention, then that GEMM+RS).
 
-Numerics follow DotProductAttention (baddbmm with the softmax scale, mask fill -10000, fp32 softmax for
-bf16/fp16). Dropout keep-masks are a counter-based hash of (seed, head, row, key) (ops/attention/core.py
-keep_mask); the seed is drawn on the device from the RNG Megatron's dropout uses (the model-parallel one
-without SP), so a recompute reproduces the masks and TP ranks differ where stock's do.
+Numerics follow DotProductAttention's unfused path (baddbmm with the softmax scale, mask fill -10000, the
+softmax in fp32 for bf16/fp16 where --attention-softmax-in-fp32 asks it).
+Dropout: query-split attention draws stock's mask. It draws the whole sequence's bool mask [b, np/tp, s, s] as
+DotProductAttention's attention_dropout draws it for its probs (ops/attention/core.py draw_keep: the same
+generator, shape and dtype, the same numbers consumed). Each query block applies its rows as dropout does
+(apply_keep), and the backward's recompute reads the same mask: the masks are stock's, and what the RNG gives
+after attention is what it gives after stock's.
+Ulysses' keep-masks are a counter-based hash of (seed, head, row, key) (keep_mask): no rank holds the whole
+sequence's heads before its all-to-all. The seed is drawn on the device from the RNG Megatron's dropout uses
+(the model-parallel one without SP), so a recompute reproduces the masks and TP ranks differ where stock's do.
+Both draw inside get_cuda_rng_tracker().fork() without SP and from the current RNG with SP, as stock.
 Not supported (ValueError naming the fix): packed sequences, attention bias; the flags are rows of
 config/refusals.py (--apply-query-key-layer-scaling, --cp-comm-type other than a2a, ...).
 softmax_type != "vanilla" (learnable / off-by-one) and sliding windows: the query-split core attention builds
@@ -41,7 +48,7 @@ from ..config.refusals import refuse
 from ..ops.all_reduce.all_reduce import resolve_local_world_size
 from ..ops.choose import group_layout
 from ..ops.attention.choose import ulysses_key, ulysses_pick
-from ..ops.attention.core import Attend, attention_rows, make_spec
+from ..ops.attention.core import Attend, attention_rows, draw_keep, make_spec
 from ..ops.attention.query_split import query_split_attention
 from ..ops.registry import OpPlan
 from ..ops.attention.ulysses import check_ulysses_heads, ulysses_attention
@@ -106,7 +113,8 @@ class UlyssesDotProductAttention(MegatronModule):
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         causal = attention_mask is None and mask_type == AttnMaskType.causal  # as Megatron: a mask wins
         attend = Attend(causal=causal, mask=attention_mask, softmax_scale=self.softmax_scale,
-                        dropout_p=self.dropout_p if self.training else 0.0, seed=self._seed(), zigzag=True)
+                        dropout_p=self.dropout_p if self.training else 0.0, seed=self._seed(), zigzag=True,
+                        softmax_in_fp32=self.config.attention_softmax_in_fp32)
         return ulysses_attention(query, key, value, self.cp_group, attend=attend,
                                  algo=self._algo(query, key, value, attend), context=shared_context("layer"))
 
@@ -184,7 +192,19 @@ class QuerySplitDotProductAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
-        self._seed = UlyssesDotProductAttention._seed.__get__(self)
+
+    def _keep(self, query, key) -> torch.Tensor | None:
+        """Stock's dropout mask for this call, bool [b, np/tp, sq, sk], drawn as DotProductAttention's
+        attention_dropout draws it for its probs [b, np/tp, sq, sk] in the query's dtype (draw_keep): inside
+        get_cuda_rng_tracker().fork() without SP, from the current RNG with SP (TransformerBlock forks it for the
+        whole block). None where no dropout runs."""
+        if not (self.training and self.dropout_p > 0):
+            return None
+        fork = (contextlib.nullcontext() if self.config.sequence_parallel
+                else tensor_parallel.get_cuda_rng_tracker().fork())
+        with fork:
+            return draw_keep((query.shape[1], query.shape[2], query.shape[0], key.shape[0]), query.dtype,
+                             self.dropout_p, query.device)
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
@@ -192,12 +212,13 @@ class QuerySplitDotProductAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("QuerySplitDotProductAttention: packed sequences and attention bias are not supported")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        keep = self._keep(query, key)
         attend = Attend(causal=attention_mask is None and mask_type == AttnMaskType.causal, mask=attention_mask,
-                        softmax_scale=self.softmax_scale, dropout_p=self.dropout_p if self.training else 0.0,
-                        seed=self._seed())
+                        softmax_scale=self.softmax_scale, dropout_p=self.dropout_p if keep is not None else 0.0,
+                        keep=keep, softmax_in_fp32=self.config.attention_softmax_in_fp32)
         if self.config.sequence_parallel and group_info(self.tp_group)[1] > 1:
             return PendingAttention(query, key, value, attend)
-        return attention_rows(query, key, value, make_spec(query, attend, attention_mask), 0)
+        return attention_rows(query, key, value, make_spec(query, attend, attention_mask, keep=keep), 0)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         return {}

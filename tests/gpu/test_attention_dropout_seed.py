@@ -1,4 +1,5 @@
-"""Tier 4 (CUDA only): the attention-dropout seed follows Megatron's RNG rule on the GPU, without a host sync.
+"""Tier 4 (CUDA only): attention dropout on the GPU. Ulysses' seed follows Megatron's RNG rule without a host
+sync; query split's drawn mask is torch's fused dropout's draw, applied as that kernel applies it.
 
 On CUDA, Megatron's `get_cuda_rng_tracker().fork()` swaps the CUDA generator only; a seed drawn on the host
 would read the CPU generator, the same on every TP rank. One process plays two TP ranks by seeding the
@@ -52,3 +53,29 @@ def test_keep_mask_on_cuda_is_the_cpu_mask_bit_for_bit_without_a_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(gpu.cpu(), keep_mask(spec_cpu, 2, 4, 96, 300, 1000, "cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_drawn_mask_is_the_fused_dropouts_draw_and_output_without_a_host_sync(dtype):
+    # the reference is F.dropout on CUDA (native_dropout's fused kernel) from the same generator state: its
+    # output bit for bit, its gradient, and what the generator gives after it
+    from megatron_flashoverlap.ops.attention.core import apply_keep, draw_keep
+
+    p, shape = 0.1, (2, 4, 96, 333)  # 333 keys: rows not a multiple of the kernel's vector width
+    probs = torch.rand(shape, device="cuda").to(dtype).requires_grad_()
+    grad = torch.rand(shape, device="cuda").to(dtype)
+    torch.cuda.manual_seed(5)
+    stock = torch.nn.functional.dropout(probs, p, training=True)
+    stock_next = torch.rand(7, device="cuda")
+    (stock_grad,) = torch.autograd.grad(stock, probs, grad)
+    torch.cuda.manual_seed(5)
+    torch.cuda.set_sync_debug_mode("error")  # a host sync raises
+    try:
+        keep = draw_keep(shape, dtype, p, probs.device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(torch.rand(7, device="cuda"), stock_next)
+    ours = apply_keep(probs, keep, p)
+    assert torch.equal(ours, stock)
+    (ours_grad,) = torch.autograd.grad(ours, probs, grad)
+    assert torch.equal(ours_grad, stock_grad)  # native_dropout_backward's grad * mask * scale

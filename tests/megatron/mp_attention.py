@@ -110,21 +110,29 @@ def dropout_vs_reference(rank, world, p=0.25, s=8, b=2, heads=4, hn=4, h=8, seed
             "changed": _err(yf, y0.detach())}
 
 
-def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, padding=True, seed=4):
+def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, padding=True, seed=4, dropout=0.0):
     """query_split_attention(attend=Attend(zigzag=True)): rank d's output rows are chunks (d, 2P-1-d) of 2P; errors vs
-    the float64 dense formula on the global tensors (one process), output and input gradients."""
+    the float64 dense formula on the global tensors (one process), output and input gradients. dropout > 0: a
+    drawn mask of the whole sequence (attend.keep, in natural order), this rank's heads of it."""
     import torch.distributed as dist
 
-    from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows
+    from megatron_flashoverlap.ops.attention.core import AttnSpec, attention_rows, draw_keep
 
     q, k, v, w, dy, pad = _globals(seed, s, b, heads, groups, hn, h, torch.float32)
+    keep = None
+    if dropout:
+        torch.manual_seed(seed)
+        keep = draw_keep((b, heads, s, s), torch.float32, dropout, "cpu")
     c = s // (2 * world)
     idx = torch.cat([torch.arange(j * c, (j + 1) * c) for j in (rank, 2 * world - 1 - rank)])
     loc, _ = _shards(rank, world, q, k, v, w, dy)
-    y = query_split_attention(*loc, dist.group.WORLD, attend=Attend(mask=pad if padding else None, zigzag=True))
+    hl = heads // world
+    y = query_split_attention(*loc, dist.group.WORLD, attend=Attend(
+        mask=pad if padding else None, zigzag=True, dropout_p=dropout,
+        keep=None if keep is None else keep[:, rank * hl:(rank + 1) * hl].contiguous()))
     y.backward(dy[idx])
     full = [t.double().requires_grad_() for t in (q, k, v, w)]
-    spec = AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None)
+    spec = AttnSpec(scale=hn ** -0.5, causal=True, mask=pad if padding else None, dropout_p=dropout, keep=keep)
     y_full = F.linear(attention_rows(*full[:3], spec, 0), full[3])
     (y_full * dy.double()).sum().backward()
     ref_loc, _ = _shards(rank, world, *(t.grad for t in full[:3]), full[3].grad, dy)
@@ -132,3 +140,55 @@ def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, paddi
     for n, a, r in zip(("dq", "dk", "dv", "dw"), loc, ref_loc):
         out[n] = _err(a.grad, r)
     return out
+
+
+def core_vs_dot_product(rank, world, dtype="float32", softmax_in_fp32=True, dropout=0.0, s=16, b=2, heads=8,
+                        groups=4, hn=8, block=4, seed=5):
+    """Our core attention (QuerySplitDotProductAttention without SP: attention_rows on the whole sequence) against
+    Megatron's DotProductAttention at TP = world, each from the same RNG states: ctx and dq, dk, dv compared
+    exactly; `blocks`: the error of query blocks of `block` rows (attention_rows with the same drawn mask, as
+    query split computes them); `next_equal`: what the RNG gives after each."""
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_flashoverlap.megatron.attention import QuerySplitDotProductAttention
+    from megatron_flashoverlap.megatron.models import destroy, init_tp
+    from megatron_flashoverlap.ops.attention.core import attention_rows, make_spec
+
+    dt = DT[dtype]
+    init_tp(world)
+    try:
+        cfg = TransformerConfig(num_layers=1, hidden_size=heads * hn, num_attention_heads=heads, num_query_groups=groups,
+                                kv_channels=hn, tensor_model_parallel_size=world, use_cpu_initialization=True,
+                                attention_dropout=dropout, hidden_dropout=0.0, bf16=dt == torch.bfloat16,
+                                params_dtype=dt, attention_softmax_in_fp32=softmax_in_fp32)
+        q, k, v, w, dy, _ = _globals(seed, s, b, heads, groups, hn, heads * hn, dt)
+        q = q * 4  # peaked softmax rows: the precision of the softmax shows
+        dctx = dy[..., :heads * hn // world].contiguous()
+        out = {}
+        for name, cls in (("stock", DotProductAttention), ("ours", QuerySplitDotProductAttention)):
+            torch.manual_seed(seed)
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
+            loc, _ = _shards(rank, world, q, k, v, w, dy)
+            layer = cls(cfg, 1, AttnMaskType.causal, "self").train()
+            ctx = layer(*loc[:3], None)
+            ctx.backward(dctx)
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                forked = torch.rand(3)
+            out[name] = ctx.detach(), [t.grad for t in loc[:3]], (torch.rand(3), forked)
+            if name == "ours":
+                torch.manual_seed(seed)
+                tensor_parallel.model_parallel_cuda_manual_seed(seed)
+                keep = layer._keep(*loc[:2])
+                spec = make_spec(loc[0], Attend(softmax_scale=layer.softmax_scale, dropout_p=dropout if keep is not None
+                                                else 0.0, keep=keep, softmax_in_fp32=softmax_in_fp32), None, keep=keep)
+                blocks = torch.cat([attention_rows(loc[0][a:a + block].detach(), loc[1].detach(), loc[2].detach(), spec, a)
+                                    for a in range(0, s, block)])
+        (cs, gs, ns), (co, go, no) = out["stock"], out["ours"]
+        return {"ctx_equal": bool(torch.equal(co, cs)), "grads_equal": all(torch.equal(a, c) for a, c in zip(go, gs)),
+                "next_equal": all(torch.equal(a, c) for a, c in zip(no, ns)), "blocks": _err(blocks, cs),
+                "scale": cs.abs().max().item(), "kept": 1.0 if keep is None else keep.double().mean().item()}
+    finally:
+        destroy()

@@ -56,8 +56,8 @@ def _config(world, sp, p, s, heads):
 
 
 def _ours(cfg, loc, p, s):
-    """Our core attention's dropout: the seed by our rule, then our masks (what either path of
-    QuerySplitDotProductAttention computes; without SP it runs its forward, with SP+TP it defers)."""
+    """Our core attention's dropout: its mask drawn by our rule, then applied by our attention (what either path
+    of QuerySplitDotProductAttention computes; without SP it runs its forward, with SP+TP it defers)."""
     from megatron.core.transformer.enums import AttnMaskType
 
     from megatron_flashoverlap.megatron.attention import QuerySplitDotProductAttention
@@ -65,12 +65,14 @@ def _ours(cfg, loc, p, s):
     ours = QuerySplitDotProductAttention(cfg, 1, AttnMaskType.no_mask, "self").train()
     if not cfg.sequence_parallel:
         return ours(*loc, None)
-    return attention_rows(*loc, AttnSpec(scale=s ** -0.5, causal=False, dropout_p=p, seed=ours._seed()), 0)
+    return attention_rows(*loc, AttnSpec(scale=s ** -0.5, causal=False, dropout_p=p, keep=ours._keep(*loc[:2])), 0)
 
 
 def tp_rank_masks(rank, world, sp, fork, p=0.5, s=8, b=2, heads=4):
-    """Do the TP ranks' dropout masks differ, for Megatron's DotProductAttention and for ours? Every rank
-    feeds the same local q, k, v; `fork`: inside the model-parallel RNG, as TransformerBlock runs under SP."""
+    """Do the TP ranks' dropout masks differ, for Megatron's DotProductAttention and for ours, and are ours
+    stock's? Every rank feeds the same local q, k, v; `fork`: inside the model-parallel RNG, as TransformerBlock
+    runs under SP. Both start from the same RNG states (the default generator and the tracker's); `next` compares
+    what the RNG gives after each."""
     import contextlib
 
     from megatron.core import tensor_parallel
@@ -83,13 +85,23 @@ def tp_rank_masks(rank, world, sp, fork, p=0.5, s=8, b=2, heads=4):
     try:
         cfg = _config(world, sp, p, s, heads)
         loc = [t[:, :, :heads // world].contiguous() for t in _probe(s, b, heads)[:3]]
-        region = tensor_parallel.get_cuda_rng_tracker().fork if fork else contextlib.nullcontext
-        with region():
-            stock = DotProductAttention(cfg, 1, AttnMaskType.no_mask, "self").train()(*loc, None)
-        with region():
-            ours = _ours(cfg, loc, p, s)
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        region = tracker.fork if fork else contextlib.nullcontext
+        start = torch.get_rng_state(), tracker.get_states()
+        out, after = {}, {}
+        for name in ("stock", "ours"):
+            torch.set_rng_state(start[0])
+            tracker.set_states(dict(start[1]))  # set_states keeps the dict it is given
+            with region():
+                out[name] = (DotProductAttention(cfg, 1, AttnMaskType.no_mask, "self").train()(*loc, None)
+                             if name == "stock" else _ours(cfg, loc, p, s)).detach()
+            with tracker.fork():
+                forked = torch.rand(4)
+            after[name] = torch.rand(4), forked
+        stock, ours = out["stock"], out["ours"]
         return {name: not all(torch.equal(t, m) for t in _gather(m[None], 0))
-                for name, m in (("stock", stock.detach()), ("ours", ours.detach()))} | {
-                    "ours_kept": (ours > 0).double().mean().item()}
+                for name, m in (("stock", stock), ("ours", ours))} | {
+                    "ours_kept": (ours > 0).double().mean().item(), "equal": bool(torch.equal(ours, stock)),
+                    "next_equal": all(torch.equal(x, y) for x, y in zip(after["stock"], after["ours"]))}
     finally:
         destroy()

@@ -30,7 +30,7 @@ def _init(tp, cp, seed=1234):
     model_parallel_cuda_manual_seed(seed)
 
 
-def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
+def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0, hidden_dropout=0.0):
     """kind: "stock" (local spec), "ulysses" (core_attention = UlyssesDotProductAttention(algo)), "qsa"
     (core_attention + linear_proj = QuerySplit..., the proj site running `algo`)."""
     from megatron.core.models.gpt import GPTModel
@@ -46,7 +46,7 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0):
     kw = dict(context_parallel_size=cp, cp_comm_type="a2a") if cp > 1 else {}
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=heads, num_query_groups=groups,
                             ffn_hidden_size=64, tensor_model_parallel_size=tp, sequence_parallel=tp > 1,
-                            use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=0.0,
+                            use_cpu_initialization=True, params_dtype=torch.float32, hidden_dropout=hidden_dropout,
                             attention_dropout=dropout, gradient_accumulation_fusion=False, **kw)
     if kind == "spec":
         from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
@@ -166,18 +166,30 @@ def cp_vs_no_cp(rank, world, tp=1, cp=2, steps=20, ulysses_algo="flash", mask=Tr
     return {"ref": ref_losses, "cp": cp_losses, "grads": _grad_errors(cp_grads, ref_grads), "decided": decided}
 
 
-def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4, kind="qsa"):
-    """TP=world with SP: the local spec vs the same spec with the query-split core attention + proj."""
+def _reseed(seed):
+    """The default generator and Megatron's tracker, as at the start of a run (training draws its dropout here)."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4, groups=4, kind="qsa", dropout=0.0,
+                         hidden_dropout=0.0):
+    """TP=world with SP: the local spec vs the same spec with the query-split core attention + proj; both train
+    from the same RNG states (with dropout: stock's masks are the draws of that state)."""
     from megatron.core import parallel_state
 
     _init(world, 1)
     try:
-        ref = _model(world, 1, "stock", heads, groups)
+        ref = _model(world, 1, "stock", heads, groups, dropout=dropout, hidden_dropout=hidden_dropout)
         init = {k: v.clone() for k, v in ref.state_dict().items() if isinstance(v, torch.Tensor)}
         ref_grads, qs_grads = {}, {}
+        _reseed(11)
         ref_losses = _train(ref, 1, steps, mask, grads=ref_grads)
-        model = _model(world, 1, kind, heads, groups, algo)
+        model = _model(world, 1, kind, heads, groups, algo, dropout=dropout, hidden_dropout=hidden_dropout)
         model.load_state_dict(init, strict=True)  # every weight of the stock model, and no other
+        _reseed(11)
         seen = []
         for layer in model.decoder.layers:  # prove the fused path ran: the core attention deferred to proj
             layer.self_attention.core_attention.register_forward_hook(
@@ -193,7 +205,7 @@ def query_split_vs_stock(rank, world, algo="flash", steps=20, mask=True, heads=4
 
 def query_split_dropout(rank, world, steps=5, p=0.2):
     """Attention dropout through the Megatron layer: query split flash vs reference from the same RNG state
-    (the layer draws one seed per call; masks are per query row), and the curve without dropout."""
+    (the layer draws one mask per call, stock's draw; each block applies its rows), and the curve without dropout."""
     from megatron.core import parallel_state
 
     curves = {}

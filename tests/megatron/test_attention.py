@@ -45,6 +45,18 @@ def test_query_split_bf16(pools):
     _check(pools(2).run(BODY + "vs_megatron", "bfloat16", timeout=300), 3e-2)
 
 
+@pytest.mark.parametrize("dtype,softmax_in_fp32", [("float32", True), ("bfloat16", True), ("bfloat16", False)])
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_core_attention_is_dot_product_attentions_arithmetic(pools, dtype, softmax_in_fp32, dropout):
+    # the whole sequence runs DotProductAttention's torch calls in its order (the softmax's precision by
+    # --attention-softmax-in-fp32, stock's dropout draw): bitwise on any BLAS; blocks of rows run smaller GEMMs
+    # (a BLAS may sum those in another order): within fp32 roundoff, or one bf16 rounding, of the output scale
+    for r in pools(2).run(BODY + "core_vs_dot_product", dtype, softmax_in_fp32, dropout, timeout=300):
+        assert r["ctx_equal"] and r["grads_equal"] and r["next_equal"], r
+        assert r["blocks"] <= (1e-6 if dtype == "float32" else 2 ** -7) * max(r["scale"], 1.0), r
+        assert (r["kept"] < 0.9) == (dropout > 0), r  # a mask was drawn: 1 - p of 4096 probabilities kept
+
+
 def test_dropout_is_split_independent(pools):
     res = pools(2).run(BODY + "dropout_vs_reference", timeout=300)
     for r in res:
@@ -78,9 +90,10 @@ def test_errors_name_the_fix():
         query_split_attention(q, q, q, torch.randn(5, 6), attend=Attend(dropout_p=1.0))
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_query_split_zigzag_matches_dense(pools, world):
-    # fp32 vs a float64 dense formula: rounding of fp32 GEMMs and the ring-order sum, close
-    for r in pools(world).run(BODY + "zigzag_vs_dense", timeout=300):
+@pytest.mark.parametrize("world,dropout", [(2, 0.0), (4, 0.0), (2, 0.3), (4, 0.3)])
+def test_query_split_zigzag_matches_dense(pools, world, dropout):
+    # fp32 vs a float64 dense formula: rounding of fp32 GEMMs and the ring-order sum, close; with dropout the
+    # drawn mask (attend.keep) must follow the rows' zigzag order
+    for r in pools(world).run(BODY + "zigzag_vs_dense", dropout=dropout, timeout=300):
         for n in ("y", "dq", "dk", "dv", "dw"):
             assert r[n] <= 1e-5 * max(r["scale"], 1.0), (n, r)

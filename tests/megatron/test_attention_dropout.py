@@ -1,4 +1,5 @@
-"""Attention dropout: split-invariant counter-based masks, one pass per block, TP ranks distinct where stock's are.
+"""Attention dropout: query split's drawn masks are torch's dropout's draw (stock's masks, the RNG left where stock
+leaves it); Ulysses' counter-based masks are split-invariant, one pass per block; TP ranks distinct where stock's are.
 
 Tier: numerics (gloo processes; worker bodies in tests/megatron/mp_attention_dropout.py) plus in-process checks.
 Masks are compared exactly: they are booleans, and the probes read them off outputs that are exact
@@ -35,6 +36,36 @@ def test_rows_split_into_blocks_get_the_masks_of_the_whole_sequence(cuts):
     full = attention_rows(q, k, v, spec, 0)
     assert torch.equal(torch.cat([attention_rows(q[a:b], k, v, spec, a) for a, b in cuts]), full)
     assert torch.equal(full > 0, whole.permute(2, 0, 1, 3).reshape(16, 2, 48))  # ctx[i, b, h*sk + j] ~ keep
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_a_drawn_mask_is_torch_dropouts_draw_and_leaves_the_rng_where_dropout_does(dtype, p):
+    # the reference is torch's own dropout from the same generator state: its output, and the draws after it
+    shape = (2, 3, 40, 56)
+    probs = torch.rand(shape, generator=torch.Generator().manual_seed(3)).to(dtype).requires_grad_()
+    grad = torch.rand(shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    torch.manual_seed(17)
+    stock, stock_next = torch.nn.functional.dropout(probs, p, training=True), torch.rand(5)
+    torch.manual_seed(17)
+    keep = core.draw_keep(shape, dtype, p, "cpu")
+    ours_next = torch.rand(5)
+    assert keep.dtype == torch.bool and torch.equal(ours_next, stock_next)
+    ours = core.apply_keep(probs, keep, p)
+    assert torch.equal(ours, stock)
+    assert torch.equal(torch.autograd.grad(ours, probs, grad)[0], torch.autograd.grad(stock, probs, grad)[0])
+    probs = probs.detach()
+    # a block of rows with its rows of the mask: stock's rows, so query split's blocks get stock's dropout
+    spec = AttnSpec(scale=1.0, dropout_p=p, keep=keep)
+    assert torch.equal(core._dropout(probs[:, :, 7:19], spec, 7), stock[:, :, 7:19])
+    assert _within(int(keep.sum()), keep.numel(), 1 - p)
+
+
+def test_a_drawn_mask_must_be_a_bool_mask_of_the_whole_sequence():
+    with pytest.raises(ValueError, match="draw_keep"):
+        core.Attend(dropout_p=0.1, keep=torch.ones(1, 1, 4, 4))  # not bool
+    with pytest.raises(ValueError, match="draw_keep"):
+        core.Attend(keep=torch.ones(1, 1, 4, 4, dtype=torch.bool))  # no rate
 
 
 def test_seed_may_be_a_device_tensor():
@@ -120,4 +151,5 @@ def test_tp_ranks_get_distinct_masks_where_stock_does(pools, sp, fork, distinct)
     for r in pools(2).run(BODY + "tp_rank_masks", sp, fork, timeout=300):
         assert r["stock"] is distinct, r  # the probe sees stock's rule as described
         assert r["ours"] is r["stock"], r
+        assert r["equal"] and r["next_equal"], r  # stock's masks, and the RNG left where stock leaves it
         assert _within(r["ours_kept"] * 512, 512, 0.5), r  # 8 rows x 2 batches x 2 heads x 8 keys

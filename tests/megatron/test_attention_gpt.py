@@ -70,6 +70,17 @@ def test_gpt_tp2_query_split_matches_local_spec(pools, algo):
         assert r["outputs"] == ["PendingAttention"] and r["calls"] == 40, r
 
 
+@pytest.mark.parametrize("algo", ["flash", "auto"])
+def test_gpt_tp2_query_split_with_dropout_matches_local_spec(pools, algo):
+    """Attention and hidden dropout 0.1 (Megatron's defaults): query split draws stock's masks (draw_keep) and
+    leaves the RNG where stock's dropout leaves it, so the hidden dropout after it draws stock's masks too; the
+    same tolerances as without dropout hold. (Masks of another draw move the first loss by about 1e-2.)"""
+    res = pools(2).run(QSA, algo=algo, dropout=0.1, hidden_dropout=0.1, timeout=600)
+    _check(res)
+    for r in res:
+        assert r["outputs"] == ["PendingAttention"] and r["calls"] == 40, r
+
+
 def test_gpt_tp2_query_split_default_mask_gqa(pools):
     _check(pools(2).run(QSA, mask=False, groups=2, timeout=600))
 

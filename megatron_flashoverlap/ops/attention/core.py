@@ -4,9 +4,10 @@
     mask (bool, True = masked out) broadcastable to [b, np, sq, sk]
     ctx [sq, b, np*hn]
 
-The numerics follow Megatron's local `DotProductAttention`: scores = baddbmm(q, k^T, alpha=scale) in the
-input dtype, masked with -10000 (not -inf: a fully masked row becomes uniform, as in Megatron), softmax
-in fp32 for bf16/fp16 inputs, probs cast back, ctx = probs @ v.
+The numerics follow Megatron's local `DotProductAttention` (its unfused softmax path): scores = baddbmm(q, k^T,
+alpha=scale) in the input dtype, masked with -10000 (not -inf: a fully masked row becomes uniform, as in
+Megatron), softmax in fp32 for bf16/fp16 inputs where `softmax_in_fp32` (Megatron's
+`attention_softmax_in_fp32`) else in the input dtype, probs cast back, dropout, ctx = probs @ v.
 
 `Attend` is what a caller asks (the operators' `attend=`: causal, mask, softmax scale, dropout, seed, zigzag,
 heads), checked when it is made; `make_spec` resolves it per call into the `AttnSpec` the math runs.
@@ -15,10 +16,14 @@ alone (the query-split operator) and the whole sequence gives the same rows (the
 - `causal`: key j is masked for query i when pos[j] > pos[i]; `positions` [s] gives pos (Megatron's
   zigzag context-parallel order, see `zigzag_positions`); None = natural order.
 - `mask`: an explicit bool mask [b|1, np|1, s, s] (padding), OR-ed with the causal rule.
-- `dropout_p`, `seed`: dropout on the probs with a counter-based keep-mask, a hash of (seed, batch and head,
-  global row, key) computed for a whole block without a per-row launch (`keep_mask`), so the mask does not
-  depend on how the rows are split (query-split == reference). `seed` is an int or a 0-dim int64 tensor
-  (drawn on the device from Megatron's RNG, no host sync).
+- `dropout_p` with `keep`: stock's own draw. `draw_keep` draws the whole sequence's mask [b, np, s, sk] as
+  torch's dropout draws it for probs of that shape (the same generator, the same numbers consumed), and
+  `apply_keep` applies a block's rows as dropout applies its draw, so a block of rows gets stock's dropout.
+- `dropout_p` with `seed` (no `keep`): a counter-based keep-mask, a hash of (seed, batch and head, global row,
+  key) computed for a whole block without a per-row launch (`keep_mask`), for an operator that never holds
+  the whole sequence's probs on one rank (Ulysses). `seed` is an int or a 0-dim int64 tensor (drawn on the
+  device from Megatron's RNG, no host sync).
+Either way a row's mask does not depend on how the rows are split (query split == reference).
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ class AttnSpec:
     positions: torch.Tensor | None = None
     dropout_p: float = 0.0
     seed: int | torch.Tensor = 0  # 0-dim int64 tensor: drawn on the device without a host sync
+    keep: torch.Tensor | None = None  # bool [b, np, s, sk]: the drawn mask of the whole sequence (draw_keep)
+    softmax_in_fp32: bool = True
 
     def rows_mask(self, a: int, b: int, sk: int, device) -> torch.Tensor | None:
         """The mask of query rows [a, b) against all sk keys: [.., b-a, sk] or None."""
@@ -56,7 +63,10 @@ class Attend:
     causal         key j is masked for query i when it comes later in the sequence
     mask           bool [b|1, np|1, sq, sk], True = masked out (Megatron's convention), OR-ed with causal
     softmax_scale  None: 1/sqrt(head dim)
-    dropout_p      on the probs, in [0, 1); `seed` (an int or a 0-dim int64 tensor) draws the keep-masks
+    dropout_p      on the probs, in [0, 1); the keep-masks are `keep` where given, else `seed`'s hash
+    keep           bool [b, np, sq, sk]: the mask `draw_keep` drew for the whole sequence (stock's draw)
+    seed           an int or a 0-dim int64 tensor: the counter-based masks' seed (`keep_mask`)
+    softmax_in_fp32  bf16/fp16 scores take the softmax in fp32 (Megatron's attention_softmax_in_fp32)
     zigzag         the sequence in Megatron's zigzag split (ulysses_attention: the shards' layout, default True;
                    query_split_attention: balance causal blocks, default False); None: the operator's default
     heads          query heads of packed QKV projections (ulysses_fused_attention only; elsewhere q says)
@@ -68,10 +78,15 @@ class Attend:
     seed: int | torch.Tensor = 0
     zigzag: bool | None = None
     heads: int | None = None
+    keep: torch.Tensor | None = None
+    softmax_in_fp32: bool = True
 
     def __post_init__(self):
         if not 0.0 <= self.dropout_p < 1.0:
             raise ValueError(f"attention dropout_p must be in [0, 1); got {self.dropout_p}")
+        if self.keep is not None and (self.keep.dtype != torch.bool or self.keep.dim() != 4 or not self.dropout_p):
+            raise ValueError("attend.keep must be the bool [b, np, sq, sk] mask draw_keep draws, with dropout_p > 0 "
+                             "(the rate it was drawn at); leave it None for no dropout")
         if self.mask is not None and self.mask.dtype != torch.bool:
             raise ValueError("attn_mask must be a bool tensor (True = masked out, Megatron's convention); "
                              "convert with mask < 0.5 or mask.bool()")
@@ -167,9 +182,40 @@ def keep_mask(spec: AttnSpec, b: int, heads: int, a: int, n: int, sk: int, devic
     return keep.view(b, heads, n, sk)
 
 
+def _fused_dropout(device: torch.device) -> bool:
+    """Whether torch's dropout runs its fused kernel on `device` (native_dropout: CUDA) rather than the composite
+    bernoulli_ + div_ + mul of other devices (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable)."""
+    return device.type == "cuda"
+
+
+def draw_keep(shape, dtype: torch.dtype, p: float, device) -> torch.Tensor:
+    """keep [shape] (bool): the mask torch.nn.functional.dropout(x, p) draws for an x of this shape and dtype on
+    `device`, from the same generator, consuming the same random numbers (what the RNG gives next is what it gives
+    after stock's dropout). Its reference is F.dropout itself (tests/megatron/test_attention_dropout.py)."""
+    device = torch.device(device)
+    if _fused_dropout(device):
+        return torch.native_dropout(torch.ones(shape, dtype=dtype, device=device), p, True)[1]
+    return torch.empty(shape, dtype=dtype, device=device).bernoulli_(1.0 - p).bool()
+
+
+def apply_keep(probs: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """F.dropout's output for its draw `keep` (same shape as probs): composite (CPU): probs * (keep in probs'
+    dtype, divided by 1 - p), bitwise; fused (CUDA): float(probs) * keep * scale, rounded once, with the kernel's
+    scale fp32(1 / fp32(1 - p)) (tests/gpu checks it against F.dropout)."""
+    if not _fused_dropout(probs.device):
+        return probs * keep.to(probs.dtype).div_(1.0 - p)
+    if probs.dtype == torch.float64:
+        return probs * keep * (1.0 / (1.0 - p))
+    scale = 1.0 / float(torch.tensor(1.0 - p, dtype=torch.float32))  # rounded to fp32 where the product runs
+    return (probs.float() * keep * scale).to(probs.dtype)
+
+
 def _dropout(probs: torch.Tensor, spec: AttnSpec, a: int) -> torch.Tensor:
-    """probs [b, np, n, sk]; row i of the block uses the keep-mask of global row a+i (`keep_mask`)."""
+    """probs [b, np, n, sk]; row i of the block uses the keep-mask of global row a+i: `spec.keep`'s rows
+    (stock's draw), else the counter-based hash (`keep_mask`)."""
     b, heads, n, sk = probs.shape
+    if spec.keep is not None:
+        return apply_keep(probs, spec.keep[:, :, a:a + n], spec.dropout_p)
     keep = keep_mask(spec, b, heads, a, n, sk, probs.device)
     return probs * keep.to(probs.dtype) / (1.0 - spec.dropout_p)
 
@@ -183,7 +229,7 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Attn
     kb = k.reshape(sk, b * heads, hn).permute(1, 2, 0)  # [b*np, hn, sk]
     buf = torch.empty((b * heads, n, sk), dtype=q.dtype, device=q.device)
     scores = torch.baddbmm(buf, qb, kb, beta=0.0, alpha=spec.scale).view(b, heads, n, sk)
-    if q.dtype in (torch.bfloat16, torch.float16):
+    if q.dtype in (torch.bfloat16, torch.float16) and spec.softmax_in_fp32:
         scores = scores.float()
     mask = spec.rows_mask(a, a + n, sk, q.device)
     if mask is not None:
@@ -219,9 +265,11 @@ def check_attention_operands(op: str, q, k, v, weight=None) -> None:
                          f"of linear_proj.weight, [out, in]); got {tuple(weight.shape)}")
 
 
-def make_spec(q, attend: Attend, mask: torch.Tensor | None, positions: torch.Tensor | None = None) -> AttnSpec:
-    """The AttnSpec of one call: `attend`'s rule for q [s, b, np, hn] (scale default 1/sqrt(hn)), with `mask`
-    (attend.mask as the operator lays it out: gathered, permuted) and the rows' `positions`."""
+def make_spec(q, attend: Attend, mask: torch.Tensor | None, positions: torch.Tensor | None = None,
+              keep: torch.Tensor | None = None) -> AttnSpec:
+    """The AttnSpec of one call: `attend`'s rule for q [s, b, np, hn] (scale default 1/sqrt(hn)), with `mask` and
+    `keep` (attend.mask and attend.keep as the operator lays them out: gathered, permuted) and the rows'
+    `positions`."""
     scale = attend.softmax_scale if attend.softmax_scale is not None else q.shape[-1] ** -0.5
     return AttnSpec(scale=scale, causal=attend.causal, mask=mask, positions=positions, dropout_p=attend.dropout_p,
-                    seed=attend.seed)
+                    seed=attend.seed, keep=keep, softmax_in_fp32=attend.softmax_in_fp32)

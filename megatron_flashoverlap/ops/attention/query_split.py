@@ -119,8 +119,9 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
 
     q [s, b, np/P, hn], k/v [s, b, ng/P, hn] (the full sequence, this rank's heads), weight [h, np/P*hn]
     (linear_proj's local shard). attend (core.Attend; default causal): the mask, bool [b|1, 1|np, s, s]
-    (True = masked) OR-ed with `causal`, the softmax scale, dropout (masks drawn per query row from
-    (seed, row), so every algo and every P gives the same mask) and zigzag: balance causal work: the sequence
+    (True = masked) OR-ed with `causal`, the softmax scale and its precision, dropout (`keep`: a mask drawn
+    for the whole sequence as stock's dropout draws it, each block applying its rows; else masks hashed per
+    query row from (seed, row); either way every algo and every P gives the same mask) and zigzag: balance causal work: the sequence
     is cut in 2P chunks and output block d is chunks (d, 2P-1-d) (every block then costs the same, see
     `causal_block_costs`), so y_s holds those rows: the layout of a model whose sequence-parallel shards are
     zigzag (tokens are permuted once at the input, positions kept); default off.
@@ -133,12 +134,15 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     octx = context or default_context()
     rank, world = group_info(group)
     check_divisible(OP, q.shape[0], world)
-    positions, mask = None, attend.mask
-    if attend.zigzagged(False) and world > 1:  # rows in zigzag order; the causal rule and the mask follow
+    positions, mask, keep = None, attend.mask, attend.keep
+    if keep is not None and tuple(keep.shape) != (q.shape[1], q.shape[2], q.shape[0], k.shape[0]):
+        raise ValueError(f"{OP}: attend.keep must be [b, np, sq, sk] = {[q.shape[1], q.shape[2], q.shape[0], k.shape[0]]}"
+                         f" (this rank's heads, the whole sequence); got {list(keep.shape)}")
+    if attend.zigzagged(False) and world > 1:  # rows in zigzag order; the causal rule, mask and keep follow
         positions = zigzag_positions(q.shape[0], world, q.device)  # the true positions
         q, k, v = (t.index_select(0, positions) for t in (q, k, v))
-        if mask is not None:
-            mask = mask.index_select(-2, positions).index_select(-1, positions)
-    qs = QSPlan(make_spec(q, attend, mask, positions), plan)
+        mask, keep = (None if t is None else t.index_select(-2, positions).index_select(-1, positions)
+                      for t in (mask, keep))
+    qs = QSPlan(make_spec(q, attend, mask, positions, keep), plan)
     peers_agree(OP, group, world, q.device, octx, *q.shape, *k.shape, *weight.shape)
     return plain(OP, plan.algo if world > 1 else "reference")(q, k, v, weight, group, octx, qs)

@@ -169,11 +169,15 @@ def ulysses_attention(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, g
                       context: OverlapContext | None = None) -> torch.Tensor:
     """ctx_s [s/P, b, np*hn] of Ulysses attention over `group` (the context-parallel group), with autograd.
 
-    attend (core.Attend; default causal): mask, softmax scale, dropout and zigzag: the shards follow
+    attend (core.Attend; default causal): mask, softmax scale, dropout (seed's masks) and zigzag: the shards follow
     Megatron's zigzag CP split (True, the default) or are contiguous (False).
     algo: "flash" (pairwise steps on the executor, q/k/v in one walk), "reference" (all_to_all_single)."""
     algo = resolve_algo("ulysses_attention", algo)
     attend = CAUSAL if attend is None else attend
+    if attend.keep is not None:
+        raise ValueError("ulysses_attention: attend.keep (a drawn mask of the whole sequence) is not supported: "
+                         "no rank holds the whole sequence's heads before the all-to-all; give dropout a seed "
+                         "(Attend(dropout_p=..., seed=...)) instead")
     check_attention_operands("ulysses_attention", q_s, k_s, v_s)
     rank, world = group_info(group)
     check_ulysses_heads("ulysses_attention", q_s.shape[2], k_s.shape[2], world)
