@@ -20,10 +20,12 @@ ONE plan: an algorithm from ALGOS and its knobs.
 YAML (files in configs/ only choose values; every key is optional):
     default: {algo: auto}                         # every layer not named below (auto: the default)
     proj: {algo: slicing, num_chunks: 4}          # one layer
-    attention: {core: auto, query_split: false, ulysses_algo: auto}
+    attention: {core: auto, query_split: auto, ulysses_algo: auto}
                                                   # core: auto (stock's core attention for the flags; SDPA
                                                   # for --attention-backend flash|fused without TE's spec),
-                                                  # megatron (stock's, always), sdpa (SDPA, always)
+                                                  # megatron (stock's, always), sdpa (SDPA, always);
+                                                  # query_split: auto (a candidate of proj's auto where it can
+                                                  # run), true (asked: refused where it cannot), false (never)
     all_reduce: {num_chunks: 4, decode: auto, prefill: reference}
                                                   # TP without SP at inference (plan/chooser.py): decode: the
                                                   # decode all-reduce, auto (measured) or an algorithm of
@@ -75,7 +77,9 @@ from .plan import (ALGOS, ALL_REDUCE_ALGOS, SITE_ALGOS, Fp8Recipe, OpPlan,  # no
 TRAIN_PICKS = ("reference", "flash")  # the candidates of an auto site's training step
 # a TP layer's under sequence parallelism adds flash_c2: flash with every ring hop cut in 2 row sub-chunks
 # (hop_chunks 2), where the YAML leaves hop_chunks open and no FP8 recipe runs (megatron/train_choice.py)
-LAYER_PICKS = TRAIN_PICKS + ("flash_c2",)
+# proj's adds query_split under attention.query_split (true, or auto where it can run): core attention + proj + RS
+# by query block (megatron/train_choice.py query_split_plan)
+LAYER_PICKS = TRAIN_PICKS + ("flash_c2", "query_split")
 ULYSSES_ALGOS = ("flash", "reference")
 # attention.ulysses_algo: an a2a word, or auto (the default: reference or flash, measured at the attention's first
 # training forward; ops/attention/choose.py)
@@ -304,7 +308,7 @@ ENV_VARS = {
     "config_path": "FLASHOVERLAP_CONFIG",            # YAML that active() loads when no config was activated
     "timeout_s": "FLASHOVERLAP_TIMEOUT_S",           # a bound (s) below the group's own timeout on each wait
     "allreduce_table": "FLASHOVERLAP_ALLREDUCE_TABLE",  # calibration JSON for all_reduce(algo="auto")
-    "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # "1": query-split attention (TP with SP, cp == 1)
+    "query_split": "FLASHOVERLAP_QUERY_SPLIT",       # attention.query_split: 1 (true), 0 (false), auto (default)
     "ulysses": "FLASHOVERLAP_ULYSSES",               # "auto" (default), "flash" or "reference": Ulysses' a2a
     "core_attention": "FLASHOVERLAP_CORE_ATTENTION",  # attention.core: auto (default), megatron or sdpa
     "failure_dir": "FLASHOVERLAP_FAILURE_DIR",       # set by the launcher for its ranks: where a failing rank
@@ -318,7 +322,7 @@ class Environment:
     config_path: str | None = None
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     allreduce_table: str | None = None
-    query_split: bool = False
+    query_split: bool | str = "auto"
     ulysses: str = "auto"
     core_attention: str = "auto"
     failure_dir: str | None = None
@@ -334,8 +338,8 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
         raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} is not a number of seconds") from None
     if timeout is not None and timeout <= 0:
         raise ValueError(f"{ENV_VARS['timeout_s']}={get['timeout_s']!r} must be > 0 seconds")
-    if get["query_split"] not in (None, "", "0", "1"):
-        raise ValueError(f"{ENV_VARS['query_split']}={get['query_split']!r}: use 1 (on) or 0 (off)")
+    if get["query_split"] not in (None, "", "0", "1", "auto"):
+        raise ValueError(f"{ENV_VARS['query_split']}={get['query_split']!r}: use 1 (on), 0 (off) or auto")
     ulysses = get["ulysses"] or "auto"
     if ulysses not in ULYSSES_SITE_ALGOS:
         renamed = " ('stock' is now called 'reference')" if ulysses == "stock" else ""
@@ -344,5 +348,5 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
     if core not in CORE_ATTENTIONS:
         raise ValueError(f"{ENV_VARS['core_attention']}={core!r}: choose one of {CORE_ATTENTIONS}")
     return Environment(config_path=get["config_path"] or None, timeout_s=timeout,
-                       allreduce_table=get["allreduce_table"] or None, query_split=get["query_split"] == "1",
+                       allreduce_table=get["allreduce_table"] or None, query_split={"1": True, "0": False}.get(get["query_split"], "auto"),
                        ulysses=ulysses, core_attention=core, failure_dir=get["failure_dir"] or None)

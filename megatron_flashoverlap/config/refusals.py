@@ -29,7 +29,9 @@ Which check reads a row (`at`), and what it reads:
     linear        megatron/linear.py: our linears' model config (a model built from layer_spec alone)
     moe           megatron/moe/layer.py check_moe_config
     norm          megatron/norm.py check_norm_config
-    ulysses, query_split, sdpa    megatron/attention.py, megatron/sdpa.py: our core attentions
+    ulysses, query_split, sdpa    our core attentions: megatron/attention.py, megatron/query_split_pair.py
+                  (under attention.query_split auto its rows refuse nothing: they keep query split out of
+                  proj's candidates), megatron/sdpa.py
     stock_attention   not refused: the SDPA and query-split attentions build Megatron's DotProductAttention
                   instead (logged once, megatron/sdpa.py megatron_instead); Ulysses (CP > 1) refuses them
     dp            megatron/ddp/pretrain.py: refused under dp: {fuse: all}; otherwise the reason a DDP chunk (or,
@@ -271,6 +273,8 @@ ROWS: tuple[Refusal, ...] = (
             ("ulysses", "stock_attention")),
     Refusal("--apply-query-key-layer-scaling", "apply_query_key_layer_scaling", "on", None, "is not implemented here",
             "drop it (with an fp32 softmax it only rescales the scores)", ("ulysses", "query_split")),
+    Refusal("--fp8-format", "fp8", "on", None, "has no FP8 GEMM in query-split attention (its projection would run "
+            "in the model's dtype, silently)", "turn attention.query_split off, or drop --fp8-format", ("query_split",)),
     Refusal("--recompute-modules", "recompute_modules", "has", "core_attn",
             "recomputes the core attention, which the query-split attention recomputes per block in backward already",
             "drop core_attn from --recompute-modules", ("query_split",),

@@ -14,17 +14,19 @@ from . import (ALL_REDUCE_ALGOS, CORE_ATTENTIONS, DECODE_SITE, DP_FUSE, LAYER_PI
 @dataclass(frozen=True)
 class AttentionSettings:
     """core: the core attention for cp == 1 without query split, one of CORE_ATTENTIONS. query_split:
-    attention + proj + RS as one operator (TP with SP, cp == 1). ulysses_algo: the a2a of Ulysses attention
-    (cp > 1), one of ULYSSES_SITE_ALGOS (auto: stock or flash, measured)."""
-    query_split: bool = False
+    attention + proj + RS as one operator (TP with SP, cp == 1): true (asked: what cannot run it is refused),
+    auto (a candidate of proj's auto where it can run, megatron/query_split_pair.py query_split_cannot_run), false.
+    ulysses_algo: the a2a of Ulysses attention (cp > 1), one of ULYSSES_SITE_ALGOS (auto: stock or flash,
+    measured)."""
+    query_split: bool | str = "auto"
     ulysses_algo: str = "auto"
     core: str = "auto"
 
     def __post_init__(self):
         if self.core not in CORE_ATTENTIONS:
             raise ValueError(f"attention.core {self.core!r}: choose one of {CORE_ATTENTIONS}")
-        if not isinstance(self.query_split, bool):
-            raise ValueError(f"attention.query_split must be true or false, got {self.query_split!r}")
+        if not isinstance(self.query_split, bool) and self.query_split != "auto":
+            raise ValueError(f"attention.query_split must be true, false or auto, got {self.query_split!r}")
         if self.ulysses_algo == "stock":
             raise ValueError("attention.ulysses_algo 'stock' is now called 'reference'; write ulysses_algo: reference")
         if self.ulysses_algo not in ULYSSES_SITE_ALGOS:

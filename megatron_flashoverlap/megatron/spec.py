@@ -47,18 +47,20 @@ import warnings
 from megatron.core import parallel_state
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_mlp_module_spec_for_backend
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
 from megatron.core.utils import get_pg_rank
 
-from ..config import LAYERS, FlashOverlapConfig, active
+from ..config import ENV_VARS, LAYERS, FlashOverlapConfig, active
 from ..config.refusals import refuse
 from .linear import FlashColumnParallelLinear, FlashRowParallelLinear
 from .norm import SequenceParallelNorm, decoder_block_spec
 from .sdpa import core_attention_for
 from .probe import planned
-from .attention import select_attention  # core attention: Ulysses for cp > 1, query split when asked
+from .attention import UlyssesDotProductAttention
+from .query_split_pair import QuerySplitDotProductAttention, QuerySplitRowParallelLinear
 from .moe.layer import check_moe_config, flash_moe_spec
 from .step_kind import watch_step_kinds
 
@@ -124,6 +126,44 @@ def _norms_and_attention(layer, attention, flash_config: FlashOverlapConfig, qk_
     if core == "auto" and all(flash_config.plan(name).is_reference for name in LAYERS):
         core = "megatron"
     attention.core_attention = core_attention_for(core, *flags)
+
+
+def select_attention(attn_submodules, flash_config, *, context_parallel_size: int,
+                     sequence_parallel: bool | None) -> None:
+    """Spec hook: choose core_attention / linear_proj of SelfAttentionSubmodules from `flash_config.attention`.
+
+    - context_parallel_size > 1: UlyssesDotProductAttention (the local DotProductAttention refuses CP),
+      its a2a algo = attention.ulysses_algo;
+    - else, attention.query_split true: the query-split pair (needs SP: `sequence_parallel` must be True;
+      None = unknown to the caller, a ValueError that says where to pass it);
+    - else, attention.query_split auto (the default): the query-split pair where the core attention is
+      Megatron's DotProductAttention, proj's algo is auto and SP is on (None, unknown: not built); the pair's
+      core attention builds Megatron's DotProductAttention where query split cannot run in the model
+      (query_split_cannot_run);
+    - else: unchanged (the core attention chosen before, our FlashRowParallelLinear for proj)."""
+    settings = flash_config.attention
+    if context_parallel_size > 1:
+        attn_submodules.core_attention = ModuleSpec(module=UlyssesDotProductAttention,
+                                                    params={"flash_config": flash_config})
+        return
+    if settings.query_split == "auto":
+        if (sequence_parallel is not True or attn_submodules.core_attention is not DotProductAttention
+                or flash_config.plan("proj").algo != "auto"):
+            return
+    elif not settings.query_split:
+        return
+    elif sequence_parallel is None:
+        raise ValueError("query-split attention needs sequence parallelism, which get_gpt_layer_flashoverlap_spec "
+                         "cannot see (get_gpt_layer_local_spec's arguments do not carry it): pass "
+                         "sequence_parallel=True, or turn attention.query_split off")
+    elif not sequence_parallel:
+        raise ValueError("query-split attention needs sequence parallelism (its reduce-scatter is what it hides); "
+                         "set --sequence-parallel, or turn attention.query_split off (YAML attention: "
+                         f"{{query_split: false}}, or {ENV_VARS['query_split']}=0)")
+    attn_submodules.core_attention = ModuleSpec(module=QuerySplitDotProductAttention,
+                                                params={"flash_config": flash_config})
+    attn_submodules.linear_proj = ModuleSpec(module=QuerySplitRowParallelLinear,
+                                             params={"flash_config": flash_config})
 
 
 def _with_attention(spec: ModuleSpec, flash_config: FlashOverlapConfig, context_parallel_size,

@@ -22,13 +22,19 @@
         arithmetic: Megatron's tensor + data parallel group of this pipeline stage), so every replica of a
         site takes the same choice.
 
-    query_split_plan(layer, query_split_key(q, k, weight, layout, members), q, k, v, attend, flash)
-        -> the plan query_split_attention runs at proj under attention.query_split, where proj's algo is auto:
-            reference   OpPlan("reference"): attention, the GEMM, then the blocking reduce-scatter (stock's order)
-            flash       `flash`: query split, each query block's attention + GEMM while the previous block flies
-        Both draw the same dropout masks (ops/attention/core.py keep_mask), so the pick changes the time and the
-        order of sums, never which keys a row sees. Measured as train_plan measures: forward + backward of
-        query_split_attention on probes of q, k, v's shapes and a detached copy of the weight.
+    query_split_plan(layer, query_split_key(q, k, weight, layout, members), pending, flash, query_split)
+        -> (pick, plan): proj's pair under attention.query_split (true, or auto where it can run), where proj's
+           algo is auto; pending: the core attention's PendingAttention (q, k, v, stock's attention, the mask draw):
+            reference   stock's attention, then Megatron's forward (timed as stock's attention, then the blocking
+                        reduce-scatter after the GEMM: reference_plan(flash))
+            flash       stock's attention, then `flash` (matmul_reduce_scatter's ring)
+            flash_c2    the same with hop_chunks 2, where train_plan's rule allows it
+            query_split `query_split`: each query block's attention + GEMM while the previous block flies
+        The attention is timed with each candidate, dropout included: stock's draw for the first three, the same
+        draw applied per block for query_split (ops/attention/core.py draw_keep). The probe runs inside
+        torch.random.fork_rng: what the RNG gives next is what it gave before the probe, so the step's own
+        dropout draws stock's masks. Measured as train_plan measures: forward + backward on probes of q, k, v's
+        shapes and a detached copy of the weight.
 """
 from __future__ import annotations
 
@@ -124,32 +130,48 @@ def _paired_fwd_bwd(forwards: dict, leaves: tuple, group, device) -> dict[str, l
 
 
 def query_split_key(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, layout: str, members: tuple) -> Key:
-    """proj/train/<bucket of s * b> of query_split_attention on `layout` (a key of its own: never the answer for a
-    proj that runs matmul_reduce_scatter)."""
+    """proj/train/<bucket of s * b> of the query-split pair on `layout` (a key of its own: never the answer for a
+    proj that runs matmul_reduce_scatter alone)."""
     return Key("proj", "train", bucket(q.shape[0] * q.shape[1]), layout,
                f"query_split_attention w {weight.shape[0]}x{weight.shape[1]} q {q.shape[2]}x{q.shape[3]} "
                f"kv {k.shape[2]}", members)
 
 
-def query_split_plan(layer, key: Key, q, k, v, attend, flash: OpPlan) -> OpPlan:
-    """The plan of query_split_attention at `key` (module docstring); `layer`: QuerySplitRowParallelLinear."""
+def query_split_plan(layer, key: Key, pending, flash: OpPlan, query_split: OpPlan) -> tuple[str, OpPlan | None]:
+    """(pick, plan) of the query-split pair at `key` (module docstring); `layer`: QuerySplitRowParallelLinear."""
     chooser: Chooser = layer.flash_chooser
-    plans = {"reference": OpPlan("reference"), "flash": flash}
+    q = pending.qkv[0]
+    plans = {**candidates(matmul_reduce_scatter, q, flash, group_info(layer.tp_group)[1]),
+             "query_split": query_split}
     known = chooser.answer(key)
     if known is None:
         known = settle(chooser, key, q.device, layer.tp_group,
-                       lambda: _query_split_samples(q, k, v, attend, layer.weight, layer.tp_group,
-                                                    layer.flash_context, plans))
+                       lambda: _query_split_samples(pending, layer.weight, layer.tp_group, layer.flash_context,
+                                                    plans))
+    if known.pick == "reference":
+        return "reference", None
     if known.pick not in plans:
-        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of query-split attention "
-                         f"({', '.join(plans)}); pin one of those, or remove the entry")
-    return plans[known.pick]
+        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of the query-split pair "
+                         f"(reference, {', '.join(plans)}); pin one of those, or remove the entry")
+    return known.pick, plans[known.pick]
 
 
-def _query_split_samples(q, k, v, attend, weight, group, ctx, plans) -> dict[str, list[float]]:
-    """{pick: [seconds per kept round]} of query_split_attention forward + backward on probes of q, k, v."""
-    probes = tuple(torch.ones_like(t).requires_grad_() for t in (q, k, v))
+def _query_split_samples(pending, weight, group, ctx, plans) -> dict[str, list[float]]:
+    """{reference, each of `plans`: [seconds per kept round]}: forward + backward on probes of q, k, v, the RNG
+    restored after (module docstring)."""
+    q = pending.qkv[0]
+    probes = tuple(torch.ones_like(t).requires_grad_() for t in pending.qkv)
     w = weight.detach().requires_grad_()
-    return _paired_fwd_bwd({pick: functools.partial(query_split_attention, *probes, w, group, attend=attend,
-                                                    plan=plan, context=ctx) for pick, plan in plans.items()},
-                           (*probes, w), group, q.device)
+
+    def after_stock(plan):
+        return lambda: call_op(matmul_reduce_scatter, pending.stock(*probes), w, group, plan, None, context=ctx)
+
+    devices = [q.device.index if q.device.index is not None else torch.cuda.current_device()] \
+        if q.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        attend = pending.attend_with(pending.draw(*probes[:2]))
+        forwards = {"reference": after_stock(reference_plan(plans["flash"])),
+                    **{pick: after_stock(plan) for pick, plan in plans.items() if pick != "query_split"},
+                    "query_split": functools.partial(query_split_attention, *probes, w, group, attend=attend,
+                                                     plan=plans["query_split"], context=ctx)}
+        return _paired_fwd_bwd(forwards, (*probes, w), group, q.device)

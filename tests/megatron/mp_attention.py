@@ -144,16 +144,17 @@ def zigzag_vs_dense(rank, world, s=16, b=2, heads=8, groups=4, hn=4, h=16, paddi
 
 def core_vs_dot_product(rank, world, dtype="float32", softmax_in_fp32=True, dropout=0.0, s=16, b=2, heads=8,
                         groups=4, hn=8, block=4, seed=5):
-    """Our core attention (QuerySplitDotProductAttention without SP: attention_rows on the whole sequence) against
-    Megatron's DotProductAttention at TP = world, each from the same RNG states: ctx and dq, dk, dv compared
-    exactly; `blocks`: the error of query blocks of `block` rows (attention_rows with the same drawn mask, as
-    query split computes them); `next_equal`: what the RNG gives after each."""
+    """Our core attention (attention_rows on the whole sequence, with the mask QuerySplitDotProductAttention
+    draws) against Megatron's DotProductAttention at TP = world without SP, each from the same RNG states: ctx
+    and dq, dk, dv compared exactly; `blocks`: the error of query blocks of `block` rows (attention_rows with the
+    same drawn mask, as query split computes them); `next_equal`: what the RNG gives after each."""
     from megatron.core import tensor_parallel
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from megatron_flashoverlap.megatron.attention import QuerySplitDotProductAttention
+    from megatron_flashoverlap.config import from_dict
+    from megatron_flashoverlap.megatron.query_split_pair import QuerySplitDotProductAttention
     from megatron_flashoverlap.megatron.models import destroy, init_tp
     from megatron_flashoverlap.ops.attention.core import attention_rows, make_spec
 
@@ -167,28 +168,35 @@ def core_vs_dot_product(rank, world, dtype="float32", softmax_in_fp32=True, drop
         q, k, v, w, dy, _ = _globals(seed, s, b, heads, groups, hn, heads * hn, dt)
         q = q * 4  # peaked softmax rows: the precision of the softmax shows
         dctx = dy[..., :heads * hn // world].contiguous()
+        ours_layer = QuerySplitDotProductAttention(cfg, 1, AttnMaskType.causal, "self",
+                                                   flash_config=from_dict({"attention": {"query_split": True}}))
+        ours_layer.train()
+
+        def ours(q_, k_, v_, rows=None):
+            keep = ours_layer._keep(q_, k_)
+            spec = make_spec(q_, Attend(softmax_scale=ours_layer.softmax_scale, dropout_p=dropout if keep is not None
+                                        else 0.0, keep=keep, softmax_in_fp32=softmax_in_fp32), None, keep=keep)
+            if rows is None:
+                return attention_rows(q_, k_, v_, spec, 0)
+            return torch.cat([attention_rows(q_[a:a + rows], k_, v_, spec, a) for a in range(0, s, rows)])
+
         out = {}
-        for name, cls in (("stock", DotProductAttention), ("ours", QuerySplitDotProductAttention)):
+        for name in ("stock", "ours", "blocks"):
             torch.manual_seed(seed)
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
             loc, _ = _shards(rank, world, q, k, v, w, dy)
-            layer = cls(cfg, 1, AttnMaskType.causal, "self").train()
-            ctx = layer(*loc[:3], None)
+            if name == "stock":
+                ctx = DotProductAttention(cfg, 1, AttnMaskType.causal, "self").train()(*loc[:3], None)
+            else:
+                ctx = ours(*loc[:3], rows=block if name == "blocks" else None)
             ctx.backward(dctx)
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 forked = torch.rand(3)
             out[name] = ctx.detach(), [t.grad for t in loc[:3]], (torch.rand(3), forked)
-            if name == "ours":
-                torch.manual_seed(seed)
-                tensor_parallel.model_parallel_cuda_manual_seed(seed)
-                keep = layer._keep(*loc[:2])
-                spec = make_spec(loc[0], Attend(softmax_scale=layer.softmax_scale, dropout_p=dropout if keep is not None
-                                                else 0.0, keep=keep, softmax_in_fp32=softmax_in_fp32), None, keep=keep)
-                blocks = torch.cat([attention_rows(loc[0][a:a + block].detach(), loc[1].detach(), loc[2].detach(), spec, a)
-                                    for a in range(0, s, block)])
-        (cs, gs, ns), (co, go, no) = out["stock"], out["ours"]
+        (cs, gs, ns), (co, go, no), (cb, _, _) = out["stock"], out["ours"], out["blocks"]
+        kept = ours_layer._keep(*loc[:2])
         return {"ctx_equal": bool(torch.equal(co, cs)), "grads_equal": all(torch.equal(a, c) for a, c in zip(go, gs)),
-                "next_equal": all(torch.equal(a, c) for a, c in zip(no, ns)), "blocks": _err(blocks, cs),
-                "scale": cs.abs().max().item(), "kept": 1.0 if keep is None else keep.double().mean().item()}
+                "next_equal": all(torch.equal(a, c) for a, c in zip(no, ns)), "blocks": _err(cb, cs),
+                "scale": cs.abs().max().item(), "kept": 1.0 if kept is None else kept.double().mean().item()}
     finally:
         destroy()

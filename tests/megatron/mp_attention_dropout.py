@@ -56,15 +56,15 @@ def _config(world, sp, p, s, heads):
 
 
 def _ours(cfg, loc, p, s):
-    """Our core attention's dropout: its mask drawn by our rule, then applied by our attention (what either path
-    of QuerySplitDotProductAttention computes; without SP it runs its forward, with SP+TP it defers)."""
+    """Our core attention's dropout: its mask drawn by QuerySplitDotProductAttention's rule (the core attention
+    query split runs on, with and without SP), then applied by our attention."""
     from megatron.core.transformer.enums import AttnMaskType
 
-    from megatron_flashoverlap.megatron.attention import QuerySplitDotProductAttention
+    from megatron_flashoverlap.config import from_dict
+    from megatron_flashoverlap.megatron.query_split_pair import QuerySplitDotProductAttention
 
-    ours = QuerySplitDotProductAttention(cfg, 1, AttnMaskType.no_mask, "self").train()
-    if not cfg.sequence_parallel:
-        return ours(*loc, None)
+    ours = QuerySplitDotProductAttention(cfg, 1, AttnMaskType.no_mask, "self",
+                                         flash_config=from_dict({"attention": {"query_split": True}})).train()
     return attention_rows(*loc, AttnSpec(scale=s ** -0.5, causal=False, dropout_p=p, keep=ours._keep(*loc[:2])), 0)
 
 

@@ -39,8 +39,9 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0, hidden_dropou
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    from megatron_flashoverlap.config import from_dict, uniform
+    from megatron_flashoverlap.config import from_dict
     from megatron_flashoverlap.megatron import attention as la
+    from megatron_flashoverlap.megatron import query_split_pair as qs
     from megatron_flashoverlap.megatron.spec import submodules_of
 
     kw = dict(context_parallel_size=cp, cp_comm_type="a2a") if cp > 1 else {}
@@ -53,7 +54,8 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0, hidden_dropou
 
         from megatron_flashoverlap import config as fc
 
-        previous = fc.activate(fc.from_dict({"attention": {"query_split": algo == "query_split"}}))
+        query_split = {"query_split": True, "auto": "auto"}.get(algo, False)  # auto: the default config's word
+        previous = fc.activate(fc.from_dict({"attention": {"query_split": query_split}}))
         try:
             spec = flashoverlap_layer_spec(cfg)
         finally:
@@ -65,9 +67,10 @@ def _model(tp, cp, kind, heads, groups, algo="flash", dropout=0.0, hidden_dropou
         own = from_dict({"attention": {"ulysses_algo": algo}})  # a config (and chooser) of its own, not the pool's
         attn.core_attention = ModuleSpec(module=la.UlyssesDotProductAttention, params={"flash_config": own})
     elif kind == "qsa":
-        fc = uniform(algo="slicing", num_chunks=2) if algo == "slicing" else uniform(algo=algo)
-        attn.core_attention = la.QuerySplitDotProductAttention
-        attn.linear_proj = ModuleSpec(module=la.QuerySplitRowParallelLinear, params={"flash_config": fc})
+        fc = from_dict({"default": {"algo": algo, "num_chunks": 2 if algo == "slicing" else None},
+                        "attention": {"query_split": True}})  # asked for, each layer's algo `algo`
+        attn.core_attention = ModuleSpec(module=qs.QuerySplitDotProductAttention, params={"flash_config": fc})
+        attn.linear_proj = ModuleSpec(module=qs.QuerySplitRowParallelLinear, params={"flash_config": fc})
     torch.manual_seed(7)
     model_parallel_cuda_manual_seed(7)
     return GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,

@@ -56,6 +56,7 @@ def test_gpt_tp2_cp2_ulysses_matches_tp2(pools):
 
 
 QSA = "tests.megatron.mp_attention_gpt:query_split_vs_stock"
+PICKS = ("reference", "flash", "flash_c2", "query_split")  # proj's candidates with the query-split pair
 
 
 @pytest.mark.parametrize("algo", ["flash", "flash_bidir", "slicing", "auto"])
@@ -65,7 +66,7 @@ def test_gpt_tp2_query_split_matches_local_spec(pools, algo):
     decided = [r["decided"] for r in res]  # auto: proj's query split measured once, every rank the same pick
     assert decided[0] == decided[1] and len(decided[0]) == (algo == "auto"), decided
     for pick, source, shape in decided[0].values():
-        assert source == "measured" and pick in ("reference", "flash") and shape.startswith("query_split_attention")
+        assert source == "measured" and pick in PICKS and shape.startswith("query_split_attention")
     for r in res:  # every layer's core attention handed q, k, v to linear_proj (2 layers x 20 steps)
         assert r["outputs"] == ["PendingAttention"] and r["calls"] == 40, r
 
@@ -94,6 +95,20 @@ def test_spec_selects_query_split_when_asked(pools):
     res = pools(2).run(QSA, algo="query_split", kind="spec", timeout=600)
     _check(res)
     assert all(r["outputs"] == ["PendingAttention"] for r in res)
+
+
+def test_default_spec_weighs_query_split_at_proj_and_trains_as_stock_with_dropout(pools):
+    """attention.query_split auto (the default): TP 2 + SP, proj auto, Megatron's default dropouts. The core
+    attention defers to proj, whose first training step measures reference, flash, flash_c2 and query_split
+    (every rank the same pick); whichever runs, the masks are stock's, so the local spec's tolerances hold."""
+    res = pools(2).run(QSA, algo="auto", kind="spec", dropout=0.1, hidden_dropout=0.1, timeout=600)
+    _check(res)
+    decided = [r["decided"] for r in res]
+    assert decided[0] == decided[1], decided
+    proj = {word: c for word, c in decided[0].items() if c[2].startswith("query_split_attention")}
+    assert len(proj) == 1 and all(pick in PICKS and source == "measured" for pick, source, _ in proj.values()), proj
+    for r in res:
+        assert r["outputs"] == ["PendingAttention"] and r["calls"] == 40, r
 
 
 def test_gpt_query_split_dropout_is_deterministic(pools):

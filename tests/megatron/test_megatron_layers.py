@@ -182,8 +182,8 @@ def test_signature_spec_takes_every_argument_of_the_stock_local_spec():
 
 
 @pytest.mark.parametrize("qk_layernorm, normalization, query_split", [
-    (False, "LayerNorm", False), (True, "RMSNorm", False), (False, "LayerNorm", True)],
-    ids=["layernorm", "rmsnorm_qk_norm", "query_split"])
+    (False, "LayerNorm", False), (True, "RMSNorm", False), (False, "LayerNorm", True), (False, "LayerNorm", "auto")],
+    ids=["layernorm", "rmsnorm_qk_norm", "query_split", "query_split_auto"])
 def test_every_spec_entry_builds_the_same_model(pools, qk_layernorm, normalization, query_split):
     """flashoverlap_layer_spec(config) == get_gpt_layer_flashoverlap_spec(same settings) == the ModuleSpec
     flashoverlap_layer: same keys and shapes, logits exactly equal (the same modules from the same seed run

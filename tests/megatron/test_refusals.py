@@ -21,10 +21,13 @@ def _ulysses(cp_comm_type=None, **facts):
 
 
 def _query_split(**facts):
-    from megatron_flashoverlap.megatron.attention import QuerySplitDotProductAttention
+    from megatron_flashoverlap.megatron.query_split_pair import QuerySplitDotProductAttention
+
+    from megatron_flashoverlap.config import from_dict
 
     groups = SimpleNamespace(tp=object(), cp=object())  # group_info: (0, 1) without torch.distributed
-    QuerySplitDotProductAttention(SimpleNamespace(**facts), 1, None, "self", pg_collection=groups)
+    QuerySplitDotProductAttention(SimpleNamespace(**facts), 1, None, "self", pg_collection=groups,
+                                  flash_config=from_dict({"attention": {"query_split": True}}))  # asked for
 
 
 def _parse(**facts):
@@ -113,3 +116,22 @@ def test_ddp_stays_stock_naming_the_missing_flag():
 
     assert why_stock(SimpleNamespace(use_distributed_optimizer=True, overlap_grad_reduce=False), {}).startswith(
         "without --overlap-grad-reduce, ")
+
+
+QUERY_SPLIT = [(row, facts) for at, row, facts in CASES if at == "query_split" and row.field != "context_parallel_size"]
+
+
+@pytest.mark.parametrize("row, facts", QUERY_SPLIT, ids=[r.flag for r, _ in QUERY_SPLIT])
+def test_under_auto_a_query_split_row_is_the_reason_query_split_is_no_candidate(clean_config, row, facts):
+    # attention.query_split auto (the default) refuses nothing: the row's text says why proj's auto leaves query
+    # split out; a model none holds for keeps it (TP 2 with SP at CP 1, proj auto)
+    from megatron_flashoverlap.megatron.query_split_pair import query_split_cannot_run
+
+    config = clean_config.from_dict({})
+    assert query_split_cannot_run(SimpleNamespace(sequence_parallel=True, **facts), config, 2, 1) == \
+        said(row, facts[row.name("query_split")])
+    assert query_split_cannot_run(SimpleNamespace(sequence_parallel=True), config, 2, 1) is None
+    assert "sequence parallelism" in query_split_cannot_run(SimpleNamespace(sequence_parallel=False), config, 2, 1)
+    assert "sequence parallelism" in query_split_cannot_run(SimpleNamespace(sequence_parallel=True), config, 1, 1)
+    pinned = clean_config.from_dict({"proj": {"algo": "flash"}})
+    assert "proj's algo is flash" in query_split_cannot_run(SimpleNamespace(sequence_parallel=True), pinned, 2, 1)

@@ -46,6 +46,16 @@ def test_query_split_names_its_operator_at_proj(pools):
     assert pools(2).run(f"{BODY}:tp_line", True, False, True, timeout=300) == [expected] * 2
 
 
+@pytest.mark.parametrize("sp, expected", [
+    (True, "GEMM sites: dense[1-2]: qkv=auto, proj=auto (query_split a candidate), fc1=auto, fc2=auto"),
+    (False, f"GEMM sites: dense[1-2]: qkv=auto {NOSP}, proj=auto {NOSP}, fc1=auto {NOSP}, fc2=auto {NOSP}"),
+], ids=["sp", "no_sp"])
+def test_the_default_query_split_auto_says_where_proj_weighs_it(pools, sp, expected):
+    # attention.query_split auto (the default): under SP proj's auto has query split among its candidates;
+    # without SP the pair is not built (Megatron's DotProductAttention, proj as without it)
+    assert pools(2).run(f"{BODY}:tp_line", sp, False, "auto", timeout=300) == [expected] * 2
+
+
 def test_pipeline_stages_are_gathered(pools):
     expected = f"GEMM sites: dense[1-2]: {TP1}; mtp[1]: stock ({MTP_STOCK})"
     assert pools(2).run(f"{BODY}:pp_line", timeout=300) == [expected] * 2

@@ -34,7 +34,7 @@ def test_config_file_loads(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     algo, chunks = EXPECTED[name]
     assert [cfg.plan(layer) for layer in ("qkv", "proj", "fc1", "fc2")] == [OpPlan(algo, chunks)] * 4
-    assert cfg.description and cfg.timeout_s is None and cfg.attention.query_split is False
+    assert cfg.description and cfg.timeout_s is None and cfg.attention.query_split == "auto"
 
 
 def test_te_file_documents_the_stock_gpu_run():
@@ -95,7 +95,7 @@ def test_uniform_keep_gathered_reaches_column_layers_only():
     ({"qkv": {"algo": "flash", "hop_chunks": 0}}, ["hop_chunks must be an integer >= 1"]),
     ({"qkv": "flash"}, ["expected a mapping"]),
     ({"attention": {"ulysses_algo": "stock"}}, ["'stock' is now called 'reference'"]),
-    ({"attention": {"query_split": "yes"}}, ["query_split must be true or false"]),
+    ({"attention": {"query_split": "yes"}}, ["query_split must be true, false or auto"]),
     ({"attention": {"split": True}}, ["attention: unknown key", "query_split"]),
     ({"attention": {"core": "te"}}, ["attention.core 'te'", "auto", "megatron", "sdpa"]),
     ({"all_reduce": {"num_chunks": 2.5}}, ["all_reduce.num_chunks must be an integer"]),
@@ -121,10 +121,16 @@ def test_environment_fills_what_the_yaml_leaves_out():
             said.attention.ulysses_algo, said.attention.core) == (9, "mine.json", False, "flash", "megatron")
 
 
+@pytest.mark.parametrize("value, word", [(None, "auto"), ("auto", "auto"), ("1", True), ("0", False)])
+def test_query_split_defaults_to_auto_and_the_environment_can_say_each_word(value, word):
+    env = environment({} if value is None else {"FLASHOVERLAP_QUERY_SPLIT": value})
+    assert from_dict({}, env).attention.query_split == word and type(from_dict({}, env).attention.query_split) is type(word)
+
+
 @pytest.mark.parametrize("var, value, words", [
     ("FLASHOVERLAP_TIMEOUT_S", "soon", ["FLASHOVERLAP_TIMEOUT_S", "number of seconds"]),
     ("FLASHOVERLAP_TIMEOUT_S", "-1", ["must be > 0"]),
-    ("FLASHOVERLAP_QUERY_SPLIT", "yes", ["use 1 (on) or 0 (off)"]),
+    ("FLASHOVERLAP_QUERY_SPLIT", "yes", ["use 1 (on), 0 (off) or auto"]),
     ("FLASHOVERLAP_ULYSSES", "stock", ["FLASHOVERLAP_ULYSSES", "'stock' is now called 'reference'"]),
     ("FLASHOVERLAP_CORE_ATTENTION", "flash", ["FLASHOVERLAP_CORE_ATTENTION", "auto", "megatron", "sdpa"]),
 ])

@@ -16,8 +16,10 @@ MAX_FILE_LINES, MAX_MEDIAN, MAX_P90, MAX_PARAMS = 400, 12, 40, 8
 MEGATRON_SIGNATURES = {
     # core attention: Megatron builds it as DotProductAttention(config, layer_number, attn_mask_type, attention_type,
     # attention_dropout, softmax_scale, cp_comm_type, pg_collection) (8, megatron-core 0.16 and 0.19), plus the one
-    # ModuleSpec param each of ours takes from the spec (the Ulysses a2a algo; the SDPA kernels)
+    # ModuleSpec param each of ours takes from the spec (the Ulysses a2a algo; the SDPA kernels; query split's
+    # flash config)
     "UlyssesDotProductAttention.__init__": 9,
+    "QuerySplitDotProductAttention.__init__": 9,
     "SdpaDotProductAttention.__init__": 9,
     # get_gpt_layer_local_spec(num_experts, moe_grouped_gemm, qk_layernorm, multi_latent_attention, fp8,
     # moe_use_legacy_grouped_gemm, normalization, qk_l2_norm, use_kitchen, use_kitchen_attention,

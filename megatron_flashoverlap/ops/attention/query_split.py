@@ -121,10 +121,10 @@ def query_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     (linear_proj's local shard). attend (core.Attend; default causal): the mask, bool [b|1, 1|np, s, s]
     (True = masked) OR-ed with `causal`, the softmax scale and its precision, dropout (`keep`: a mask drawn
     for the whole sequence as stock's dropout draws it, each block applying its rows; else masks hashed per
-    query row from (seed, row); either way every algo and every P gives the same mask) and zigzag: balance causal work: the sequence
-    is cut in 2P chunks and output block d is chunks (d, 2P-1-d) (every block then costs the same, see
-    `causal_block_costs`), so y_s holds those rows: the layout of a model whose sequence-parallel shards are
-    zigzag (tokens are permuted once at the input, positions kept); default off.
+    query row from (seed, row); either way every algo and every P gives the same mask) and zigzag: balance
+    causal work: the sequence is cut in 2P chunks and output block d is chunks (d, 2P-1-d) (every block then
+    costs the same, see `causal_block_costs`), so y_s holds those rows: the layout of a model whose
+    sequence-parallel shards are zigzag (tokens are permuted once at the input, positions kept); default off.
     plan (ops/registry.py; default OpPlan("flash")): algo "flash"/"flash_bidir" (query split in Flash-RS order),
     "slicing" (attention, then the sliced GEMM+RS baseline, num_chunks), "reference" (attention, GEMM,
     stock RS); wire_dtype: of the RS partials, "input" | "fp32"."""
