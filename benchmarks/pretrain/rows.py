@@ -44,6 +44,9 @@ ARMS = {
     # with 2 sub-chunks per hop at the other sites, or with the default chooser at them
     "flash+c2+qsplit": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     "auto+qsplit": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
+    # the default chooser with choices.budget_s 60: on the CPU proxy a probe is slow enough that the default 10 s
+    # leaves the last sites unmeasured (stock); with 60 s every site is measured, as on a GPU within 10 s
+    "auto+b60": (["--flash-overlap", "--flash-overlap-config", "{yaml}"], "rate"),
     # our spec (SDPA core attention, our norms) with every linear on Megatron's own forward: what the spec
     # alone changes against stock, so flash vs this arm is the overlap alone
     "ours-reference": (["--flash-overlap", "--flash-overlap-config", os.path.join(CONFIGS, "stock.yaml")], "rate"),
@@ -69,6 +72,8 @@ YAMLS = {  # the arms whose config the benchmark writes (arm_yaml)
                         "attention: {query_split: true}\n"),
     "auto+qsplit": ("description: the default chooser, proj as query-split attention (benchmarks/pretrain/run.py)\n"
                     "default: {algo: auto}\nattention: {query_split: true}\n"),
+    "auto+b60": ("description: the default chooser, a 60 s measuring budget (benchmarks/pretrain/run.py)\n"
+                 "default: {algo: auto}\nchoices: {budget_s: 60}\n"),
 }
 BASE = "stock"
 FAST = "stock@unshaped"

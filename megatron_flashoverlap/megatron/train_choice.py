@@ -30,11 +30,11 @@
             flash       stock's attention, then `flash` (matmul_reduce_scatter's ring)
             flash_c2    the same with hop_chunks 2, where train_plan's rule allows it
             query_split `query_split`: each query block's attention + GEMM while the previous block flies
-        The attention is timed with each candidate, dropout included: stock's draw for the first three, the same
-        draw applied per block for query_split (ops/attention/core.py draw_keep). The probe runs inside
-        torch.random.fork_rng: what the RNG gives next is what it gave before the probe, so the step's own
-        dropout draws stock's masks. Measured as train_plan measures: forward + backward on probes of q, k, v's
-        shapes and a detached copy of the weight.
+        The attention is timed with each candidate, dropout included: stock's dropout for the first three, for
+        query_split the same draw (ops/attention/core.py draw_keep) applied per block, both inside the timed
+        run. The probe runs inside torch.random.fork_rng: what the RNG gives next is what it gave before the
+        probe, so the step's own dropout draws stock's masks. Measured as train_plan measures: forward + backward
+        on probes of q, k, v's shapes and a detached copy of the weight.
 """
 from __future__ import annotations
 
@@ -168,10 +168,12 @@ def _query_split_samples(pending, weight, group, ctx, plans) -> dict[str, list[f
 
     devices = [q.device.index if q.device.index is not None else torch.cuda.current_device()] \
         if q.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
+    def query_split():  # the draw inside the timed run, as stock's dropout is inside stock's attention
         attend = pending.attend_with(pending.draw(*probes[:2]))
+        return query_split_attention(*probes, w, group, attend=attend, plan=plans["query_split"], context=ctx)
+
+    with torch.random.fork_rng(devices=devices):
         forwards = {"reference": after_stock(reference_plan(plans["flash"])),
                     **{pick: after_stock(plan) for pick, plan in plans.items() if pick != "query_split"},
-                    "query_split": functools.partial(query_split_attention, *probes, w, group, attend=attend,
-                                                     plan=plans["query_split"], context=ctx)}
+                    "query_split": query_split}
         return _paired_fwd_bwd(forwards, (*probes, w), group, q.device)

@@ -133,6 +133,8 @@ def test_arms_use_the_real_flags_and_configs():
     for arm in ("flash+c2+qsplit", "auto+qsplit"):  # query split on, each with its algo at the other sites
         qsplit = load_config(entry_argv(arm, CFG)[-1])
         assert qsplit.attention.query_split and qsplit.plan("fc1").algo == arm.split("+")[0]
+    budget = load_config(entry_argv("auto+b60", CFG)[-1])  # the default chooser, only its budget raised
+    assert budget.choices.budget_s == 60 and budget.plan("proj").algo == "auto" and budget.attention.query_split == "auto"
     assert "--attention-dropout" not in entry_argv("stock", CFG)  # Megatron's default unless given
     argv = entry_argv("stock", {**CFG, "attention_dropout": 0.0})
     assert argv[argv.index("--attention-dropout") + 1] == "0.0"
