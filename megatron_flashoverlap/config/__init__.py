@@ -347,6 +347,7 @@ def environment(environ: Mapping[str, str] | None = None) -> Environment:
     core = get["core_attention"] or "auto"
     if core not in CORE_ATTENTIONS:
         raise ValueError(f"{ENV_VARS['core_attention']}={core!r}: choose one of {CORE_ATTENTIONS}")
+    query_split = {"1": True, "0": False}.get(get["query_split"], "auto")
     return Environment(config_path=get["config_path"] or None, timeout_s=timeout,
-                       allreduce_table=get["allreduce_table"] or None, query_split={"1": True, "0": False}.get(get["query_split"], "auto"),
+                       allreduce_table=get["allreduce_table"] or None, query_split=query_split,
                        ulysses=ulysses, core_attention=core, failure_dir=get["failure_dir"] or None)
