@@ -168,6 +168,7 @@ def _query_split_samples(pending, weight, group, ctx, plans) -> dict[str, list[f
 
     devices = [q.device.index if q.device.index is not None else torch.cuda.current_device()] \
         if q.device.type == "cuda" else []
+
     def query_split():  # the draw inside the timed run, as stock's dropout is inside stock's attention
         attend = pending.attend_with(pending.draw(*probes[:2]))
         return query_split_attention(*probes, w, group, attend=attend, plan=plans["query_split"], context=ctx)
