@@ -30,11 +30,13 @@
             flash       stock's attention, then `flash` (matmul_reduce_scatter's ring)
             flash_c2    the same with hop_chunks 2, where train_plan's rule allows it
             query_split `query_split`: each query block's attention + GEMM while the previous block flies
-        The attention is timed with each candidate, dropout included: stock's dropout for the first three, for
-        query_split the same draw (ops/attention/core.py draw_keep) applied per block, both inside the timed
-        run. The probe runs inside torch.random.fork_rng: what the RNG gives next is what it gave before the
-        probe, so the step's own dropout draws stock's masks. Measured as train_plan measures: forward + backward
-        on probes of q, k, v's shapes and a detached copy of the weight.
+        Each candidate's time includes the attention, dropout included. For the first three, each round times
+        Megatron's attention (its dropout inside) once and adds it to their GEMM + RS, timed on a probe of its
+        output: stock's order runs one after the other. query_split is timed whole, the same draw
+        (ops/attention/core.py draw_keep) applied per block inside its timed run. The probe runs inside
+        torch.random.fork_rng: what the RNG gives next is what it gave before the probe, so the step's own
+        dropout draws stock's masks. Measured as train_plan measures: forward + backward on probes of q, k, v's
+        shapes and a detached copy of the weight.
 """
 from __future__ import annotations
 
@@ -156,16 +158,17 @@ def query_split_plan(layer, key: Key, pending, flash: OpPlan, query_split: OpPla
     return known.pick, plans[known.pick]
 
 
-def _query_split_samples(pending, weight, group, ctx, plans) -> dict[str, list[float]]:
-    """{reference, each of `plans`: [seconds per kept round]}: forward + backward on probes of q, k, v, the RNG
-    restored after (module docstring)."""
+def _query_split_samples(pending, weight, group, ctx, plans) -> tuple[dict[str, list[float]], float]:
+    """({reference, each of `plans`: [seconds per kept round]}, the seconds measured): forward + backward on
+    probes of q, k, v, the RNG restored after (module docstring). Stock's order runs the attention, then the
+    GEMM + RS: each round times Megatron's attention once and each GEMM + RS on a probe of its output, and a
+    candidate's sample is the two added (so the samples count the attention three times, the seconds once);
+    query_split is timed whole."""
     q = pending.qkv[0]
     probes = tuple(torch.ones_like(t).requires_grad_() for t in pending.qkv)
+    out = torch.ones(q.shape[0], q.shape[1], q.shape[2] * q.shape[3], dtype=q.dtype, device=q.device,
+                     requires_grad=True)  # the attention's output [s, b, np/tp*hn]
     w = weight.detach().requires_grad_()
-
-    def after_stock(plan):
-        return lambda: call_op(matmul_reduce_scatter, pending.stock(*probes), w, group, plan, None, context=ctx)
-
     devices = [q.device.index if q.device.index is not None else torch.cuda.current_device()] \
         if q.device.type == "cuda" else []
 
@@ -173,8 +176,15 @@ def _query_split_samples(pending, weight, group, ctx, plans) -> dict[str, list[f
         attend = pending.attend_with(pending.draw(*probes[:2]))
         return query_split_attention(*probes, w, group, attend=attend, plan=plans["query_split"], context=ctx)
 
+    gemm_rs = {"reference": reference_plan(plans["flash"]),
+               **{pick: plan for pick, plan in plans.items() if pick != "query_split"}}
     with torch.random.fork_rng(devices=devices):
-        forwards = {"reference": after_stock(reference_plan(plans["flash"])),
-                    **{pick: after_stock(plan) for pick, plan in plans.items() if pick != "query_split"},
+        forwards = {"attention": lambda: pending.stock(*probes),
+                    **{pick: functools.partial(call_op, matmul_reduce_scatter, out, w, group, plan, None,
+                                               context=ctx) for pick, plan in gemm_rs.items()},
                     "query_split": query_split}
-        return _paired_fwd_bwd(forwards, (*probes, w), group, q.device)
+        samples = _paired_fwd_bwd(forwards, (*probes, out, w), group, q.device)
+    spent = sum(sum(ts) for ts in samples.values())  # the attention once a round, as it ran
+    attention = samples.pop("attention")
+    return {pick: ([a + t for a, t in zip(attention, ts)] if pick in gemm_rs else ts)
+            for pick, ts in samples.items()}, spent

@@ -3,7 +3,8 @@
     group_layout(group, g, dtype) -> (layout word, the group's global ranks): what a choice key holds it for
     settle(chooser, key, device, group, measure) -> the Choice of a key no higher tier answered:
         the model's inside a CUDA-graph capture or once choices.budget_s is spent, else the rule on
-        `measure()`'s paired samples (runtime/timing.py `paired`: ROUNDS kept rounds after WARMUP); announced
+        `measure()`'s paired samples (runtime/timing.py `paired`: ROUNDS kept rounds after WARMUP), or on
+        (samples, seconds measured) where the samples count a shared part more than once; announced
     announce(chooser, key, choice, group): group rank 0 logs the one line (with the budget spent so far); the
         job's rank 0 rewrites choices.write
 The sites' own measurements: the decode all-reduce (all_reduce/choose.py), the prefill / mixed row all-reduce
@@ -45,7 +46,9 @@ def settle(chooser: Chooser, key: Key, device: torch.device, group,
         choice = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s: {chooser.spent_s:.1f} s "
                                        f"measured, this bucket would take about {chooser.expected_s(key):.1f} s")
     else:
-        choice = chooser.decide(key, measure())
+        measured = measure()
+        samples, cost = measured if isinstance(measured, tuple) else (measured, None)
+        choice = chooser.decide(key, samples, cost)
     announce(chooser, key, choice, group)
     return choice
 

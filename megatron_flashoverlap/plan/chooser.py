@@ -184,11 +184,12 @@ class Chooser:
         """The budget holds the measured seconds so far and, for `key`, what it should cost."""
         return self.spent_s + (0.0 if key is None else self.expected_s(key)) < self.budget_s
 
-    def decide(self, key: Key, samples: Mapping[str, Sequence[float]]) -> Choice:
-        """Record the rule's pick from paired samples (the max over the group); charges their seconds. A row
-        site's prefill and mixed keys of one bucket share it (the op is the same forward of the step's tokens),
-        unless the twin is decided or pinned already."""
-        cost = sum(sum(v) for v in samples.values())
+    def decide(self, key: Key, samples: Mapping[str, Sequence[float]], cost_s: float | None = None) -> Choice:
+        """Record the rule's pick from paired samples (the max over the group); charges their seconds (`cost_s`
+        where the samples count a shared part more than once). A row site's prefill and mixed keys of one bucket
+        share it (the op is the same forward of the step's tokens), unless the twin is decided or pinned
+        already."""
+        cost = sum(sum(v) for v in samples.values()) if cost_s is None else cost_s
         self.spent_s += cost
         self.costs[(key.site, key.layout, key.shape)] = (key.bucket, cost)
         pick, why = paired_pick(samples)

@@ -118,6 +118,11 @@ def test_the_budget_is_charged_the_measured_seconds():
     assert not wide.can_measure(_prefill("fc2", bucket=64)) and wide.can_measure(_prefill("fc2", bucket=16))
     other = _prefill("fc2", bucket=64, layout=ch.layout_word(8, 8, "nccl", "bfloat16"))
     assert wide.expected_s(other) == 0.0  # nothing measured on that layout: the first measurement runs
+    # samples that count a shared part more than once (the query-split pair adds the attention, timed once a
+    # round, to each GEMM + RS): the seconds that ran are charged, not the samples' sum
+    shared = ch.chooser_of(config.from_dict({**AUTO, "choices": {"budget_s": 4.0}}, config.Environment()))
+    shared.decide(_prefill(), {"reference": [0.5] * 2, "decomposed": [0.5] * 2}, 1.5)
+    assert shared.spent_s == pytest.approx(1.5) and shared.costs[next(iter(shared.costs))][1] == pytest.approx(1.5)
 
 
 def test_a_row_sites_prefill_and_mixed_keys_share_one_measurement_unless_pinned():
