@@ -68,19 +68,24 @@ def train_key(site: str, op: Callable, x: torch.Tensor, weight: torch.Tensor, la
 def train_plan(layer, key: Key, op: Callable, x: torch.Tensor, flash: OpPlan) -> OpPlan | None:
     """`flash` where the chooser picks it for `key`, None (stock) where it keeps stock (module docstring);
     `layer`: the linear (its weight, tp_group, flash_context, flash_chooser)."""
-    chooser: Chooser = layer.flash_chooser
     plans = candidates(op, x, flash, group_info(layer.tp_group)[1])
+    pick = _pick(layer, key, x.device, plans, "this layer", ": hop sub-chunks run only under sequence "
+                 "parallelism, without FP8, with hop_chunks open in the YAML",
+                 lambda: _samples(op, x, layer.weight, layer.tp_group, layer.flash_context, plans))
+    return None if pick == "reference" else plans[pick]
+
+
+def _pick(layer, key: Key, device, plans: dict, of: str, why: str, measure) -> str:
+    """The chooser's pick for `key`: a higher tier's answer, else settled by `measure`; "reference" or one of
+    `plans` (a pinned pick outside them: a ValueError naming the candidates of `of`, with `why`)."""
+    chooser: Chooser = layer.flash_chooser
     known = chooser.answer(key)
     if known is None:
-        known = settle(chooser, key, x.device, layer.tp_group,
-                       lambda: _samples(op, x, layer.weight, layer.tp_group, layer.flash_context, plans))
-    if known.pick == "reference":
-        return None
-    if known.pick not in plans:
-        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of this layer "
-                         f"({', '.join(plans)}: hop sub-chunks run only under sequence parallelism, without FP8, "
-                         f"with hop_chunks open in the YAML); pin one of those, or remove the entry")
-    return plans[known.pick]
+        known = settle(chooser, key, device, layer.tp_group, measure)
+    if known.pick != "reference" and known.pick not in plans:
+        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of {of} "
+                         f"({', '.join(plans)}{why}); pin one of those, or remove the entry")
+    return known.pick
 
 
 def candidates(op: Callable, x: torch.Tensor, flash: OpPlan, world: int) -> dict[str, OpPlan]:
@@ -141,21 +146,12 @@ def query_split_key(q: torch.Tensor, k: torch.Tensor, weight: torch.Tensor, layo
 
 def query_split_plan(layer, key: Key, pending, flash: OpPlan, query_split: OpPlan) -> tuple[str, OpPlan | None]:
     """(pick, plan) of the query-split pair at `key` (module docstring); `layer`: QuerySplitRowParallelLinear."""
-    chooser: Chooser = layer.flash_chooser
     q = pending.qkv[0]
     plans = {**candidates(matmul_reduce_scatter, q, flash, group_info(layer.tp_group)[1]),
              "query_split": query_split}
-    known = chooser.answer(key)
-    if known is None:
-        known = settle(chooser, key, q.device, layer.tp_group,
-                       lambda: _query_split_samples(pending, layer.weight, layer.tp_group, layer.flash_context,
-                                                    plans))
-    if known.pick == "reference":
-        return "reference", None
-    if known.pick not in plans:
-        raise ValueError(f"choices.pinned: {key.word}: {known.pick} is not a candidate of the query-split pair "
-                         f"(reference, {', '.join(plans)}); pin one of those, or remove the entry")
-    return known.pick, plans[known.pick]
+    pick = _pick(layer, key, q.device, plans, "the query-split pair", ", or reference",
+                 lambda: _query_split_samples(pending, layer.weight, layer.tp_group, layer.flash_context, plans))
+    return pick, plans.get(pick)
 
 
 def _query_split_samples(pending, weight, group, ctx, plans) -> tuple[dict[str, list[float]], float]:

@@ -6,9 +6,10 @@
                 qkv | proj | fc1 | fc2 at a training step, where the layer's algo is auto
                     candidates: reference (stock's forward) | flash | flash_c2 (under SP: 2 sub-chunks per hop),
                     forward + backward (megatron/train_choice.py)
-                proj under attention.query_split at a training step, where proj's algo is auto
-                    candidates: reference (attention, GEMM, blocking reduce-scatter) | flash (query split),
-                    forward + backward (megatron/train_choice.py query_split_plan)
+                proj with the query-split pair (attention.query_split auto or true) at a training step, where
+                proj's algo is auto
+                    candidates: reference | flash | flash_c2 (Megatron's attention, then the GEMM + RS) |
+                    query_split, forward + backward with the attention (megatron/train_choice.py query_split_plan)
                 moe: an MoE layer's exchange + experts at a training step, where moe.algo is auto
                     candidates: reference (stock a2a, experts, a2a) | flash (fused), forward (ops/moe/choose.py)
                 ulysses: Ulysses attention's two all-to-alls at a training step, ulysses_algo auto
