@@ -7,8 +7,8 @@
 
 Stock is the collective's own all-reduce: the column `reference_us` (calibration tables written before the
 algorithm word "reference" call it `stock_us`; ops/all_reduce/select.py reads both the same way).
-"auto ran" is what the start-up calibration chose at that size (the table's "startup" entry, select.best_at;
-"reference" where ours did not win there); "auto vs stock" is median(stock) / median(auto) over the same
+"auto ran" is what the start-up calibration chose at that size (the row's "auto_ran" where the file records it,
+else the table's "startup" entry read by today's rule, select.best_at; "reference" where ours did not win there); "auto vs stock" is median(stock) / median(auto) over the same
 interleaved rounds with its bootstrap interval (benchmarks/harness/estimator.py speedup): win / loss where the
 interval excludes 1.0, tie otherwise. A column a table lacks (an older file) prints "-".
 """
@@ -39,7 +39,7 @@ def _title(t: dict) -> str:
 
 def _auto_cells(t: dict, r: dict) -> str:
     """'auto ran | auto vs stock' for one row ('- | -' where the table has no auto column)."""
-    ran = (best_at(t["startup"], r["bytes"]) or "reference") if "startup" in t else "-"
+    ran = r.get("auto_ran") or ((best_at(t["startup"], r["bytes"]) or "reference") if "startup" in t else "-")
     if "auto_rounds_us" not in r or _stock_rounds(r) is None:
         return f"{ran} | -"
     s = speedup(_stock_rounds(r), r["auto_rounds_us"])

@@ -44,6 +44,21 @@ def test_stock_wins_unless_a_candidate_wins_the_paired_rounds():
     assert ch.paired_pick({"reference": [1.0, 1.0, 1.0, 1.0, 1.0], "decomposed": [2.0] * 5})[0] == "reference"
 
 
+def test_a_sure_gain_runs_where_the_fastest_by_median_is_within_the_noise():
+    """proj's pair: query_split lowest by median but faster than stock in 3 of 5 rounds (the attention's noise
+    inside its samples), flash_c2 faster in 5 of 5: flash_c2 runs, not stock."""
+    stock = [10.0] * 5
+    samples = {"reference": stock, "query_split": [5.0, 5.0, 5.0, 11.0, 11.0], "flash": [9.5] * 5,
+               "flash_c2": [9.0] * 5}
+    pick, why = ch.paired_pick(samples)
+    assert pick == "flash_c2" and "query_split, won 3/5" in why, why
+    # among the candidates that beat stock, the lowest median: flash at 8.0 over flash_c2 at 9.0
+    assert ch.paired_pick({**samples, "flash": [8.0] * 5})[0] == "flash"
+    # none beats stock in 4 of 5 rounds: stock, whatever the medians
+    assert ch.paired_pick({"reference": stock, "query_split": [5.0, 5.0, 5.0, 11.0, 11.0],
+                           "flash": [9.0, 9.0, 9.0, 11.0, 11.0]})[0] == "reference"
+
+
 def test_a_calibration_table_is_read_by_the_same_rule():
     row = {"bytes": 1024, "reference_us": 10.0, "ring_us": 9.0,
            "reference_rounds_us": [10.0] * 5, "ring_rounds_us": [9.0, 9.0, 9.0, 11.0, 11.0]}
