@@ -4,7 +4,8 @@
                                 "loss": {arm: [lm loss per iteration]}, "max_loss_diff": {arm: float},
                                 "comm": {"fraction", "ci"} or None}
         runs: {arm: [merged parse per round]}, rounds in the order they ran
-        vs_stock: harness/estimator.speedup(stock samples, arm samples) (win only where the interval excludes 1)
+        vs_stock: harness/estimator.speedup(stock samples, arm samples) (win only where the interval excludes 1);
+                  a "+heap" arm against stock+heap where the run has it (baseline)
         comm.fraction: 1 - median(stock@unshaped) / median(stock): the share of stock's iteration the link costs
     table(s) / breakdown_table(s) / loss_table(s) -> markdown
 """
@@ -15,7 +16,7 @@ import statistics
 
 from benchmarks.harness.estimator import speedup
 from benchmarks.harness.verdict import word
-from benchmarks.pretrain.rows import ARMS, BASE, FAST, PHASES, phases, run_stat
+from benchmarks.pretrain.rows import ARMS, BASE, FAST, HEAP_SUFFIX, PHASES, base_arm, phases, run_stat
 
 
 def _curve(parsed: dict) -> list[float]:
@@ -73,15 +74,28 @@ def _comm(arms: dict) -> dict | None:
     return {"fraction": 1 - 1 / s["ratio"], "ci": (1 - 1 / s["ci"][0], 1 - 1 / s["ci"][1])}
 
 
+def baseline(arm: str, runs: dict) -> str:
+    """What `arm` is compared with: stock, or stock+heap for another "+heap" arm where the run has it (the same
+    heap on both sides, rows.py HEAP)."""
+    heap = BASE + HEAP_SUFFIX
+    return heap if arm.endswith(HEAP_SUFFIX) and arm != heap and heap in runs else BASE
+
+
 def summarize(runs: dict, warmup: int) -> dict:
     """The figures of one benchmark (module docstring); `runs` must hold the stock arm."""
     if BASE not in runs or not runs[BASE]:
         raise ValueError(f"summarize: no {BASE!r} runs; every comparison is against stock, keep it in --arms")
-    base = [run_stat(p, warmup) for p in runs[BASE]]
-    arms = {a: _arm(r, warmup, None if a == BASE else base) for a, r in runs.items()}
+    stat = {a: [run_stat(p, warmup) for p in r] for a, r in runs.items()}
+    arms = {a: _arm(r, warmup, None if a == BASE else stat[baseline(a, runs)]) for a, r in runs.items()}
+    for a in arms:
+        arms[a]["baseline"] = baseline(a, runs)
     ref = _curve(runs[BASE][0])
     return {"arms": arms, "loss": {a: _curve(r[0]) for a, r in runs.items()},
             "max_loss_diff": {a: _max_diff(ref, r) for a, r in runs.items()}, "comm": _comm(arms)}
+
+
+def _against(a: dict) -> str:
+    return "" if a.get("baseline", BASE) == BASE else f" (vs {a['baseline']})"
 
 
 def _vs(s: dict | None) -> str:
@@ -96,9 +110,9 @@ def table(s: dict, rate: str) -> str:
             "max abs lm-loss diff vs stock | GEMM sites |", "|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
         ms = [x * 1e3 for x in a["samples"]]
-        link = rate if ARMS[arm][1] == "rate" else "unshaped"
+        link = rate if ARMS[base_arm(arm)][1] == "rate" else "unshaped"
         rows.append(f"| {arm} | {link} | {a['median'] * 1e3:.0f} ({min(ms):.0f}-{max(ms):.0f}) | {len(ms)} | "
-                    f"{_vs(a['vs_stock'])} | {s['max_loss_diff'][arm]:.1e} | {a['sites']} |")
+                    f"{_vs(a['vs_stock'])}{_against(a)} | {s['max_loss_diff'][arm]:.1e} | {a['sites']} |")
     picks = picks_line(s)
     if picks:
         rows += ["", picks]

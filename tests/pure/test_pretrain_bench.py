@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.pretrain.profiling import OTHER, categorize_events, profile_argv, profile_table
 from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table
-from benchmarks.pretrain.rows import ARMS, entry_argv, merge, parse_log, run_stat
+from benchmarks.pretrain.rows import ARMS, HEAP, arm_env, entry_argv, merge, parse_log, run_stat
 from megatron_flashoverlap.config import load_config
 from megatron_flashoverlap.megatron.cli.args import add_flash_overlap_args
 
@@ -86,6 +86,25 @@ def test_tables_show_every_arm_and_the_verdict():
     assert "Communication share" not in t  # no stock@unshaped arm, no share
     assert "| flash | 950 | 400 | 46 | 1000 |" in breakdown_table(s)  # fwd-bwd max 1000 - 50; fwd 500, 400, 300
     assert loss_table(s).splitlines()[2] == "| 1 | 5.000000 | 5.000000 | 5.000000 |"
+
+
+def test_a_heap_arm_runs_its_base_arms_flags_with_the_heap_kept_and_compares_with_stock_heap():
+    assert entry_argv("auto+b60+heap", CFG) == entry_argv("auto+b60", CFG)
+    assert arm_env("auto+b60+heap") == HEAP and arm_env("auto+b60") == {}
+    assert set(HEAP) == {"MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_"}  # glibc's names (a typo is ignored by glibc)
+    with pytest.raises(ValueError, match="each also as <arm>[+]heap"):
+        entry_argv("nonsense+heap", CFG)
+    stock = [_run([9000, 2000, 2000, 2000])] * 2
+    heap = [_run([9000, 1600, 1600, 1600])] * 2
+    flash_heap = [_run([9000, 800, 800, 800])] * 2
+    s = summarize({"stock": stock, "stock+heap": heap, "flash+heap": flash_heap}, warmup=1)
+    assert s["arms"]["stock+heap"]["vs_stock"]["ratio"] == 1.25  # the heap's own effect: against stock
+    assert s["arms"]["flash+heap"]["vs_stock"]["ratio"] == 2.0  # 1600 / 800: against stock+heap, not 2000 / 800
+    t = table(s, "1gbit")
+    assert "| flash+heap | 1gbit | 800 (800-800) | 2 | 2.00x [2.00, 2.00] win (vs stock+heap) |" in t
+    # without stock+heap in the run, a heap arm compares with stock (and says nothing else)
+    s = summarize({"stock": stock, "flash+heap": flash_heap}, warmup=1)
+    assert s["arms"]["flash+heap"]["vs_stock"]["ratio"] == 2.5 and "(vs" not in table(s, "1gbit")
 
 
 def _chose(pick: str, word: str) -> str:
