@@ -20,12 +20,19 @@ def _config(tp, sp, dtype, **kw):
                              gradient_accumulation_fusion=False, transformer_impl="local", **half, **kw)
 
 
+# The chooser measures nothing (budget 0): every `auto` site keeps stock. On these tiny models the paired rounds
+# are host noise (ours "won" 4 of 5 at three sites in a CI run), and a bitwise comparison must not hang on them.
+KEEP_STOCK = {"choices": {"budget_s": 0}}
+
+
 def _ours(cfg, attention: dict | None):
-    """flashoverlap_layer_spec(cfg) under the default config (attention: the YAML's attention section)."""
+    """flashoverlap_layer_spec(cfg) under the default config with KEEP_STOCK (attention: the YAML's attention
+    section)."""
     from megatron_flashoverlap import config as fc
     from megatron_flashoverlap.megatron.spec import flashoverlap_layer_spec
 
-    previous = fc.activate(fc.from_dict({"attention": attention} if attention else {}, fc.Environment()))
+    previous = fc.activate(fc.from_dict({**KEEP_STOCK, **({"attention": attention} if attention else {})},
+                                        fc.Environment()))
     try:
         return flashoverlap_layer_spec(cfg)
     finally:

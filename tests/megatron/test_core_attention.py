@@ -100,7 +100,8 @@ def _check_equal(results, sp=False):
 def test_default_spec_bf16_gpt_equals_stock_to_the_bit(pools, tp, sp):
     """Issue 26 item 6: identical weights, bf16 -> the same loss and grads as stock (it was 1.9e-5 apart). Under
     TP + SP the default spec builds the query-split pair (attention.query_split auto), which runs Megatron's
-    DotProductAttention unless proj's chooser picks query split."""
+    DotProductAttention unless proj's chooser picks query split; the chooser measures nothing here
+    (mp_core_attention.KEEP_STOCK), so every site keeps stock's forward."""
     results = pools(2).run(GPT, tp, sp, timeout=300)
     _check_equal(results, sp)
     ours = "QuerySplitDotProductAttention" if sp else DPA
