@@ -31,10 +31,11 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
         assert all(r[f"{a}_us"] > 0 and r[f"{a}_min_us"] <= r[f"{a}_us"] for a in ALGOS)
     chooser = ch.chooser_of(config.from_dict({"all_reduce": {"table": path}}, config.Environment()))
     layout = ch.layout_word(2, 1, "gloo", "float32")
-    for r in t["rows"]:  # the decode all-reduce = the table's argmin where it beats stock (its median, and in
-        ours = min(ALGOS[1:], key=lambda a: r[f"{a}_us"])  # at least 80 % of the paired rounds: both of these 2)
-        paired = sum(o < s for o, s in zip(r[f"{ours}_rounds_us"], r["reference_rounds_us"]))
-        want = ours if r[f"{ours}_us"] < r["reference_us"] and paired == 2 else "reference"
+    for r in t["rows"]:  # the decode all-reduce = of the algorithms that beat stock (by median, and in at least
+        # 80 % of the paired rounds: both of these 2), the one of lowest median; none: stock
+        beat = [a for a in ALGOS[1:] if r[f"{a}_us"] < r["reference_us"]
+                and sum(o < s for o, s in zip(r[f"{a}_rounds_us"], r["reference_rounds_us"])) == 2]
+        want = min(beat, key=lambda a: r[f"{a}_us"]) if beat else "reference"
         key = ch.Key(ch.DECODE_SITE, "decode", 1, layout, f"h {r['bytes'] // 4}", (0, 1), r["bytes"])
         assert chooser.answer(key).pick == want
 
