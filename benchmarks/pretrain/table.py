@@ -35,12 +35,11 @@ def _max_diff(ref: list[float], runs: list[dict]) -> float:
     return worst
 
 
-def _arm(runs: list[dict], warmup: int, base: list[float] | None) -> dict:
+def _arm(runs: list[dict], warmup: int) -> dict:
     samples = [run_stat(p, warmup) for p in runs]
     per_round = [phases(p, warmup) for p in runs]
     names = [n for n in PHASES if all(n in r for r in per_round)]
     return {"samples": samples, "median": statistics.median(samples),
-            "vs_stock": speedup(base, samples) if base is not None else None,
             "sites": runs[0]["sites"] or "stock", "picks": _picks(runs),
             "phases": {n: statistics.median(r[n] for r in per_round) for n in names}}
 
@@ -85,10 +84,10 @@ def summarize(runs: dict, warmup: int) -> dict:
     """The figures of one benchmark (module docstring); `runs` must hold the stock arm."""
     if BASE not in runs or not runs[BASE]:
         raise ValueError(f"summarize: no {BASE!r} runs; every comparison is against stock, keep it in --arms")
-    stat = {a: [run_stat(p, warmup) for p in r] for a, r in runs.items()}
-    arms = {a: _arm(r, warmup, None if a == BASE else stat[baseline(a, runs)]) for a, r in runs.items()}
-    for a in arms:
-        arms[a]["baseline"] = baseline(a, runs)
+    arms = {a: _arm(r, warmup) for a, r in runs.items()}
+    for a, arm in arms.items():
+        arm["baseline"] = baseline(a, runs)
+        arm["vs_stock"] = None if a == BASE else speedup(arms[arm["baseline"]]["samples"], arm["samples"])
     ref = _curve(runs[BASE][0])
     return {"arms": arms, "loss": {a: _curve(r[0]) for a, r in runs.items()},
             "max_loss_diff": {a: _max_diff(ref, r) for a, r in runs.items()}, "comm": _comm(arms)}

@@ -10,7 +10,8 @@ algorithm word "reference" call it `stock_us`; ops/all_reduce/select.py reads bo
 "auto ran" is what the start-up calibration chose at that size (the row's "auto_ran" where the file records it,
 else the table's "startup" entry read by today's rule, select.best_at; "reference" where ours did not win
 there); "auto vs stock" is median(stock) / median(auto) over the same interleaved rounds with its bootstrap
-interval (benchmarks/harness/estimator.py speedup): win / loss where the interval excludes 1.0, tie otherwise. A column a table lacks (an older file) prints "-".
+interval (benchmarks/harness/estimator.py speedup): win / loss where the interval excludes 1.0, tie otherwise.
+A column a table lacks (an older file) prints "-".
 """
 from __future__ import annotations
 

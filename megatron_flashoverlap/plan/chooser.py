@@ -101,7 +101,8 @@ def paired_pick(samples: Mapping[str, Sequence[float]], stock: str = STOCK) -> t
     others = {k: v for k, v in samples.items() if k != stock}
     if not others:
         return stock, "no other candidate"
-    need, n = math.ceil(PAIRED_WINS * len(ref)), len(ref)
+    n = len(ref)
+    need = math.ceil(PAIRED_WINS * n)
     median = {k: statistics.median(v) for k, v in others.items()}
     wins = {k: sum(o < r for o, r in zip(v, ref)) for k, v in others.items()}
     beat = [k for k in others if median[k] < statistics.median(ref) and wins[k] >= need]
@@ -112,9 +113,8 @@ def paired_pick(samples: Mapping[str, Sequence[float]], stock: str = STOCK) -> t
         if best != fastest:  # the fastest by median is within the noise of stock: a sure gain runs instead
             why += f"; the fastest by median, {fastest}, won {wins[fastest]}/{n} (needs {need})"
         return best, why
-    if wins[fastest] >= need:
-        return stock, f"stock kept: the fastest other, {fastest}, won {wins[fastest]}/{n} paired rounds, not the median"
-    return stock, f"stock kept: the fastest other, {fastest}, won {wins[fastest]}/{n} paired rounds (needs {need})"
+    short = ", not the median" if wins[fastest] >= need else f" (needs {need})"
+    return stock, f"stock kept: the fastest other, {fastest}, won {wins[fastest]}/{n} paired rounds{short}"
 
 
 def best_at(table: Mapping, nbytes: int) -> str | None:
