@@ -49,7 +49,7 @@ import torch
 
 from ..ops import all_gather_matmul, matmul_reduce_scatter
 from ..ops.attention.query_split import query_split_attention
-from ..plan.chooser import Chooser, Key, bucket
+from ..plan.chooser import Chooser, Key, Measured, bucket
 from ..runtime.timing import paired
 from ..ops.choose import ROUNDS, WARMUP, settle
 from ..ops.registry import OpPlan, reference_plan
@@ -109,16 +109,18 @@ def replicas(tp_group):
     return ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
 
 
-def _samples(op, x, weight, group, ctx, plans) -> dict[str, list[float]]:
-    """{reference, each of `plans`: [seconds per kept round]} of one forward + backward on a probe of x's shape
-    (under the delayed FP8 recipe with a state of its own: the layer's amax history never sees the probe)."""
+def _samples(op, x, weight, group, ctx, plans) -> Measured:
+    """{reference, each of `plans`: [seconds per kept round]} and their sum: one forward + backward on a probe of
+    x's shape (under the delayed FP8 recipe with a state of its own: the layer's amax history never sees the
+    probe)."""
     probe = torch.ones_like(x).requires_grad_()
     w = weight.detach().requires_grad_()
     flash = plans["flash"]
     scales = probe_state(flash.fp8)
     every = {"reference": reference_plan(flash), **plans}
-    return _paired_fwd_bwd({pick: functools.partial(call_op, op, probe, w, group, plan, scales, context=ctx)
-                            for pick, plan in every.items()}, (probe, w), group, x.device)
+    runs = {pick: functools.partial(call_op, op, probe, w, group, plan, scales, context=ctx)
+            for pick, plan in every.items()}
+    return Measured.of(_paired_fwd_bwd(runs, (probe, w), group, x.device))
 
 
 def _paired_fwd_bwd(forwards: dict, leaves: tuple, group, device) -> dict[str, list[float]]:
@@ -154,8 +156,8 @@ def query_split_plan(layer, key: Key, pending, flash: OpPlan, query_split: OpPla
     return pick, plans.get(pick)
 
 
-def _query_split_samples(pending, weight, group, ctx, plans) -> tuple[dict[str, list[float]], float]:
-    """({reference, each of `plans`: [seconds per kept round]}, the seconds measured): forward + backward on
+def _query_split_samples(pending, weight, group, ctx, plans) -> Measured:
+    """{reference, each of `plans`: [seconds per kept round]}, the seconds measured: forward + backward on
     probes of q, k, v, the RNG restored after (module docstring). Stock's order runs the attention, then the
     GEMM + RS: each round times Megatron's attention once and each GEMM + RS on a probe of its output, and a
     candidate's sample is the two added (so the samples count the attention three times, the seconds once);
@@ -182,5 +184,5 @@ def _query_split_samples(pending, weight, group, ctx, plans) -> tuple[dict[str, 
         samples = _paired_fwd_bwd(forwards, (*probes, out, w), group, q.device)
     spent = sum(sum(ts) for ts in samples.values())  # the attention once a round, as it ran
     attention = samples.pop("attention")
-    return {pick: ([a + t for a, t in zip(attention, ts)] if pick in gemm_rs else ts)
-            for pick, ts in samples.items()}, spent
+    return Measured({pick: ([a + t for a, t in zip(attention, ts)] if pick in gemm_rs else ts)
+                     for pick, ts in samples.items()}, spent)

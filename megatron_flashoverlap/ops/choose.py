@@ -3,8 +3,8 @@
     group_layout(group, g, dtype) -> (layout word, the group's global ranks): what a choice key holds it for
     settle(chooser, key, device, group, measure) -> the Choice of a key no higher tier answered:
         the model's inside a CUDA-graph capture or once choices.budget_s is spent, else the rule on
-        `measure()`'s paired samples (runtime/timing.py `paired`: ROUNDS kept rounds after WARMUP), or on
-        (samples, seconds measured) where the samples count a shared part more than once; announced
+        `measure()`'s Measured (plan/chooser.py: paired samples, runtime/timing.py `paired`, ROUNDS kept rounds
+        after WARMUP, and the seconds charged); announced
     announce(chooser, key, choice, group): group rank 0 logs the one line (with the budget spent so far); the
         job's rank 0 rewrites choices.write
 The sites' own measurements: the decode all-reduce (all_reduce/choose.py), the prefill / mixed row all-reduce
@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..plan.chooser import Choice, Chooser, Key, layout_word, line
+from ..plan.chooser import Choice, Chooser, Key, Measured, layout_word, line
 from .all_reduce.select import dtype_name
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def group_layout(group, g: int | None, dtype: torch.dtype) -> tuple[str, tuple]:
 
 
 def settle(chooser: Chooser, key: Key, device: torch.device, group,
-           measure: Callable[[], dict[str, list[float]]]) -> Choice:
+           measure: Callable[[], Measured]) -> Choice:
     """The choice of `key` where no higher tier answered (module docstring); collective like `measure`."""
     if capturing(device):
         choice = chooser.fallback(key, "first seen inside a CUDA-graph capture, where nothing is measured")
@@ -46,9 +46,7 @@ def settle(chooser: Chooser, key: Key, device: torch.device, group,
         choice = chooser.fallback(key, f"choices.budget_s {chooser.budget_s:g} s: {chooser.spent_s:.1f} s "
                                        f"measured, this bucket would take about {chooser.expected_s(key):.1f} s")
     else:
-        measured = measure()
-        samples, cost = measured if isinstance(measured, tuple) else (measured, None)
-        choice = chooser.decide(key, samples, cost)
+        choice = chooser.decide(key, measure())
     announce(chooser, key, choice, group)
     return choice
 

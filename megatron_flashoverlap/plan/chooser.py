@@ -53,7 +53,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from ..config import ALL_REDUCE_ALGOS, DECODE_SITE, TRAIN_PICKS, FlashOverlapConfig, to_dict
 
@@ -81,6 +81,18 @@ class Key:
     def word(self) -> str:
         """'proj/prefill/16': the key as the choice file names it."""
         return f"{self.site}/{self.kind}/{self.bucket}"
+
+
+class Measured(NamedTuple):
+    """What a site's measurement hands the rule: {candidate: [seconds per kept paired round]} (the max over the
+    group) and the seconds the budget is charged: the samples' sum (`of`), or less where the samples count a
+    shared part more than once (the query-split pair times Megatron's attention once a round, adds it to three)."""
+    samples: Mapping[str, Sequence[float]]
+    seconds: float
+
+    @classmethod
+    def of(cls, samples: Mapping[str, Sequence[float]]) -> "Measured":
+        return cls(samples, sum(sum(v) for v in samples.values()))
 
 
 @dataclass(frozen=True)
@@ -193,12 +205,11 @@ class Chooser:
         """The budget holds the measured seconds so far and, for `key`, what it should cost."""
         return self.spent_s + (0.0 if key is None else self.expected_s(key)) < self.budget_s
 
-    def decide(self, key: Key, samples: Mapping[str, Sequence[float]], cost_s: float | None = None) -> Choice:
-        """Record the rule's pick from paired samples (the max over the group); charges their seconds (`cost_s`
-        where the samples count a shared part more than once). A row site's prefill and mixed keys of one bucket
-        share it (the op is the same forward of the step's tokens), unless the twin is decided or pinned
-        already."""
-        cost = sum(sum(v) for v in samples.values()) if cost_s is None else cost_s
+    def decide(self, key: Key, measured: Measured) -> Choice:
+        """Record the rule's pick from a measurement's paired samples; charge its seconds. A row site's prefill
+        and mixed keys of one bucket share it (the op is the same forward of the step's tokens), unless the twin
+        is decided or pinned already."""
+        samples, cost = measured
         self.spent_s += cost
         self.costs[(key.site, key.layout, key.shape)] = (key.bucket, cost)
         pick, why = paired_pick(samples)

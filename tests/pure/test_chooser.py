@@ -90,7 +90,7 @@ def test_the_precedence_yaml_then_pinned_then_measured_then_model():
     assert (c.answer(_prefill()).pick, c.answer(_prefill()).source) == ("decomposed", "pinned")
     assert c.answer(_decode()).pick == "ring"
     assert c.answer(_prefill(bucket=32)) is None  # not pinned: the caller measures
-    got = c.decide(_prefill(bucket=32), {"reference": [1.0] * 5, "decomposed": [2.0] * 5})
+    got = c.decide(_prefill(bucket=32), ch.Measured.of({"reference": [1.0] * 5, "decomposed": [2.0] * 5}))
     assert (got.pick, got.source) == ("reference", "measured") and c.answer(_prefill(bucket=32)) is got
     yaml = ch.chooser_of(config.from_dict({"choices": pinned, "all_reduce": {"decode": "recursive_doubling",
                                                                             "prefill": "reference"}}, env))
@@ -123,10 +123,11 @@ def test_a_pinned_file_from_another_layout_is_refused():
 def test_the_budget_is_charged_the_measured_seconds():
     c = ch.chooser_of(config.from_dict({**AUTO, "choices": {"budget_s": 1.0}}, config.Environment()))
     assert c.can_measure()
-    c.decide(_prefill(), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})
+    c.decide(_prefill(), ch.Measured.of({"reference": [0.3] * 2, "decomposed": [0.3] * 2}))
     assert not c.can_measure() and c.spent_s == pytest.approx(1.2)
     wide = ch.chooser_of(config.from_dict({**AUTO, "choices": {"budget_s": 4.0}}, config.Environment()))
-    wide.decide(_prefill(bucket=16), {"reference": [0.3] * 2, "decomposed": [0.3] * 2})  # 1.2 s at 16 tokens
+    # 1.2 s at 16 tokens
+    wide.decide(_prefill(bucket=16), ch.Measured.of({"reference": [0.3] * 2, "decomposed": [0.3] * 2}))
     assert wide.can_measure(_prefill(bucket=32))  # about 2.4 s more: 3.6 s inside 4 s
     assert not wide.can_measure(_prefill(bucket=64))  # about 4.8 s more: the bucket is not started
     # another site: scaled from the costliest per token on the layout (proj's 1.2 s at 16 tokens)
@@ -136,21 +137,21 @@ def test_the_budget_is_charged_the_measured_seconds():
     # samples that count a shared part more than once (the query-split pair adds the attention, timed once a
     # round, to each GEMM + RS): the seconds that ran are charged, not the samples' sum
     shared = ch.chooser_of(config.from_dict({**AUTO, "choices": {"budget_s": 4.0}}, config.Environment()))
-    shared.decide(_prefill(), {"reference": [0.5] * 2, "decomposed": [0.5] * 2}, 1.5)
+    shared.decide(_prefill(), ch.Measured({"reference": [0.5] * 2, "decomposed": [0.5] * 2}, 1.5))
     assert shared.spent_s == pytest.approx(1.5) and shared.costs[next(iter(shared.costs))][1] == pytest.approx(1.5)
 
 
 def test_a_row_sites_prefill_and_mixed_keys_share_one_measurement_unless_pinned():
     c = ch.chooser_of(config.from_dict({**AUTO}, config.Environment()))
-    c.decide(_prefill(), {"reference": [2.0] * 5, "decomposed": [1.0] * 5})
+    c.decide(_prefill(), ch.Measured.of({"reference": [2.0] * 5, "decomposed": [1.0] * 5}))
     assert c.answer(_prefill(kind="mixed")).pick == "decomposed" and c.spent_s == pytest.approx(15.0)
     assert c.answer(_prefill("fc2", "mixed")) is None  # another site is measured on its own
     pinned = ch.chooser_of(config.from_dict({**AUTO, "choices": {"pinned": {"proj/mixed/16": "reference"}}},
                                             config.Environment()))
-    pinned.decide(_prefill(), {"reference": [2.0] * 5, "decomposed": [1.0] * 5})
+    pinned.decide(_prefill(), ch.Measured.of({"reference": [2.0] * 5, "decomposed": [1.0] * 5}))
     assert pinned.answer(_prefill(kind="mixed")).source == "pinned"
     decode = ch.chooser_of(config.from_dict({**AUTO}, config.Environment()))
-    decode.decide(_decode(), {"reference": [2.0] * 5, "ring": [1.0] * 5})
+    decode.decide(_decode(), ch.Measured.of({"reference": [2.0] * 5, "ring": [1.0] * 5}))
     assert list(decode.decided) == [_decode()]  # a decode key has no twin
 
 
@@ -161,8 +162,8 @@ def test_the_written_file_passed_back_reproduces_every_choice(tmp_path):
     cfg = config.from_dict({**AUTO, "proj": {"algo": "slicing", "num_chunks": 2}}, env)
     c = ch.chooser_of(cfg)
     keys = [_prefill(), _prefill("fc2", "mixed", 8), _decode(2)]
-    picks = [c.decide(keys[0], {"reference": [2.0] * 5, "decomposed": [1.0] * 5}).pick,
-             c.decide(keys[1], {"reference": [1.0] * 5, "decomposed": [2.0] * 5}).pick,
+    picks = [c.decide(keys[0], ch.Measured.of({"reference": [2.0] * 5, "decomposed": [1.0] * 5})).pick,
+             c.decide(keys[1], ch.Measured.of({"reference": [1.0] * 5, "decomposed": [2.0] * 5})).pick,
              c.fallback(keys[2], "budget").pick]
     path = tmp_path / "choices.yaml"
     path.write_text(yaml.safe_dump(c.as_config()))
@@ -196,7 +197,7 @@ def test_a_tp_layers_training_pick_may_be_flash_with_hop_sub_chunks():
 
 def test_the_line_names_the_key_the_pick_and_the_medians():
     c = ch.chooser_of(config.from_dict({}, config.Environment()))
-    got = c.decide(_prefill(), {"reference": [2e-3] * 5, "decomposed": [1e-3] * 5})
+    got = c.decide(_prefill(), ch.Measured.of({"reference": [2e-3] * 5, "decomposed": [1e-3] * 5}))
     text = ch.line(_prefill(), got)
     assert "decomposed for proj/prefill/16" in text and "reference 2000 us" in text and "decomposed 1000 us" in text
 

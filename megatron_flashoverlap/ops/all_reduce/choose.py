@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...plan.chooser import DECODE_SITE, Chooser, Key, bucket
+from ...plan.chooser import DECODE_SITE, Chooser, Key, Measured, bucket
 from ...runtime.timing import paired
 from ...schedules import ALL_REDUCE
 from ..choose import ROUNDS, WARMUP, settle
@@ -48,6 +48,6 @@ def decode_pick(chooser: Chooser, key: Key, dtype: torch.dtype, device: torch.de
 
     def measure():
         probe = torch.ones(key.nbytes // dtype.itemsize, dtype=dtype, device=device)  # the bucket's message
-        return _samples(probe, candidates(dist.get_world_size(group), g), group, ctx, g, ROUNDS, WARMUP)
+        return Measured.of(_samples(probe, candidates(dist.get_world_size(group), g), group, ctx, g, ROUNDS, WARMUP))
     return settle(chooser, key, device, group, measure).pick
 

@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from ...config import ULYSSES_SITE
-from ...plan.chooser import Chooser, Key, bucket
+from ...plan.chooser import Chooser, Key, Measured, bucket
 from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from .core import Attend
@@ -50,7 +50,7 @@ def ulysses_pick(chooser: Chooser, key: Key, qkv: tuple, attend: Attend, group, 
 
         def measure():
             with torch.enable_grad():
-                return paired({"reference": run("reference"), "flash": run("flash")}, group, qkv[0].device,
-                              rounds=ROUNDS, warmup=WARMUP, replicas=replicas)
+                return Measured.of(paired({"reference": run("reference"), "flash": run("flash")}, group,
+                                          qkv[0].device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas))
         known = settle(chooser, key, qkv[0].device, group, measure)
     return known.pick

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ...config import MOE_SITE
-from ...plan.chooser import Chooser, Key, bucket
+from ...plan.chooser import Chooser, Key, Measured, bucket
 from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from .fused import LocalExperts, expert_pipeline
@@ -38,7 +38,7 @@ def moe_pick(chooser: Chooser, key: Key, tokens: torch.Tensor, probs: torch.Tens
             def run(algo):
                 return lambda: expert_pipeline(tokens, probs, *pipeline, group, ctx, algo=algo)
             with torch.no_grad():
-                return paired({"reference": run("reference"), "flash": run("flash")}, group, tokens.device,
-                              rounds=ROUNDS, warmup=WARMUP, replicas=replicas)
+                return Measured.of(paired({"reference": run("reference"), "flash": run("flash")}, group,
+                                          tokens.device, rounds=ROUNDS, warmup=WARMUP, replicas=replicas))
         known = settle(chooser, key, tokens.device, group, measure)
     return known.pick

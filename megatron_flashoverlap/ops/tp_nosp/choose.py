@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ...plan.chooser import Chooser, Key, bucket
+from ...plan.chooser import Chooser, Key, Measured, bucket
 from ...runtime.timing import paired
 from ..choose import ROUNDS, WARMUP, settle
 from ..registry import OpPlan, reference_plan
@@ -36,7 +36,8 @@ def inference_plan(chooser: Chooser, key: Key, x: torch.Tensor, weight: torch.Te
     stock (module docstring)."""
     known = chooser.answer(key)
     if known is None:
-        known = settle(chooser, key, x.device, group, lambda: _samples(key.bucket, x, weight, group, ctx, plan))
+        known = settle(chooser, key, x.device, group,
+                       lambda: Measured.of(_samples(key.bucket, x, weight, group, ctx, plan)))
     return plan if known.pick == "decomposed" else reference_plan(plan)
 
 
