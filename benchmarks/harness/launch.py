@@ -1,7 +1,7 @@
 """The one rank launcher: N ranks under torchrun, on the host loopback or inside a shaped namespace.
 
-    run_ranks(target, world, *, args=(), ns=None, env=None, rank_env=None, backend="gloo", timeout=3600.0)
-        -> [result of rank 0, result of rank 1, ...]
+    run_ranks(target, world, *, args=(), ns=None, env=None, rank_env=None, backend="gloo", timeout=3600.0,
+              heap=True) -> [result of rank 0, result of rank 1, ...]
 
 target, and what every rank runs:
     "pkg.mod:function"                      init_process_group(backend) (env:// from torchrun), then
@@ -11,9 +11,10 @@ target, and what every rank runs:
 args (function targets) and results travel as JSON (tuples come back as lists, NaN survives). A module or
 script rank hands its result back with `save_result(obj)`; a rank that saved nothing gives None.
 ns: a `netns.Namespace` to run in (None: the host). env: on top of OMP_NUM_THREADS=1, PYTHONPATH = this
-checkout first, quiet torch logs. rank_env(rank) -> dict: applied to os.environ inside that rank before the
-target runs (before any process group exists: e.g. GLOO_SOCKET_IFNAME per rank). Every rank starts in this
-module (`python -m benchmarks.harness.launch DIR`, DIR holding spec.json and the results).
+checkout first, quiet torch logs and, unless heap=False, glibc's heap kept (HEAP). rank_env(rank) -> dict:
+applied to os.environ inside that rank before the target runs (before any process group exists: e.g.
+GLOO_SOCKET_IFNAME per rank). Every rank starts in this module (`python -m benchmarks.harness.launch DIR`, DIR
+holding spec.json and the results).
 A failing rank raises RuntimeError (its traceback is on stderr above), the timeout TimeoutError; both, and
 Ctrl-C, stop every rank first (torchrun's own teardown, then its process group is killed).
 
@@ -38,6 +39,13 @@ from benchmarks.harness.netns import shaped_namespace
 ENTRY = "benchmarks.harness.launch"
 RESULTS_ENV = "RUN_RANKS_DIR"  # set for every rank: where save_result writes rank<r>.json
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# glibc malloc on this CPU proxy: the heap grows 1 GiB at a time and is never trimmed, so a large tensor comes from
+# the heap's top chunk and its pages stay mapped. By default glibc maps and unmaps blocks over its dynamic
+# threshold and trims the heap's top, so a step's large tensors fault their pages in again, by an amount that
+# depends on the allocation history (a start-up probe's included) and on the sizes an algorithm allocates: stock's
+# whole-sequence tensors more than a sliced schedule's. CUDA's caching allocator has no such cost, so every
+# benchmark rank runs with it, as with OMP_NUM_THREADS=1 (benchmarks/pretrain names it per arm: "+heap").
+HEAP = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
 
 
 def _split(target: str | Sequence[str], args: Sequence) -> tuple[str, list[str]]:
@@ -57,10 +65,10 @@ def _split(target: str | Sequence[str], args: Sequence) -> tuple[str, list[str]]
     return head, argv
 
 
-def _env(extra: Mapping[str, str] | None, results: str) -> dict:
+def _env(extra: Mapping[str, str] | None, results: str, heap: bool) -> dict:
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
     base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "TORCH_CPP_LOG_LEVEL": "ERROR",
-            "PYTHONWARNINGS": "ignore"}
+            "PYTHONWARNINGS": "ignore", **(HEAP if heap else {})}
     return {**base, **(extra or {}), RESULTS_ENV: results}
 
 
@@ -90,7 +98,7 @@ def _wait(cmd: list[str], env: dict, timeout: float, what: str) -> None:
 
 def run_ranks(target: str | Sequence[str], world: int, *, args: Sequence = (), ns=None,
               env: Mapping[str, str] | None = None, rank_env: Callable[[int], Mapping[str, str]] | None = None,
-              backend: str = "gloo", timeout: float = 3600.0) -> list:
+              backend: str = "gloo", timeout: float = 3600.0, heap: bool = True) -> list:
     """Start `world` ranks of `target` under torchrun (see the module docstring); -> per-rank results."""
     if world < 1:
         raise ValueError(f"run_ranks: world={world}; ask for at least one rank")
@@ -102,7 +110,7 @@ def run_ranks(target: str | Sequence[str], world: int, *, args: Sequence = (), n
             json.dump(spec, f)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
                "-m", ENTRY, tmp]
-        _wait(ns.exec_argv(cmd) if ns is not None else cmd, _env(env, tmp), timeout, f"{head} on {world} ranks")
+        _wait(ns.exec_argv(cmd) if ns is not None else cmd, _env(env, tmp, heap), timeout, f"{head} on {world} ranks")
         return [_load(os.path.join(tmp, f"rank{r}.json")) for r in range(world)]
 
 

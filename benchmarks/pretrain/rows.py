@@ -1,7 +1,7 @@
 """benchmarks/pretrain/run.py's arms, log parsing and table: Megatron's own training loop on the shaped link.
 
     ARMS                              arm -> (entry flags after the model's, link: "rate" | "unshaped")
-    <arm>+heap                        the arm with glibc's heap kept (HEAP: arm_env), the base arm's flags
+    <arm>+heap                        the arm with glibc's heap kept (harness/launch.py HEAP), the base arm's flags
     model_argv(cfg) -> [megatron args]    TP=2 + SP GPT on mock data, --log-interval 1, timers level 2
     parse_log(text) -> {"iters": {i: ms}, "loss": {i: lm loss}, "timers": {i: {name: max ms}}, "sites",
                         "picks": {choice key: pick}}    picks: the chooser's "flash-overlap chose" lines
@@ -78,13 +78,7 @@ YAMLS = {  # the arms whose config the benchmark writes (arm_yaml)
 }
 BASE = "stock"
 FAST = "stock@unshaped"
-# glibc malloc on this CPU proxy: the heap grows 1 GiB at a time and is never trimmed, so a large tensor comes from
-# the heap's top chunk and its pages stay mapped (by default glibc maps and unmaps blocks over its dynamic threshold,
-# and trims the heap's top, so a step's large tensors fault their pages in again; how many depends on the
-# allocation history, a start-up probe's included). An "<arm>+heap" arm runs with it: the same for every arm
-# that carries it, as OMP_NUM_THREADS=1 is (harness/launch.py). CUDA's caching allocator has no such cost.
-HEAP = {"MALLOC_TOP_PAD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
-HEAP_SUFFIX = "+heap"
+HEAP_SUFFIX = "+heap"  # the arm with glibc's heap kept (harness/launch.py HEAP); without it, glibc's defaults
 
 
 def base_arm(arm: str) -> str:
@@ -92,9 +86,9 @@ def base_arm(arm: str) -> str:
     return arm.removesuffix(HEAP_SUFFIX)
 
 
-def arm_env(arm: str) -> dict:
-    """The environment `arm` adds to its ranks' (HEAP for an "<arm>+heap" arm)."""
-    return dict(HEAP) if arm.endswith(HEAP_SUFFIX) else {}
+def heap_kept(arm: str) -> bool:
+    """Whether `arm`'s ranks run with glibc's heap kept (an "<arm>+heap" arm)."""
+    return arm.endswith(HEAP_SUFFIX)
 
 ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+) \|"
                   r".*?lm loss: ([0-9.eE+-]+)")

@@ -11,8 +11,8 @@ stock@unshaped arm: the same namespace with its qdisc removed). A run's sample i
 iteration` Megatron logs after --warmup iterations; each arm's speedup over stock is benchmarks/harness/estimator.py's
 (median ratio, 90 % bootstrap interval over rounds; a win only where the interval excludes 1.0). Same seed
 and mock data in every arm: the lm loss of each is compared with stock's. Arms, parsing: benchmarks/pretrain/rows.py.
-Any arm as `<arm>+heap` runs with glibc's heap kept (rows.py HEAP) and is compared with `stock+heap` where the
-run has it: `--arms stock+heap,auto+b60+heap`.
+Any arm as `<arm>+heap` runs with glibc's heap kept (harness/launch.py HEAP; the other arms with glibc's
+defaults) and is compared with `stock+heap` where the run has it: `--arms stock+heap,auto+b60+heap`.
 `--profile`: one more run per shaped arm under Megatron's torch profiler (rank 0), cut into categories
 (benchmarks/pretrain/profiling.py): where the iteration goes.
 """
@@ -37,7 +37,7 @@ from benchmarks.harness.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_
 from benchmarks.harness.netns import shaped_namespace  # noqa: E402
 from benchmarks.pretrain.profiling import categorize, profile_argv, profile_table, trace_path  # noqa: E402
 from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table  # noqa: E402
-from benchmarks.pretrain.rows import ARMS, arm_env, base_arm, entry_argv, merge, run_stat  # noqa: E402
+from benchmarks.pretrain.rows import ARMS, base_arm, heap_kept, entry_argv, merge, run_stat  # noqa: E402
 from megatron_flashoverlap.runtime.timing import interleaved  # noqa: E402
 
 RANK = "benchmarks.pretrain.rank"
@@ -95,7 +95,7 @@ def _variant(arm: str, a, ns, cfg: dict, runs: dict):
         log = os.path.join(os.path.abspath(a.logs), f"{arm}.round{len(runs[arm])}") if a.logs else "-"
         t0 = time.perf_counter()
         ranks = run_ranks([RANK, log, a.stock_rs, *entry_argv(arm, cfg)], 2, ns=ns, timeout=a.timeout,
-                          env=arm_env(arm))
+                          heap=heap_kept(arm))
         runs[arm].append({**merge(ranks), "wall_s": time.perf_counter() - t0})
         stat = run_stat(runs[arm][-1], a.warmup)
         print(f"  {arm:15s} round {len(runs[arm]) - 1}: median iteration {stat * 1e3:.0f} ms "
@@ -125,7 +125,7 @@ def profile(a, cfg: dict, arms: list[str]) -> dict:
             where = os.path.join(folder, f"{arm}.profile")
             flags = profile_argv(where, a.warmup + 1, min(a.iters, a.warmup + 3))
             run_ranks([RANK, where, a.stock_rs, *entry_argv(arm, cfg), *flags], 2, ns=ns, timeout=a.timeout,
-                      env=arm_env(arm))
+                      heap=heap_kept(arm))
             out[arm] = categorize(trace_path(where))
             print(f"  {arm:15s} profiled: {out[arm]['step_ms']:.0f} ms per iteration", flush=True)
     return out

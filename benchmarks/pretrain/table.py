@@ -75,7 +75,7 @@ def _comm(arms: dict) -> dict | None:
 
 def baseline(arm: str, runs: dict) -> str:
     """What `arm` is compared with: stock, or stock+heap for another "+heap" arm where the run has it (the same
-    heap on both sides, rows.py HEAP)."""
+    heap on both sides, harness/launch.py HEAP)."""
     heap = BASE + HEAP_SUFFIX
     return heap if arm.endswith(HEAP_SUFFIX) and arm != heap and heap in runs else BASE
 

@@ -13,7 +13,8 @@ import pytest
 
 from benchmarks.pretrain.profiling import OTHER, categorize_events, profile_argv, profile_table
 from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table
-from benchmarks.pretrain.rows import ARMS, HEAP, arm_env, entry_argv, merge, parse_log, run_stat
+from benchmarks.harness.launch import HEAP, _env
+from benchmarks.pretrain.rows import ARMS, entry_argv, heap_kept, merge, parse_log, run_stat
 from megatron_flashoverlap.config import load_config
 from megatron_flashoverlap.megatron.cli.args import add_flash_overlap_args
 
@@ -90,8 +91,11 @@ def test_tables_show_every_arm_and_the_verdict():
 
 def test_a_heap_arm_runs_its_base_arms_flags_with_the_heap_kept_and_compares_with_stock_heap():
     assert entry_argv("auto+b60+heap", CFG) == entry_argv("auto+b60", CFG)
-    assert arm_env("auto+b60+heap") == HEAP and arm_env("auto+b60") == {}
+    assert heap_kept("auto+b60+heap") and not heap_kept("auto+b60")
     assert set(HEAP) == {"MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_"}  # glibc's names (a typo is ignored by glibc)
+    kept, default = _env(None, "/r", heap=True), _env(None, "/r", heap=False)
+    assert all(kept[k] == v for k, v in HEAP.items()) and kept["OMP_NUM_THREADS"] == "1"
+    assert not any(k in default and default[k] == v for k, v in HEAP.items())
     with pytest.raises(ValueError, match="each also as <arm>[+]heap"):
         entry_argv("nonsense+heap", CFG)
     stock = [_run([9000, 2000, 2000, 2000])] * 2
