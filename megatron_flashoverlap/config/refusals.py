@@ -276,8 +276,10 @@ ROWS: tuple[Refusal, ...] = (
     Refusal("--fp8-format", "fp8", "on", None, "has no FP8 GEMM in query-split attention (its projection would run "
             "in the model's dtype, silently)", "turn attention.query_split off, or drop --fp8-format", ("query_split",)),
     Refusal("--recompute-modules", "recompute_modules", "has", "core_attn",
-            "recomputes the core attention, which the query-split attention recomputes per block in backward already",
-            "drop core_attn from --recompute-modules", ("query_split",),
+            "checkpoints the core attention, which under query split is a stand-in: the pair's attention runs in "
+            "linear_proj, outside that checkpoint, and keeps its probabilities for the backward as stock's does",
+            "drop core_attn from --recompute-modules, or leave attention.query_split auto (Megatron's attention "
+            "then, recomputed as asked)", ("query_split",),
             also=(("recompute_granularity", "==", "selective"),)),
     Refusal("--context-parallel-size", "context_parallel_size", ">", 1, "is not implemented by this core attention",
             "flashoverlap_layer_spec builds UlyssesDotProductAttention for it (--cp-comm-type a2a)",

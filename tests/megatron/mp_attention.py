@@ -200,3 +200,54 @@ def core_vs_dot_product(rank, world, dtype="float32", softmax_in_fp32=True, drop
                 "scale": cs.abs().max().item(), "kept": 1.0 if kept is None else kept.double().mean().item()}
     finally:
         destroy()
+
+
+def kept_vs_recompute(rank, world, algo="flash", s=16, b=2, heads=8, groups=8, hn=4, h=16, dropout=0.0, seed=5):
+    """The backward through the forward's kept graphs against the same backward recomputing each block's
+    attention (query_split.py), and how many blocks each pass computed: {"forward", "backward": attention
+    blocks computed, "no_grad_kept": Kept built by a forward without grad, "y": the outputs' max difference,
+    "exact": every gradient equal to the bit}."""
+    import torch.distributed as dist
+
+    from megatron_flashoverlap.ops.attention import query_split as qs_mod
+
+    q, k, v, w, dy, _ = _globals(seed, s, b, heads, groups, hn, h, torch.float32)
+    attend = Attend(causal=True, dropout_p=dropout, seed=7)
+    calls, kept_built = [], []
+    rows, kept_init = qs_mod.attention_rows, qs_mod.Kept.__init__
+
+    def counting(*a, **kw):
+        calls.append(torch.is_grad_enabled())
+        return rows(*a, **kw)
+
+    def counting_init(self, *a):
+        kept_built.append(1)
+        kept_init(self, *a)
+    qs_mod.attention_rows, qs_mod.Kept.__init__ = counting, counting_init
+    try:
+        loc, dy_s = _shards(rank, world, q, k, v, w, dy)
+        y = query_split_attention(*loc, dist.group.WORLD, attend=attend, plan=OpPlan(algo))
+        forward = len(calls)
+        y.backward(dy_s)
+        backward = len(calls) - forward
+        kept = [t.grad for t in loc]
+        del kept_built[:]
+        with torch.no_grad():
+            query_split_attention(*_shards(rank, world, q, k, v, w, dy)[0], dist.group.WORLD, attend=attend,
+                                  plan=OpPlan(algo))
+        no_grad_kept = len(kept_built)
+        # the recompute path: the same Function with nothing kept
+        loc2, _ = _shards(rank, world, q, k, v, w, dy)
+        plain = qs_mod.QuerySplitAttention.forward
+        qs_mod.QuerySplitAttention.forward = staticmethod(
+            lambda ctx, q, k, v, w, qs, *a: plain(ctx, q, k, v, w, qs._replace(keep=False), *a))
+        try:
+            y2 = query_split_attention(*loc2, dist.group.WORLD, attend=attend, plan=OpPlan(algo))
+            y2.backward(dy_s)
+        finally:
+            qs_mod.QuerySplitAttention.forward = staticmethod(plain)
+        recomputed = [t.grad for t in loc2]
+    finally:
+        qs_mod.attention_rows, qs_mod.Kept.__init__ = rows, kept_init
+    return {"forward": forward, "backward": backward, "no_grad_kept": no_grad_kept, "y": _err(y, y2),
+            "exact": all(torch.equal(a, c) for a, c in zip(kept, recomputed))}

@@ -97,3 +97,15 @@ def test_query_split_zigzag_matches_dense(pools, world, dropout):
     for r in pools(world).run(BODY + "zigzag_vs_dense", dropout=dropout, timeout=300):
         for n in ("y", "dq", "dk", "dv", "dw"):
             assert r[n] <= 1e-5 * max(r["scale"], 1.0), (n, r)
+
+
+@pytest.mark.parametrize("world,algo,groups,dropout", [(2, "flash", 8, 0.0), (4, "flash", 8, 0.25),
+                                                        (2, "flash_bidir", 8, 0.0), (2, "flash", 2, 0.0)])
+def test_backward_runs_through_the_kept_graphs(pools, world, algo, groups, dropout):
+    # the forward computes each block's attention once, under autograd, and the backward recomputes none of it
+    # (a block it did not keep would be recomputed: 0 means every ring span of the backward met a kept one);
+    # a forward without grad keeps nothing. Against the recompute path (a forward that kept nothing): the same
+    # ops on the same inputs in the same order, so equal to the bit
+    for r in pools(world).run(BODY + "kept_vs_recompute", algo=algo, groups=groups, dropout=dropout, timeout=300):
+        assert r["forward"] >= world and r["backward"] == 0 and r["no_grad_kept"] == 0, r
+        assert r["y"] == 0.0 and r["exact"], r

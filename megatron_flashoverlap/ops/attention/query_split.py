@@ -8,10 +8,13 @@
              previous block flies; own block last. The hop hides behind attention, not only the GEMM:
                  comm    |        | hop d0 -> next | hop d1 -> next | ...
                  compute | attn(q[d0]) @ w | attn(q[d1]) @ w | ... | attn(q[r]) @ w
-    backward (the dual): Flash-AG of dy (all_gather_ring, own shard first); each arrived dy block d
-             recomputes attention of query rows d and gives
+    backward (the dual): Flash-AG of dy (all_gather_ring, own shard first); each arrived dy block d gives
                  dw += dy_d^T ctx_d,   dctx_d = dy_d @ w,   (dq_d, dk += , dv += ) = attn_vjp(dctx_d)
-             so no [b, np, s, s] probs tensor is kept between forward and backward.
+             through the autograd graph the forward kept for block d (`Kept`: its probs and dropout mask,
+             as stock's core attention keeps them for the whole sequence; k and v expanded to the query heads
+             once, as Megatron repeats the groups once): no attention is recomputed. A forward without a
+             backward to come (no grad, or none wanted) keeps nothing; a block the forward did not keep (a
+             backward whose ring spans differ from the forward's) is recomputed from q, k, v.
 
 Causal cost: block d sees (d + 1/2) * s/P keys on average, so step costs differ (block 0 is the cheapest);
 a hop is exposed where it is slower than the block computed beside it. `exposed_hops` is the cost model:
@@ -39,48 +42,89 @@ from ..checks import check_divisible, peers_agree
 from ..registry import OpPlan, plain, plan_of, register, resolve, ring_of
 from ..tp_sp.autograd import matmul_reduce_scatter
 from .core import CAUSAL, Attend, AttnSpec, attention_reference, attention_rows, check_attention_operands
-from .core import make_spec, zigzag_positions
+from .core import expand_kv, make_spec, zigzag_positions
 
 OP = "query_split_attention"
 
 
 class QSPlan(NamedTuple):
-    """One query-split call as its Function carries it: which keys each row sees (spec), how it runs (plan)."""
+    """One query-split call as its Function carries it: which keys each row sees (spec), how it runs (plan),
+    whether its forward keeps each block's attention graph for a backward to come (keep)."""
     spec: AttnSpec
     plan: OpPlan
+    keep: bool = False
 
 
-def query_split_ring(q, k, v, weight, group, ctx, qs: QSPlan):
-    """Plain forward (no autograd): y_s [s/P, b, h] with attention computed per RS block."""
+class Kept:
+    """Each query block's attention graph, the forward's (kept) or the backward's (recomputed where not kept).
+
+    k, v [s, b, ng, hn] as leaves; ke, ve [s, b, np, hn]: them expanded to the query heads once (k itself where
+    ng = np); blocks {(a, b): (q rows leaf [n, b, np, hn], ctx rows [n, b, np*hn] with its graph)}."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, heads: int):
+        self.k, self.v = k.detach().requires_grad_(), v.detach().requires_grad_()
+        with torch.enable_grad():
+            self.ke, self.ve = expand_kv(self.k, heads), expand_kv(self.v, heads)
+        self.blocks: dict = {}
+
+    def graph(self, q_rows: torch.Tensor, spec: AttnSpec, a: int) -> tuple:
+        """(q rows leaf, ctx rows [n, b, np*hn] with its graph) of query rows [a, a+n)."""
+        q_ = q_rows.detach().requires_grad_()
+        with torch.enable_grad():
+            return q_, attention_rows(q_, self.ke, self.ve, spec, a)
+
+    def attend(self, q_rows: torch.Tensor, spec: AttnSpec, a: int) -> torch.Tensor:
+        """ctx rows of query rows [a, a+n), their graph kept for `vjp`."""
+        q_, c = self.blocks[(a, a + q_rows.shape[0])] = self.graph(q_rows, spec, a)
+        return c.detach()
+
+    def vjp(self, q: torch.Tensor, spec: AttnSpec, span: tuple, dctx: torch.Tensor) -> tuple:
+        """(ctx rows, dq rows, dk part, dv part) of query rows span = (a, b) through the block's kept graph
+        (then freed), else through one recomputed from q[a:b]."""
+        a, b = span
+        q_, c = self.blocks.pop((a, b), None) or self.graph(q[a:b], spec, a)
+        gq, gk, gv = torch.autograd.grad(c, (q_, self.ke, self.ve), dctx)
+        return c.detach(), gq, _group_sum(gk, self.k), _group_sum(gv, self.v)
+
+
+def _group_sum(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[s, b, np, hn] -> [s, b, ng, hn] (like's groups): each group's np/ng repeats summed (repeat_interleave's
+    backward)."""
+    s, b, heads, hn = g.shape
+    groups = like.shape[2]
+    return g if groups == heads else g.view(s, b, groups, heads // groups, hn).sum(3)
+
+
+def query_split_ring(q, k, v, weight, group, ctx, qs: QSPlan, kept: Kept | None = None):
+    """Plain forward (no autograd): y_s [s/P, b, h] with attention computed per RS block (into `kept`'s graphs
+    where given)."""
     world = group_info(group)[1]
 
     def produce(span):
-        return partial_linear(attention_rows(q[span[0]:span[1]], k, v, qs.spec, span[0]), weight)  # [n, b, h]
+        rows = q[span[0]:span[1]]
+        c = kept.attend(rows, qs.spec, span[0]) if kept is not None else attention_rows(rows, k, v, qs.spec, span[0])
+        return partial_linear(c, weight)  # [n, b, h]
 
     block = (q.shape[0] // world, q.shape[1], weight.shape[0])  # [s/P, b, h]
     return produce_and_scatter(Producer(produce), block, sums(q.dtype, q.device, qs.plan.wire_dtype), group, ctx,
                                ring_of(qs.plan, "qsa.rs"))
 
 
-def query_split_backward_ring(dy_s, q, k, v, weight, group, ctx, qs: QSPlan):
-    """-> (dq, dk, dv, dw): Flash-AG of dy_s [s/P, b, h], attention recomputed per arrived block."""
+def query_split_backward_ring(dy_s, q, weight, group, ctx, qs: QSPlan, kept: Kept):
+    """-> (dq, dk, dv, dw): Flash-AG of dy_s [s/P, b, h], each arrived block through `kept`'s graph of it
+    (recomputed where the forward kept none)."""
     dq = torch.empty_like(q)
-    dk, dv, dw = zeros_acc(k), zeros_acc(v), zeros_acc(weight)
-    k_, v_ = k.detach().requires_grad_(), v.detach().requires_grad_()
+    dk, dv, dw = zeros_acc(kept.k), zeros_acc(kept.v), zeros_acc(weight)
 
     def consume(span, dys):  # dys [n, b, h]: dy rows of query block span
-        a, b = span
-        q_ = q[a:b].detach().requires_grad_()
-        with torch.enable_grad():
-            c = attention_rows(q_, k_, v_, qs.spec, a)  # recompute: [n, b, np*hn]
-        dw.add_(wgrad(dys, c.detach()))
-        gq, gk, gv = torch.autograd.grad(c, (q_, k_, v_), F.linear(dys, weight.t()))
-        dq[a:b] = gq
+        c, gq, gk, gv = kept.vjp(q, qs.spec, span, F.linear(dys, weight.t()))
+        dw.add_(wgrad(dys, c))
+        dq[span[0]:span[1]] = gq
         dk.add_(gk)
         dv.add_(gv)
 
     gather_and_consume(dy_s.contiguous(), consume, group, ctx, ring_of(qs.plan, "qsa.ag"))
-    return dq, dk.to(k.dtype), dv.to(v.dtype), dw.to(weight.dtype)
+    return dq, dk.to(kept.k.dtype), dv.to(kept.v.dtype), dw.to(weight.dtype)
 
 
 @names_operator
@@ -89,19 +133,22 @@ class QuerySplitAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, weight, qs, group, octx):
         ctx.save_for_backward(q, k, v, weight)
         ctx.qs, ctx.group, ctx.octx = qs, group, octx
-        return query_split_ring(q, k, v, weight, group, octx, qs)
+        ctx.kept = Kept(k, v, q.shape[2]) if qs.keep else None
+        return query_split_ring(q, k, v, weight, group, octx, qs, ctx.kept)
 
     @staticmethod
     def backward(ctx, dy):
         q, k, v, weight = ctx.saved_tensors
-        dq, dk, dv, dw = query_split_backward_ring(dy, q, k, v, weight, ctx.group, ctx.octx, ctx.qs)
+        kept, ctx.kept = ctx.kept or Kept(k, v, q.shape[2]), None  # the graphs go with this backward
+        dq, dk, dv, dw = query_split_backward_ring(dy, q, weight, ctx.group, ctx.octx, ctx.qs, kept)
         return dq, dk, dv, dw, None, None, None
 
 
 @register(OP, "flash")
 @register(OP, "flash_bidir")
 def _fused(q, k, v, weight, group, octx, qs: QSPlan):
-    return QuerySplitAttention.apply(q, k, v, weight, qs, group, octx)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, weight))  # a backward may come
+    return QuerySplitAttention.apply(q, k, v, weight, qs._replace(keep=keep), group, octx)
 
 
 @register(OP, "slicing")
