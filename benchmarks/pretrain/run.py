@@ -36,7 +36,7 @@ from benchmarks.harness.cli import before_run, out_dir, parser  # noqa: E402
 from benchmarks.harness.launch import STOCK_RS_LABEL, add_stock_rs_arg, command_line, run_ranks, write_text  # noqa: E402
 from benchmarks.harness.netns import shaped_namespace  # noqa: E402
 from benchmarks.pretrain.profiling import categorize, profile_argv, profile_table, trace_path  # noqa: E402
-from benchmarks.pretrain.table import breakdown_table, loss_table, summarize, table  # noqa: E402
+from benchmarks.pretrain.table import breakdown_table, loss_table, reference, summarize, table  # noqa: E402
 from benchmarks.pretrain.rows import ARMS, base_arm, heap_kept, entry_argv, merge, run_stat  # noqa: E402
 from megatron_flashoverlap.runtime.timing import interleaved  # noqa: E402
 
@@ -174,15 +174,17 @@ def main(argv=None) -> int:
            "iters": a.iters, "vocab": a.vocab, "attention_dropout": a.attention_dropout}
     for arm in arms:
         entry_argv(arm, cfg)  # an unknown arm fails here, before any run
+    if a.rounds:
+        reference(arms)  # and a run without stock or stock+heap to compare with
     if a.rounds == 0 and not a.profile:
         raise ValueError("--rounds 0 measures nothing: give --profile with it (a profile-only run)")
     runs = measure(a, cfg, arms) if a.rounds else {}
     profiles = profile(a, cfg, arms) if a.profile else {}
     raw = {"config": {**cfg, "rate": a.rate, "burst": a.burst, "rounds": a.rounds, "warmup": a.warmup,
                       "unshaped": a.unshaped}, "runs": runs, "profiles": profiles}
-    write_text(a.out, report(a, command_line("pretrain/run.py", argv), raw))
-    with open(os.path.splitext(a.out)[0] + "_raw.json", "w") as f:
+    with open(os.path.splitext(a.out)[0] + "_raw.json", "w") as f:  # the samples first: a table bug loses no run
         json.dump(raw, f)
+    write_text(a.out, report(a, command_line("pretrain/run.py", argv), raw))
     return 0
 
 

@@ -73,28 +73,36 @@ def _comm(arms: dict) -> dict | None:
     return {"fraction": 1 - 1 / s["ratio"], "ci": (1 - 1 / s["ci"][0], 1 - 1 / s["ci"][1])}
 
 
+def reference(arms) -> str:
+    """The arm every other is compared with at the last: stock, else stock+heap (a run of "+heap" arms alone)."""
+    for ref in (BASE, BASE + HEAP_SUFFIX):
+        if ref in arms:
+            return ref
+    raise ValueError(f"no {BASE!r} or {BASE + HEAP_SUFFIX!r} arm: every comparison is against stock; keep one of "
+                     "them in --arms")
+
+
 def baseline(arm: str, runs: dict) -> str:
     """What `arm` is compared with: stock, or stock+heap for another "+heap" arm where the run has it (the same
-    heap on both sides, harness/launch.py HEAP)."""
+    heap on both sides, harness/launch.py HEAP), or for any arm where the run has no stock."""
     heap = BASE + HEAP_SUFFIX
-    return heap if arm.endswith(HEAP_SUFFIX) and arm != heap and heap in runs else BASE
+    return heap if arm.endswith(HEAP_SUFFIX) and arm != heap and heap in runs else reference(runs)
 
 
 def summarize(runs: dict, warmup: int) -> dict:
-    """The figures of one benchmark (module docstring); `runs` must hold the stock arm."""
-    if BASE not in runs or not runs[BASE]:
-        raise ValueError(f"summarize: no {BASE!r} runs; every comparison is against stock, keep it in --arms")
+    """The figures of one benchmark (module docstring); `runs` must hold stock or stock+heap (`reference`)."""
+    ref = reference([a for a, r in runs.items() if r])
     arms = {a: _arm(r, warmup) for a, r in runs.items()}
     for a, arm in arms.items():
         arm["baseline"] = baseline(a, runs)
-        arm["vs_stock"] = None if a == BASE else speedup(arms[arm["baseline"]]["samples"], arm["samples"])
-    ref = _curve(runs[BASE][0])
-    return {"arms": arms, "loss": {a: _curve(r[0]) for a, r in runs.items()},
-            "max_loss_diff": {a: _max_diff(ref, r) for a, r in runs.items()}, "comm": _comm(arms)}
+        arm["vs_stock"] = None if a == ref else speedup(arms[arm["baseline"]]["samples"], arm["samples"])
+    curve = _curve(runs[ref][0])
+    return {"arms": arms, "reference": ref, "loss": {a: _curve(r[0]) for a, r in runs.items()},
+            "max_loss_diff": {a: _max_diff(curve, r) for a, r in runs.items()}, "comm": _comm(arms)}
 
 
 def _against(a: dict) -> str:
-    return "" if a.get("baseline", BASE) == BASE else f" (vs {a['baseline']})"
+    return "" if a.get("baseline", BASE) == BASE or a["vs_stock"] is None else f" (vs {a['baseline']})"
 
 
 def _vs(s: dict | None) -> str:
@@ -136,6 +144,6 @@ def loss_table(s: dict) -> str:
     """lm loss per iteration, one column per arm (round 0 of each arm; every round is in max_loss_diff)."""
     arms = list(s["loss"])
     rows = ["| iteration | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
-    for i in range(len(s["loss"][BASE])):
+    for i in range(len(s["loss"][s.get("reference", BASE)])):
         rows.append(f"| {i + 1} | " + " | ".join(f"{s['loss'][a][i]:.6f}" for a in arms) + " |")
     return "\n".join(rows)

@@ -109,6 +109,12 @@ def test_a_heap_arm_runs_its_base_arms_flags_with_the_heap_kept_and_compares_wit
     # without stock+heap in the run, a heap arm compares with stock (and says nothing else)
     s = summarize({"stock": stock, "flash+heap": flash_heap}, warmup=1)
     assert s["arms"]["flash+heap"]["vs_stock"]["ratio"] == 2.5 and "(vs" not in table(s, "1gbit")
+    # a run of heap arms alone: stock+heap is the reference (its loss curve too)
+    s = summarize({"stock+heap": heap, "flash+heap": flash_heap}, warmup=1)
+    assert s["arms"]["stock+heap"]["vs_stock"] is None and s["arms"]["flash+heap"]["vs_stock"]["ratio"] == 2.0
+    assert "2.00x [2.00, 2.00] win (vs stock+heap)" in table(s, "1gbit") and loss_table(s)
+    with pytest.raises(ValueError, match="keep one of them in --arms"):
+        summarize({"flash+heap": flash_heap}, warmup=1)
 
 
 def _chose(pick: str, word: str) -> str:
@@ -135,7 +141,7 @@ def test_the_choosers_picks_are_counted_per_key_over_the_runs():
 
 
 def test_summarize_refuses_no_stock_and_mismatched_iterations():
-    with pytest.raises(ValueError, match="keep it in --arms"):
+    with pytest.raises(ValueError, match="keep one of them in --arms"):
         summarize({"flash": [_run([1, 2, 3, 4])]}, warmup=1)
     short = merge([parse_log(_log([9000, 1000], [5.0, 4.0], [1.0, 1.0]))])
     with pytest.raises(ValueError, match="same --iters"):
