@@ -10,7 +10,8 @@ Each size: `warmup + iters` rounds of runtime/timing.py `interleaved`; a round r
 (order rotated per round), each behind a barrier; a round's time is the slowest rank's; the table keeps
 the median, the minimum and every kept round (`<algo>_rounds_us`, for intervals). "auto" is measured too, on
 the same message shaped [1, 1, n] (decode-shaped): what the chooser picks there (plan/chooser.py; its own
-paired measurement runs in the warm-up round), timed like the others; the lookup ignores its column.
+paired measurement runs in the warm-up round), timed like the others, and what it picked (`auto_ran`); the
+lookup ignores both.
 The file holds one table per (world_size, local_world_size, backend, dtype), the key `auto` looks up
 (a gloo or float32 table never steers NCCL or bfloat16); a run replaces its own entry.
 """
@@ -25,8 +26,12 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ..config import active
 from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, resolve_local_world_size
+from ..ops.all_reduce.choose import decode_key
 from ..ops.all_reduce.select import dtype_name
+from ..ops.choose import group_layout
+from ..plan.chooser import chooser_of
 from ..runtime import OverlapContext
 from ..runtime.timing import interleaved, rank_max, timed
 
@@ -67,12 +72,20 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
         variants = {a: _variant(x, a, group, local, ctx, device) for a in algos}
         times = rank_max(interleaved(variants, iters, warmup=warmup, rotate=True), group)  # slowest rank's round
         row = {"bytes": int(nbytes)}
+        if "auto" in algos:
+            row["auto_ran"] = _auto_ran(x.numel(), dtype, group, local)
         for a in algos:
             row[f"{a}_us"] = round(statistics.median(times[a]) * 1e6, 1)
             row[f"{a}_min_us"] = round(min(times[a]) * 1e6, 1)
             row[f"{a}_rounds_us"] = [round(t * 1e6, 1) for t in times[a]]
         rows.append(row)
     return rows
+
+
+def _auto_ran(n: int, dtype, group, local: int) -> str | None:
+    """What the chooser picked for auto's decode-shaped [1, 1, n] message (None: nothing decided for it)."""
+    got = chooser_of(active()).decided.get(decode_key(1, n, dtype, *group_layout(group, local, dtype)))
+    return got.pick if got is not None else None
 
 
 def table(rows, group=None, local_world_size=None, dtype=torch.bfloat16, iters=20, note="") -> dict:

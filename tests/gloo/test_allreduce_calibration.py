@@ -29,6 +29,7 @@ def test_calibration_writes_a_table_auto_can_read(pools, tmp_path):
     assert [r["bytes"] for r in t["rows"]] == sizes
     for r in t["rows"]:
         assert all(r[f"{a}_us"] > 0 and r[f"{a}_min_us"] <= r[f"{a}_us"] for a in ALGOS)
+        assert r["auto_ran"] in ALGOS, r  # what the chooser picked for auto's message, recorded beside its time
     chooser = ch.chooser_of(config.from_dict({"all_reduce": {"table": path}}, config.Environment()))
     layout = ch.layout_word(2, 1, "gloo", "float32")
     for r in t["rows"]:  # the decode all-reduce = of the algorithms that beat stock (by median, and in at least
