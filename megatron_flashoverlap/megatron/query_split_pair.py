@@ -21,7 +21,7 @@ fp32 for bf16/fp16 where --attention-softmax-in-fp32 asks it). Its dropout is st
 bool mask [b, np/tp, s, s], drawn as DotProductAttention's attention_dropout draws it for its probs
 (ops/attention/core.py draw_keep: the same generator, shape and dtype, the same numbers consumed; inside
 get_cuda_rng_tracker().fork() without SP, the current RNG with SP). Each query block applies its rows as dropout
-does (apply_keep), and the backward's recompute reads the same mask: the masks are stock's, and what the RNG
+does (apply_keep), and the backward goes through the graph that applied it: the masks are stock's, and what the RNG
 gives after attention is what it gives after stock's. The stand-in draws only once proj has chosen, so exactly
 one of stock's attention and the draw runs per call.
 softmax_type != "vanilla" (learnable / off-by-one) and sliding windows: the core attention builds Megatron's
