@@ -27,10 +27,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import active
-from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, resolve_local_world_size
-from ..ops.all_reduce.choose import decode_key
+from ..ops.all_reduce.all_reduce import AR_ALGOS, all_reduce, auto_key, resolve_local_world_size
 from ..ops.all_reduce.select import dtype_name
-from ..ops.choose import group_layout
 from ..plan.chooser import chooser_of
 from ..runtime import OverlapContext
 from ..runtime.timing import interleaved, rank_max, timed
@@ -73,7 +71,7 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
         times = rank_max(interleaved(variants, iters, warmup=warmup, rotate=True), group)  # slowest rank's round
         row = {"bytes": int(nbytes)}
         if "auto" in algos:
-            row["auto_ran"] = _auto_ran(x.numel(), dtype, group, local)
+            row["auto_ran"] = _auto_ran(x, group, local)
         for a in algos:
             row[f"{a}_us"] = round(statistics.median(times[a]) * 1e6, 1)
             row[f"{a}_min_us"] = round(min(times[a]) * 1e6, 1)
@@ -82,9 +80,9 @@ def measure(sizes, algos=MEASURED, group=None, local_world_size=None, dtype=torc
     return rows
 
 
-def _auto_ran(n: int, dtype, group, local: int) -> str | None:
-    """What the chooser picked for auto's decode-shaped [1, 1, n] message (None: nothing decided for it)."""
-    got = chooser_of(active()).decided.get(decode_key(1, n, dtype, *group_layout(group, local, dtype)))
+def _auto_ran(x, group, local: int) -> str | None:
+    """What the chooser picked for auto's message x, decode-shaped [1, 1, n] (None: nothing decided for it)."""
+    got = chooser_of(active()).decided.get(auto_key(x.view(1, 1, -1), group, local))
     return got.pick if got is not None else None
 
 

@@ -107,15 +107,19 @@ class _AllReduce(torch.autograd.Function):
         return dout, None, None, None, None
 
 
+def auto_key(tensor, group, g: int):
+    """The chooser's key of auto's decode-shaped `tensor` [tokens, .., h] on `group`, g ranks per node."""
+    h = tensor.shape[-1]
+    return decode_key(tensor.numel() // h, h, tensor.dtype, *group_layout(group, g, tensor.dtype))
+
+
 def _auto(tensor, group, g: int | None, ctx) -> str:
     """The algo "auto" runs: the chooser's for a decode-shaped tensor (stock where the node layout gave no G),
     stock for every other shape (prefill and training)."""
     if g is None or not is_decode_shaped(tensor):
         return "reference"
     quiet = dataclasses.replace(ctx, trace=None)  # the same buffers; a measurement stays out of the trace
-    h = tensor.shape[-1]
-    key = decode_key(tensor.numel() // h, h, tensor.dtype, *group_layout(group, g, tensor.dtype))
-    return decode_pick(chooser_of(active()), key, tensor.dtype, tensor.device, group, quiet, g)
+    return decode_pick(chooser_of(active()), auto_key(tensor, group, g), tensor.dtype, tensor.device, group, quiet, g)
 
 
 def all_reduce(tensor: torch.Tensor, group=None, *, algo: str = "auto", local_world_size: int | None = None,
