@@ -117,6 +117,12 @@ def expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if rep == 1 else t.repeat_interleave(rep, dim=2)
 
 
+def sum_kv_groups(g: torch.Tensor, groups: int) -> torch.Tensor:
+    """expand_kv's backward: [sk, b, np, hn] -> [sk, b, ng, hn], each group's np/ng repeats summed."""
+    sk, b, heads, hn = g.shape
+    return g if groups == heads else g.view(sk, b, groups, heads // groups, hn).sum(3)
+
+
 _M32 = 0xFFFFFFFF
 
 

@@ -42,7 +42,7 @@ from ..checks import check_divisible, peers_agree
 from ..registry import OpPlan, plain, plan_of, register, resolve, ring_of
 from ..tp_sp.autograd import matmul_reduce_scatter
 from .core import CAUSAL, Attend, AttnSpec, attention_reference, attention_rows, check_attention_operands
-from .core import expand_kv, make_spec, zigzag_positions
+from .core import expand_kv, make_spec, sum_kv_groups, zigzag_positions
 
 OP = "query_split_attention"
 
@@ -84,15 +84,7 @@ class Kept:
         a, b = span
         q_, c = self.blocks.pop((a, b), None) or self.graph(q[a:b], spec, a)
         gq, gk, gv = torch.autograd.grad(c, (q_, self.ke, self.ve), dctx)
-        return c.detach(), gq, _group_sum(gk, self.k), _group_sum(gv, self.v)
-
-
-def _group_sum(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """[s, b, np, hn] -> [s, b, ng, hn] (like's groups): each group's np/ng repeats summed (repeat_interleave's
-    backward)."""
-    s, b, heads, hn = g.shape
-    groups = like.shape[2]
-    return g if groups == heads else g.view(s, b, groups, heads // groups, hn).sum(3)
+        return c.detach(), gq, sum_kv_groups(gk, self.k.shape[2]), sum_kv_groups(gv, self.v.shape[2])
 
 
 def query_split_ring(q, k, v, weight, group, ctx, qs: QSPlan, kept: Kept | None = None):
