@@ -82,11 +82,11 @@ def reference(arms) -> str:
                      "them in --arms")
 
 
-def baseline(arm: str, runs: dict) -> str:
-    """What `arm` is compared with: stock, or stock+heap for another "+heap" arm where the run has it (the same
-    heap on both sides, harness/launch.py HEAP), or for any arm where the run has no stock."""
+def baseline(arm: str, runs: dict, ref: str) -> str:
+    """What `arm` is compared with: stock+heap for another "+heap" arm where the run has it (the same heap on
+    both sides, harness/launch.py HEAP), else the run's reference `ref`."""
     heap = BASE + HEAP_SUFFIX
-    return heap if arm.endswith(HEAP_SUFFIX) and arm != heap and heap in runs else reference(runs)
+    return heap if arm.endswith(HEAP_SUFFIX) and arm != heap and heap in runs else ref
 
 
 def summarize(runs: dict, warmup: int) -> dict:
@@ -94,7 +94,7 @@ def summarize(runs: dict, warmup: int) -> dict:
     ref = reference([a for a, r in runs.items() if r])
     arms = {a: _arm(r, warmup) for a, r in runs.items()}
     for a, arm in arms.items():
-        arm["baseline"] = baseline(a, runs)
+        arm["baseline"] = baseline(a, runs, ref)
         arm["vs_stock"] = None if a == ref else speedup(arms[arm["baseline"]]["samples"], arm["samples"])
     curve = _curve(runs[ref][0])
     return {"arms": arms, "reference": ref, "loss": {a: _curve(r[0]) for a, r in runs.items()},
