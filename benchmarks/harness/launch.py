@@ -14,7 +14,8 @@ ns: a `netns.Namespace` to run in (None: the host). env: on top of OMP_NUM_THREA
 checkout first, quiet torch logs and, unless heap=False, glibc's heap kept (HEAP). rank_env(rank) -> dict:
 applied to os.environ inside that rank before the target runs (before any process group exists: e.g.
 GLOO_SOCKET_IFNAME per rank). Every rank starts in this module (`python -m benchmarks.harness.launch DIR`, DIR
-holding spec.json and the results).
+holding spec.json and the results), with faulthandler on: a rank killed by a fatal signal (SIGABRT, SIGSEGV)
+prints every Python thread's stack on stderr first, so a rare abort says where each thread stood.
 A failing rank raises RuntimeError (its traceback is on stderr above), the timeout TimeoutError; both, and
 Ctrl-C, stop every rank first (torchrun's own teardown, then its process group is killed).
 
@@ -24,6 +25,7 @@ Example (an examples/ script starting 2 gloo ranks of its own function and readi
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib
 import json
 import os
@@ -146,6 +148,7 @@ def _call(head: str, args: list, backend: str) -> None:
 
 def _rank_main(spec_dir: str) -> None:
     """Every rank: its own environment first, then the target."""
+    faulthandler.enable(all_threads=True)
     with open(os.path.join(spec_dir, "spec.json")) as f:
         spec = json.load(f)
     os.environ.update(spec["rank_env"].get(os.environ.get("RANK", "0"), {}))

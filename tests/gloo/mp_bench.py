@@ -1,6 +1,7 @@
 """Rank bodies for tests/gloo/test_bench.py (run on the gloo pool, or started by harness.launch.run_ranks)."""
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -41,6 +42,22 @@ def ranks_fail(rank, world):
     if rank == 1:
         raise ValueError("rank 1 fails on purpose")
     dist.barrier()
+
+
+def ranks_abort(rank, world):
+    """Rank 1 starts a thread that waits in `_parked_beside_the_abort`, then aborts the process (SIGABRT, as
+    std::terminate does); rank 0 waits in a barrier that never completes unless the launcher stops it."""
+    if rank == 1:
+        started = threading.Event()
+        threading.Thread(target=_parked_beside_the_abort, args=(started,), daemon=True).start()
+        started.wait(10)
+        os.abort()
+    dist.barrier()
+
+
+def _parked_beside_the_abort(started):
+    started.set()
+    threading.Event().wait()
 
 
 def ranks_sleep(rank, world, pid_dir):

@@ -134,6 +134,16 @@ def test_run_ranks_failing_rank_raises_and_stops_the_others():
         run_ranks("tests.gloo.mp_bench:ranks_fail", 2, timeout=300)  # rank 0 sits in a barrier: no hang
 
 
+def test_run_ranks_rank_killed_by_a_signal_prints_every_threads_stack(capfd):
+    from benchmarks.harness.launch import run_ranks
+
+    with pytest.raises(RuntimeError, match="ranks_abort on 2 ranks failed"):
+        run_ranks("tests.gloo.mp_bench:ranks_abort", 2, timeout=300)
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Aborted" in err  # faulthandler, before the process died
+    assert "_parked_beside_the_abort" in err  # the other thread's stack too, not only the aborting one
+
+
 def test_run_ranks_timeout_kills_every_rank(tmp_path):
     from benchmarks.harness.launch import run_ranks
 
