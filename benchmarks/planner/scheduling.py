@@ -50,26 +50,16 @@ def _threads() -> list[int]:
 
 
 def set_policy(policy: str) -> None:
-    """Every thread of this process under `policy` (module docstring); threads made later inherit it from the
-    thread that makes them."""
-    if policy == "default":
-        return
-    kind, prio = {"rr": (os.SCHED_RR, 1), "batch": (os.SCHED_BATCH, 0)}[policy]
-    for tid in _threads():
-        os.sched_setscheduler(tid, kind, os.sched_param(prio))
-
-
-def arm_policy(arm: str) -> None:
-    """Part 2's policy for every thread of this process: "comm first" (every thread but the calling one at
-    SCHED_FIFO 2, the calling one at SCHED_FIFO 1), "rr" (all SCHED_RR 1), "default" (all back to SCHED_OTHER)."""
+    """Every thread of this process under `policy` (module docstring): "default" (SCHED_OTHER), "rr" (SCHED_RR 1),
+    "batch" (SCHED_BATCH), "comm first" (every thread but the calling one SCHED_FIFO 2, the calling one
+    SCHED_FIFO 1); threads made later inherit the policy of the thread that makes them."""
     me = threading.get_native_id()
     for tid in _threads():
-        if arm == "comm first":
-            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1 if tid == me else 2))
-        elif arm == "rr":
-            os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(1))
+        if policy == "comm first":
+            kind, prio = os.SCHED_FIFO, 1 if tid == me else 2
         else:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            kind, prio = {"default": (os.SCHED_OTHER, 0), "rr": (os.SCHED_RR, 1), "batch": (os.SCHED_BATCH, 0)}[policy]
+        os.sched_setscheduler(tid, kind, os.sched_param(prio))
 
 
 def _socket_pair(rank: int) -> socket.socket:
@@ -127,7 +117,7 @@ def block_rank(rank: int, world: int, cfg: dict) -> dict | None:
     import torch
 
     from benchmarks.harness.line_rate_rs import stock_reduce_scatter
-    from benchmarks.planner.window import block_variants, calibration
+    from benchmarks.planner.window import block_variants, by_method, calibration
     from megatron_flashoverlap.runtime.timing import interleaved, rank_max
 
     torch.set_num_threads(1)
@@ -139,32 +129,27 @@ def block_rank(rank: int, world: int, cfg: dict) -> dict | None:
         variants = block_variants(pt, world)
         for f in variants.values():  # every thread the block uses exists before the policy is set
             f()
-        arm_policy(cfg["arm"])
+        set_policy(cfg["arm"])
         try:
             samples = rank_max(interleaved(variants, cfg["rounds"], rotate=True))
         finally:
-            arm_policy("default")
+            set_policy("default")
         after = calibration(cal, world)
-    out: dict = {}
-    for (m, mode), s in samples.items():
-        out.setdefault(m, {})[mode] = s
-    return {"calibrations": [before, after], "points": [{**pt, "samples": out}]} if rank == 0 else None
+    return {"calibrations": [before, after], "points": [{**pt, "samples": by_method(samples)}]} if rank == 0 else None
 
 
 # ---- host side ---------------------------------------------------------------------------------------------
 
-def _q(s: list, f: float) -> float:
-    s = sorted(s)
-    k = (len(s) - 1) * f
-    i = int(k)
-    return s[i] + (s[min(i + 1, len(s) - 1)] - s[i]) * (k - i)
+def _stalled(s: list) -> int:
+    """Rounds more than STALL_S over the median."""
+    med = statistics.median(s)
+    return sum(x > med + STALL_S for x in s)
 
 
 def _stats(s: list) -> str:
-    med = statistics.median(s)
-    stalled = sum(x > med + STALL_S for x in s)
-    return (f"{med * 1e3:.2f} | {_q(s, 0.1) * 1e3:.2f} - {_q(s, 0.9) * 1e3:.2f} | {max(s) * 1e3:.2f} | "
-            f"{(max(s) - min(s)) / min(s):.0%} | {stalled} / {len(s)}")
+    deciles = statistics.quantiles(s, n=10, method="inclusive")  # p10 = deciles[0], p90 = deciles[-1]
+    return (f"{statistics.median(s) * 1e3:.2f} | {deciles[0] * 1e3:.2f} - {deciles[-1] * 1e3:.2f} | "
+            f"{max(s) * 1e3:.2f} | {(max(s) - min(s)) / min(s):.0%} | {_stalled(s)} / {len(s)}")
 
 
 def render(raw: dict) -> str:
@@ -175,7 +160,8 @@ def render(raw: dict) -> str:
 
     md = [f"# The CPU proxy's scheduling, measured\n", f"`{raw['command']}`\n",
           f"2 ranks, {raw['rounds']} rounds a variant (one warm-up round more); a time is the max over the ranks; "
-          f"spread = (max - min) / min over the rounds; stalled = rounds more than 1.5 ms over the median. Links: "
+          f"spread = (max - min) / min over the rounds; stalled = rounds more than {STALL_S * 1e3:g} ms over the median. "
+          f"Links: "
           f"the namespace's loopback unshaped, and tbf {raw['rate']} with the one-window run's bucket "
           f"({settings.BURST}). Policies: the module docstring of benchmarks/planner/scheduling.py.\n",
           f"## One transfer: {raw['bytes'] // 1024} KiB per rank each way\n",
@@ -203,7 +189,7 @@ def render(raw: dict) -> str:
         stalled = 0
         for row in rows:
             s = run["points"][0]["samples"][row["method"]][row["mode"]]
-            stalled += sum(x > statistics.median(s) + STALL_S for x in s)
+            stalled += _stalled(s)
             md.append(f"| {run['arm']} | {row['method']} | {row['mode']} | {row['predicted'] * 1e3:.2f} | "
                       f"{_stats(s)} | {row['error']:+.1%} |")
         errs = [abs(r["error"]) for r in rows]

@@ -108,13 +108,17 @@ def all_reduce_variants(pt: dict, world: int) -> dict:
 VARIANTS = {"mlp": block_variants, "mlp_nosp": block_variants, "moe": moe_variants, "all_reduce": all_reduce_variants}
 
 
-def point(pt: dict, rounds: int, world: int) -> dict:
-    """The point's settings and samples (module docstring)."""
-    samples = rank_max(interleaved(VARIANTS[pt["kind"]](pt, world), rounds, rotate=True))
+def by_method(samples: dict) -> dict:
+    """{(method, mode): [seconds]} -> {method: {mode: [seconds]}}: a point's "samples"."""
     out: dict = {}
     for (m, mode), s in samples.items():
         out.setdefault(m, {})[mode] = s
-    return {**pt, "samples": out}
+    return out
+
+
+def point(pt: dict, rounds: int, world: int) -> dict:
+    """The point's settings and samples (module docstring)."""
+    return {**pt, "samples": by_method(rank_max(interleaved(VARIANTS[pt["kind"]](pt, world), rounds, rotate=True)))}
 
 
 def main(rank: int, world: int, cfg: dict) -> dict | None:
