@@ -186,17 +186,17 @@ def render(raw: dict) -> str:
             continue
         win = {"name": run["arm"], "world": 2, "calibrations": run["calibrations"], "points": run["points"]}
         rows = SC.errors([win], [predict_window(win)])
-        stalled = 0
+        stalled = kept = 0
         for row in rows:
             s = run["points"][0]["samples"][row["method"]][row["mode"]]
-            stalled += _stalled(s)
+            stalled, kept = stalled + _stalled(s), kept + len(s)
             md.append(f"| {run['arm']} | {row['method']} | {row['mode']} | {row['predicted'] * 1e3:.2f} | "
                       f"{_stats(s)} | {row['error']:+.1%} |")
         errs = [abs(r["error"]) for r in rows]
         summary.append(f"| {run['arm']} | {statistics.median(errs):.1%} | {max(errs):.1%} | "
                        f"{sum(e <= 0.10 for e in errs)} / {len(errs)} | "
                        f"{statistics.median(r['spread'] for r in rows):.0%} | "
-                       f"{stalled} / {sum(len(m) for m in run['points'][0]['samples'].values()) * raw['rounds']} |")
+                       f"{stalled} / {kept} |")
     return "\n".join(md + summary) + "\n"
 
 
